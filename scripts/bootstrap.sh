@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Create (or refresh) .venv with CPU torch 2.13.0 and rlvitals[dev], editable.
+# Idempotent and quick when nothing changed: a stamp records the pyproject it installed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+EXTRA=${RLVITALS_EXTRAS:-dev}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+stamp=".venv/.rlvitals-$EXTRA.sha"
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  .venv/bin/python -m pip install -q --upgrade "pip>=24"
+  # CPU torch first: an unpinned torch would pull a multi-GB CUDA build.
+  if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
+    if ls /opt/wheels/torch-2.13.0+cpu-*.whl >/dev/null 2>&1; then
+      .venv/bin/python -m pip install -q "torch==2.13.0"
+    else
+      .venv/bin/python -m pip install -q "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu
+    fi
+  fi
+  .venv/bin/python -m pip install -q -e ".[$EXTRA]"
+  echo "$want" > "$stamp"
+fi
