@@ -1,1 +1,51 @@
-"""placeholder"""
+"""rlvitals.analyzers: verl-exact loss recomputation, audits and health rules (pure torch, no I/O).
+
+Names are resolved lazily from their modules so importing one part never pays for the others.
+To export a new public name, add it to ``_EXPORTS``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS: dict[str, str] = {
+    # config.py
+    "LossConfig": "config",
+    # losses.py
+    "recompute": "losses",
+    "compute_policy_loss_vanilla": "losses",
+    "agg_loss": "losses",
+    "kl_penalty": "losses",
+    "ppo_loss": "losses",
+    # advantages.py
+    "grpo_advantages": "advantages",
+    "group_diagnostics": "advantages",
+    "GroupDiagnostics": "advantages",
+    # audit.py
+    "audit": "audit",
+    "counterfactuals": "audit",
+    "AuditReport": "audit",
+    # health/
+    "HealthMonitor": "health",
+    "Finding": "health",
+    "Severity": "health",
+    "RULES": "health",
+    "register_rule": "health",
+    "canonical_signals": "health",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rlvitals.analyzers' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
