@@ -1,0 +1,196 @@
+"""Capturing one loss call's tensors for the audit: validate in the caller, copy off the GPU without a stall,
+serialize to safetensors in the background thread.
+
+In the caller (``capture``): shapes and types are checked (misuse raises at once); a CUDA tensor is copied
+with ``non_blocking=True`` into pinned host memory and one CUDA event per device is recorded on the current
+stream — the training stream never waits. CPU tensors and numpy arrays are copied (the trainer may reuse
+its buffers). In the background thread (``CapturedBatch.serialize``): wait for the events, then write the
+safetensors bytes the HTTP API takes (never pickle). Tensors, all ``(batch, response_len)`` except
+``group_index`` ``(batch,)`` int64:
+
+    log_prob, old_log_prob, advantages, response_mask       required
+    ref_log_prob, entropy, token_level_rewards              optional
+    group_index                                             optional (ints, or verl's uid strings)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from rlvitals.client.values import DeviceScalar, check_metrics, copy_device_scalars, encode_value
+
+REQUIRED = ("log_prob", "old_log_prob", "advantages", "response_mask")
+OPTIONAL = ("ref_log_prob", "entropy", "token_level_rewards")
+ALL_NAMES = (*REQUIRED, *OPTIONAL, "group_index")
+
+
+class CapturedBatch:
+    """Host copies (possibly still in flight) of one micro-batch, plus its metadata strings."""
+
+    __slots__ = ("events", "metadata", "micro_batch", "nbytes", "rank", "reported", "step", "tensors")
+
+    def __init__(self, step, rank, micro_batch, tensors, events, metadata, reported) -> None:
+        self.step = step
+        self.rank = rank
+        self.micro_batch = micro_batch
+        self.tensors = tensors
+        self.events = events
+        self.metadata = metadata
+        self.reported = reported
+        self.nbytes = sum(int(t.nbytes) for t in tensors.values())
+
+    def serialize(self) -> bytes:
+        """safetensors bytes with string metadata ``step``, ``config``, ``reported``, ``rank``, ``micro_batch``."""
+        for event in self.events:
+            event.synchronize()
+        reported = {name: encode_value(value) for name, value in self.reported.items()}
+        metadata = {**self.metadata, "reported": json.dumps(reported, allow_nan=False)}
+        torch = sys.modules.get("torch")
+        if torch is not None and any(isinstance(t, torch.Tensor) for t in self.tensors.values()):
+            from safetensors.torch import save
+
+            tensors = {
+                name: (t if isinstance(t, torch.Tensor) else torch.from_numpy(t)).contiguous()
+                for name, t in self.tensors.items()
+            }
+            return save(tensors, metadata=metadata)
+        from safetensors.numpy import save as save_numpy
+
+        return save_numpy(dict(self.tensors), metadata=metadata)
+
+
+def _is_tensor(value: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+def _is_array(value: Any) -> bool:
+    numpy = sys.modules.get("numpy")
+    return numpy is not None and isinstance(value, numpy.ndarray)
+
+
+def _config_json(config: Any) -> str:
+    if config is None:
+        return "{}"
+    if hasattr(config, "to_dict") and callable(config.to_dict):
+        data = config.to_dict()
+    elif isinstance(config, Mapping):
+        data = dict(config)
+        try:
+            from rlvitals.analyzers.config import LossConfig
+        except ImportError:  # analyzers not installed alongside: the server validates instead
+            LossConfig = None
+        if LossConfig is not None:
+            data = LossConfig.from_verl(data).to_dict()  # misuse (bad values) raises here, in the caller
+    else:
+        raise TypeError(f"config must be a LossConfig or a dict, got {type(config).__name__}")
+    try:
+        return json.dumps(data, allow_nan=False, default=str)
+    except ValueError as exc:
+        raise ValueError(f"config is not JSON-serialisable: {exc}") from None
+
+
+def _group_ids(value: Any, batch: int, pending_cuda: dict):
+    import numpy as np
+
+    if _is_tensor(value):
+        import torch
+
+        if value.dim() != 1 or value.shape[0] != batch:
+            raise ValueError(f"group_index must have shape ({batch},), got {tuple(value.shape)}")
+        if value.is_floating_point() or value.is_complex():
+            raise TypeError(f"group_index must hold integers, got {value.dtype}")
+        return _copy_to_host(value.detach().to(torch.int64), pending_cuda)
+    array = np.asarray(value)
+    if array.ndim != 1 or array.shape[0] != batch:
+        raise ValueError(f"group_index must have shape ({batch},), got {array.shape}")
+    if array.dtype.kind in "iub":
+        return array.astype(np.int64, copy=True)
+    if array.dtype.kind in "OUS":  # verl's uid strings: one int64 id per distinct uid
+        _, inverse = np.unique(array.astype(str), return_inverse=True)
+        return inverse.astype(np.int64).reshape(batch)
+    raise TypeError(f"group_index must hold integers or uid strings, got {array.dtype}")
+
+
+def capture(
+    *,
+    step: int,
+    rank: int,
+    micro_batch: int,
+    tensors: Mapping[str, Any],
+    config: Any,
+    reported: Any,
+) -> CapturedBatch:
+    """Validate and copy one micro-batch; never blocks on the GPU. Raises TypeError/ValueError on misuse."""
+    reported_values, deferred = check_metrics({} if reported is None else reported)
+    config_json = _config_json(config)
+    shape = None
+    host: dict[str, Any] = {}
+    pending_cuda: dict[Any, None] = {}
+    for name in (*REQUIRED, *OPTIONAL):
+        value = tensors.get(name)
+        if value is None:
+            if name in REQUIRED:
+                raise TypeError(f"log_batch: {name} is required")
+            continue
+        if not (_is_tensor(value) or _is_array(value)):
+            raise TypeError(
+                f"log_batch: {name} must be a torch.Tensor or numpy.ndarray, got {type(value).__name__}"
+            )
+        if value.ndim != 2:
+            raise ValueError(
+                f"log_batch: {name} must be 2-D (batch, response_len), got shape {tuple(value.shape)}"
+            )
+        if shape is None:
+            shape = tuple(value.shape)
+        elif tuple(value.shape) != shape:
+            raise ValueError(f"log_batch: {name} has shape {tuple(value.shape)}, log_prob has {shape}")
+        host[name] = _copy_to_host(value, pending_cuda)
+    if tensors.get("group_index") is not None:
+        host["group_index"] = _group_ids(tensors["group_index"], shape[0], pending_cuda)
+    events = []
+    if pending_cuda:
+        import torch
+
+        for device in pending_cuda:
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(device))
+            events.append(event)
+    reported_all: dict[str, Any] = dict(reported_values)
+    if deferred:
+        scalars: dict[str, DeviceScalar] = copy_device_scalars(deferred)
+        reported_all.update(scalars)
+    metadata = {
+        "step": str(step),
+        "config": config_json,
+        "rank": str(rank),
+        "micro_batch": str(micro_batch),
+        "record_id": f"{os.getpid():x}-{os.urandom(6).hex()}",
+    }
+    return CapturedBatch(step, rank, micro_batch, host, events, metadata, reported_all)
+
+
+def _copy_to_host(value: Any, pending_cuda: dict) -> Any:
+    if _is_array(value):
+        if value.dtype.kind not in "biuf":
+            raise TypeError(f"log_batch: numpy dtype {value.dtype} is not numeric")
+        import numpy as np
+
+        return np.array(value, copy=True, order="C")
+    import torch
+
+    source = value.detach()
+    if source.is_complex():
+        raise TypeError("log_batch: complex tensors are not supported")
+    if source.device.type == "cpu":
+        return source.clone(memory_format=torch.contiguous_format)
+    if source.device.type == "cuda":
+        host = torch.empty(source.shape, dtype=source.dtype, pin_memory=True)
+        host.copy_(source, non_blocking=True)
+        pending_cuda[source.device] = None
+        return host
+    return source.to("cpu")  # other accelerators: a synchronous copy (no pinned-memory path)
