@@ -1,0 +1,273 @@
+"""Loss configuration: verl 0.9.1's actor loss settings as one frozen, validated value.
+
+The field names are verl's, so a user can hand over their verl actor config as-is
+(``LossConfig.from_verl(cfg.actor_rollout_ref.actor)``). Defaults live here and only here; verl keeps
+some of them in ``config.get("clip_ratio_c", 3.0)`` calls, we don't.
+
+Two fields are per-mini-batch in verl rather than static config (``batch_num_tokens``,
+``global_batch_size``, ``dp_size``: verl's ``ActorConfig.global_batch_info``, filled by ``ppo_loss`` from
+the data). They live here too, because a loss value is only reproducible together with them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from enum import Enum
+from typing import Any
+
+
+class AggMode(str, Enum):
+    """verl's ``loss_agg_mode``: how a ``(batch, response_len)`` loss matrix becomes one scalar."""
+
+    TOKEN_MEAN = "token-mean"
+    TOKEN_SUM = "token-sum"
+    SEQ_MEAN_TOKEN_SUM = "seq-mean-token-sum"
+    SEQ_MEAN_TOKEN_SUM_NORM = "seq-mean-token-sum-norm"
+    SEQ_MEAN_TOKEN_MEAN = "seq-mean-token-mean"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class KLType(str, Enum):
+    """verl's ``kl_loss_type``: the per-token KL estimator (http://joschu.net/blog/kl-approx.html).
+
+    A ``+`` suffix is the straight-through variant: the forward value of the named estimator with the
+    gradient of k2 (unbiased). ``kl``/``k1``, ``mse``/``k2`` and ``low_var_kl``/``k3`` are aliases.
+    """
+
+    KL = "kl"
+    K1 = "k1"
+    ABS = "abs"
+    MSE = "mse"
+    K2 = "k2"
+    LOW_VAR_KL = "low_var_kl"
+    K3 = "k3"
+    KL_ST = "kl+"
+    K1_ST = "k1+"
+    ABS_ST = "abs+"
+    MSE_ST = "mse+"
+    K2_ST = "k2+"
+    LOW_VAR_KL_ST = "low_var_kl+"
+    K3_ST = "k3+"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def base(self) -> str:
+        """Canonical forward estimator: ``"k1"``, ``"abs"``, ``"k2"`` or ``"k3"``."""
+        name = self.value.rstrip("+")
+        return {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}.get(name, name)
+
+    @property
+    def straight_through(self) -> bool:
+        return self.value.endswith("+")
+
+
+def _allowed(enum: type[Enum]) -> str:
+    return ", ".join(repr(m.value) for m in enum)
+
+
+def _parse_enum(enum: type[Enum], field: str, value: Any) -> Any:
+    try:
+        return enum(value)
+    except ValueError:
+        raise ValueError(f"{field} must be one of {_allowed(enum)}; got {value!r}") from None
+
+
+def _number(field: str, value: Any, *, allowed: str, optional: bool = False) -> float | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{field} must be {allowed}; got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{field} must be {allowed}; got {value!r}")
+    return float(value)
+
+
+def _count(field: str, value: Any, *, minimum: int, optional: bool) -> int | None:
+    allowed = f"an integer >= {minimum}" + (" or None" if optional else "")
+    if value is None and optional:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{field} must be {allowed}; got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """verl 0.9.1 actor loss settings (``ppo_loss`` + ``compute_policy_loss_vanilla`` + ``agg_loss``).
+
+    - ``clip_ratio_low`` / ``clip_ratio_high`` fall back to ``clip_ratio`` when None; the ratio is
+      clipped to ``[1 - low, 1 + high]`` (asymmetric = DAPO's Clip-Higher).
+    - ``clip_ratio_c`` caps the loss of negative-advantage tokens at ``-A * c`` (dual clip, > 1).
+    - ``loss_scale_factor`` divides ``seq-mean-token-sum-norm`` (None: the padded ``response_len``).
+    - ``dp_size`` / ``batch_num_tokens`` / ``global_batch_size``: global normalisation. With ``dp_size``
+      > 1, verl requires ``batch_num_tokens`` for token-mean and ``global_batch_size`` for seq modes.
+    - ``policy_loss = pg_loss - entropy_coeff * entropy_loss (+ kl_loss_coef * kl_loss if use_kl_loss)``.
+    """
+
+    clip_ratio: float = 0.2
+    clip_ratio_low: float | None = None
+    clip_ratio_high: float | None = None
+    clip_ratio_c: float = 3.0
+    loss_agg_mode: AggMode = AggMode.TOKEN_MEAN
+    loss_scale_factor: float | None = None
+    dp_size: int = 1
+    batch_num_tokens: int | None = None
+    global_batch_size: int | None = None
+    use_kl_loss: bool = False
+    kl_loss_type: KLType = KLType.LOW_VAR_KL
+    kl_loss_coef: float = 0.001
+    entropy_coeff: float = 0.0
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__.__get__(self)  # frozen: normalise in place once
+        set_("clip_ratio", _number("clip_ratio", self.clip_ratio, allowed="a number in [0, 1]"))
+        if not 0.0 <= self.clip_ratio <= 1.0:
+            raise ValueError(f"clip_ratio must be a number in [0, 1]; got {self.clip_ratio!r}")
+        low = _number(
+            "clip_ratio_low", self.clip_ratio_low, allowed="None or a number in [0, 1]", optional=True
+        )
+        if low is not None and not 0.0 <= low <= 1.0:
+            raise ValueError(f"clip_ratio_low must be None or a number in [0, 1]; got {low!r}")
+        set_("clip_ratio_low", low)
+        high = _number(
+            "clip_ratio_high", self.clip_ratio_high, allowed="None or a number >= 0", optional=True
+        )
+        if high is not None and high < 0.0:
+            raise ValueError(f"clip_ratio_high must be None or a number >= 0; got {high!r}")
+        set_("clip_ratio_high", high)
+        c = _number("clip_ratio_c", self.clip_ratio_c, allowed="a number > 1 (dual-clip bound)")
+        if c <= 1.0:
+            raise ValueError(
+                f"clip_ratio_c must be a number > 1 (dual-clip bound); got {self.clip_ratio_c!r}"
+            )
+        set_("clip_ratio_c", c)
+        set_("loss_agg_mode", _parse_enum(AggMode, "loss_agg_mode", self.loss_agg_mode))
+        lsf = _number(
+            "loss_scale_factor", self.loss_scale_factor, allowed="None or a number > 0", optional=True
+        )
+        if lsf is not None and lsf <= 0.0:
+            raise ValueError(f"loss_scale_factor must be None or a number > 0; got {lsf!r}")
+        set_("loss_scale_factor", lsf)
+        set_("dp_size", _count("dp_size", self.dp_size, minimum=1, optional=False))
+        set_("batch_num_tokens", _count("batch_num_tokens", self.batch_num_tokens, minimum=0, optional=True))
+        set_(
+            "global_batch_size", _count("global_batch_size", self.global_batch_size, minimum=0, optional=True)
+        )
+        if not isinstance(self.use_kl_loss, bool):
+            raise ValueError(f"use_kl_loss must be one of True, False; got {self.use_kl_loss!r}")
+        set_("kl_loss_type", _parse_enum(KLType, "kl_loss_type", self.kl_loss_type))
+        set_("kl_loss_coef", _number("kl_loss_coef", self.kl_loss_coef, allowed="a finite number"))
+        set_("entropy_coeff", _number("entropy_coeff", self.entropy_coeff, allowed="a finite number"))
+        if self.dp_size > 1:
+            if self.loss_agg_mode is AggMode.TOKEN_MEAN and self.batch_num_tokens is None:
+                raise ValueError(
+                    "batch_num_tokens must be the global token count (an integer >= 0) when dp_size > 1 "
+                    "with loss_agg_mode 'token-mean'; got None"
+                )
+            if self.loss_agg_mode.value.startswith("seq-") and self.global_batch_size is None:
+                raise ValueError(
+                    "global_batch_size must be the global sequence count (an integer >= 0) when dp_size > 1 "
+                    f"with loss_agg_mode {self.loss_agg_mode.value!r}; got None"
+                )
+
+    # -- derived -------------------------------------------------------------------------------
+    @property
+    def clip_low(self) -> float:
+        """Effective lower clip epsilon: the ratio is clipped below at ``1 - clip_low``."""
+        return self.clip_ratio if self.clip_ratio_low is None else self.clip_ratio_low
+
+    @property
+    def clip_high(self) -> float:
+        """Effective upper clip epsilon: the ratio is clipped above at ``1 + clip_high``."""
+        return self.clip_ratio if self.clip_ratio_high is None else self.clip_ratio_high
+
+    @property
+    def global_batch_info(self) -> dict[str, Any]:
+        """The keyword arguments verl's ``ppo_loss`` passes to every ``agg_loss`` call."""
+        return {
+            "dp_size": self.dp_size,
+            "batch_num_tokens": self.batch_num_tokens,
+            "global_batch_size": self.global_batch_size,
+            "loss_scale_factor": self.loss_scale_factor,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-safe dict (enums as their string values); ``LossConfig(**d)`` round-trips."""
+        out = asdict(self)
+        out["loss_agg_mode"] = self.loss_agg_mode.value
+        out["kl_loss_type"] = self.kl_loss_type.value
+        return out
+
+    # -- construction from trainer configs --------------------------------------------------------
+    @classmethod
+    def from_verl(cls, mapping: Mapping[str, Any] | Any, **overrides: Any) -> LossConfig:
+        """Build from a verl actor config (dict, OmegaConf ``DictConfig`` or verl ``ActorConfig``).
+
+        Accepts the actor section itself, or a whole trainer config (descends into
+        ``actor_rollout_ref.actor``). Reads ``global_batch_info`` (dp_size, batch_num_tokens,
+        global_batch_size, loss_scale_factor) when present; keys verl has but the loss does not use are
+        ignored. ``policy_loss.loss_mode`` must be ``vanilla`` (the loss reproduced here).
+        ``overrides`` replace fields after reading (e.g. this mini-batch's ``batch_num_tokens``).
+        """
+        section = _as_mapping(mapping)
+        for key in ("actor_rollout_ref", "actor"):
+            inner = _get(section, key)
+            if inner is not None:
+                section = _as_mapping(inner)
+        policy_loss = _get(section, "policy_loss")
+        if policy_loss is not None:
+            loss_mode = _get(_as_mapping(policy_loss), "loss_mode", "vanilla")
+            if loss_mode != "vanilla":
+                raise ValueError(
+                    f"policy_loss.loss_mode must be 'vanilla' (the PPO clip loss rlvitals reproduces); "
+                    f"got {loss_mode!r}"
+                )
+        names = {f.name for f in fields(cls)}
+        values: dict[str, Any] = {}
+        for name in names:
+            value = _get(section, name, _MISSING)
+            if value is not _MISSING:
+                values[name] = value
+        info = _get(section, "global_batch_info")
+        if info is not None:
+            for key in ("dp_size", "batch_num_tokens", "global_batch_size", "loss_scale_factor"):
+                value = _get(_as_mapping(info), key, None)
+                if value is not None:
+                    values[key] = _plain(value)
+        values.update(overrides)
+        unknown = set(values) - names
+        if unknown:
+            raise ValueError(f"unknown LossConfig field(s) {sorted(unknown)}; allowed: {sorted(names)}")
+        return cls(**values)
+
+
+_MISSING = object()
+
+
+def _plain(value: Any) -> Any:
+    """A 0-dim tensor / numpy scalar (verl puts ``batch_num_tokens`` in as one) -> python number."""
+    item = getattr(value, "item", None)
+    return item() if callable(item) else value
+
+
+def _as_mapping(obj: Any) -> Any:
+    if isinstance(obj, Mapping) or hasattr(obj, "get"):
+        return obj
+    if hasattr(obj, "__dict__"):  # a plain dataclass / namespace
+        return vars(obj)
+    raise ValueError(f"config must be a mapping (dict, OmegaConf DictConfig or dataclass); got {type(obj)!r}")
+
+
+def _get(section: Any, key: str, default: Any = None) -> Any:
+    try:
+        return section.get(key, default)
+    except (KeyError, AttributeError):  # OmegaConf structured configs raise on unknown keys
+        return default

@@ -1,0 +1,290 @@
+"""Fast, autograd-free recomputation of verl's loss metrics over one micro-batch.
+
+:class:`TokenBatch` validates the tensors once, then reduces every per-token quantity to *row sums*
+``(batch,)`` plus a few counts. Every aggregation mode, every global-normalisation variant and every
+coefficient what-if is then scalar arithmetic on those row sums, so an audit that tries dozens of
+alternatives pays for the token pass once per distinct clip setting and once per KL estimator.
+
+How the token pass stays exact (the same per-token floats verl computes, in fewer passes):
+
+- signs are folded up front into the masked advantages ``A+ = max(A m, 0)`` and ``A- = -min(A m, 0)``
+  (``m`` the 0/1 mask). Because rounding is monotone, verl's ``max(-A r, -A clip(r))`` and
+  ``min(-A c, ...)`` equal ``l = A- clamp(r, 1 - eps_low, c) - A+ min(r, 1 + eps_high)`` bit for bit.
+- both clip fractions come from one tensor ``z = (A m) r + l``: ``z > 0`` exactly where verl's
+  ``pg_losses2 > pg_losses1`` (clipped on either side), ``z < 0`` exactly where the dual clip bound won
+  (``A < 0``, ``(-A) r > (-A) c``), comparing the same rounded products verl compares. Counted with
+  ``count_nonzero`` (no bool tensors, no ``where``).
+- masked sums are sums of products with ``m`` (or dots): identical to verl's ``masked_sum`` whenever
+  every value is finite. A non-finite value anywhere (even under the mask) makes some sum non-finite;
+  the batch then falls back to the op-for-op reference in :mod:`.losses`, which is what verl does with
+  NaN/inf. Half precision always takes the reference ops, in the input dtype, as verl would.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .config import AggMode, KLType, LossConfig
+
+Tensor = torch.Tensor
+_FAST_DTYPES = (torch.float32, torch.float64)
+TENSOR_NAMES = ("log_prob", "old_log_prob", "advantages", "response_mask", "ref_log_prob", "entropy")
+
+
+def ieee_div(a: float, b: float) -> float:
+    """``a / b`` with IEEE semantics (x/0 -> +-inf, 0/0 -> NaN) instead of ZeroDivisionError."""
+    if b == 0.0:
+        if a == 0.0 or math.isnan(a):
+            return math.nan
+        return math.copysign(math.inf, a) * math.copysign(1.0, b)
+    return a / b
+
+
+def _eps_count(count: int) -> float:
+    """verl's ``mask.sum() + 1e-8``: an int64 count plus a python float gives a float32 scalar."""
+    return float(np.float32(count) + np.float32(1e-8))
+
+
+def _fraction(hits: int, count: int) -> float:
+    """verl's clip fractions: a float32 0/1 indicator's masked mean, so float32 whatever the input dtype."""
+    return float(np.float32(hits) / (np.float32(count) + np.float32(1e-8)))
+
+
+@dataclass(frozen=True)
+class PolicyStats:
+    """Token-pass result for one clip setting: per-row sums of the clipped loss ``(batch,)`` float64
+    and the clip counts over valid tokens."""
+
+    rows: Tensor
+    n_clipped: int
+    n_dual_clipped: int
+
+
+class TokenBatch:
+    """One micro-batch, validated; computes verl's metrics for any :class:`LossConfig`.
+
+    Tensors are ``(batch, response_len)``. ``response_mask`` is bool or numeric (non-zero = valid).
+    Float inputs of mixed dtype are promoted to a common dtype, as torch would promote them in verl.
+    """
+
+    def __init__(
+        self,
+        *,
+        log_prob: Tensor,
+        old_log_prob: Tensor,
+        advantages: Tensor,
+        response_mask: Tensor,
+        ref_log_prob: Tensor | None = None,
+        entropy: Tensor | None = None,
+    ) -> None:
+        given = {
+            "log_prob": log_prob,
+            "old_log_prob": old_log_prob,
+            "advantages": advantages,
+            "ref_log_prob": ref_log_prob,
+            "entropy": entropy,
+        }
+        floats = {k: v for k, v in given.items() if v is not None}
+        for name, value in (*floats.items(), ("response_mask", response_mask)):
+            if not isinstance(value, torch.Tensor):
+                raise ValueError(f"{name} must be a torch.Tensor; got {type(value).__name__}")
+            if value.dim() != 2:
+                raise ValueError(f"{name} must be 2-D (batch, response_len); got shape {tuple(value.shape)}")
+            if value.shape != response_mask.shape:
+                raise ValueError(
+                    f"{name} has shape {tuple(value.shape)} but response_mask has {tuple(response_mask.shape)}"
+                )
+        for name, value in floats.items():
+            if not value.is_floating_point():
+                raise ValueError(
+                    f"{name} must be float16, bfloat16, float32 or float64; got {str(value.dtype).replace('torch.', '')}"
+                )
+        if response_mask.is_complex():
+            raise ValueError("response_mask must be bool or 0/1 numbers; got a complex tensor")
+        self.shape = tuple(response_mask.shape)
+        self.width = self.shape[1]
+        self.tensors = {k: v.detach() for k, v in floats.items()}
+        self.mask = response_mask.detach()
+        self.mask = self.mask if self.mask.dtype == torch.bool else self.mask != 0
+        dtype = floats["log_prob"].dtype
+        for value in floats.values():
+            dtype = torch.promote_types(dtype, value.dtype)
+        self.dtype = dtype
+        self.n_row = self.mask.sum(dim=-1)  # (batch,) int64
+        self.n_tokens = int(self.n_row.sum())
+        self.n_seqs = int((self.n_row > 0).sum())
+        self.fast = dtype in _FAST_DTYPES
+        self._cache: dict = {}
+        if self.fast:
+            self._prepare()
+
+    @property
+    def empty(self) -> bool:
+        return self.n_tokens == 0
+
+    # -- fast path -------------------------------------------------------------------------------
+    def _t(self, name: str) -> Tensor:
+        return self.tensors[name].to(self.dtype).contiguous()
+
+    def _prepare(self) -> None:
+        """Mask-folded advantages, the ratio and ppo_kl: the shared first half of the token pass."""
+        m = self.mask.to(self.dtype)
+        adv_m = self._t("advantages").mul(m)  # A on valid tokens, 0 elsewhere
+        a_pos = adv_m.clamp(min=0.0)  # A+  (A > 0)
+        a_neg = adv_m.clamp(max=0.0).neg_()  # -A  (A < 0): verl's -advantages, exactly
+        # log-ratio, clamped to +-20 as verl does before exp; ppo_kl = masked mean of (old - new)
+        ratio = torch.sub(self._t("log_prob"), self._t("old_log_prob")).clamp_(-20.0, 20.0)
+        kl_sum = float(torch.dot(ratio.view(-1), m.view(-1)))
+        ratio.exp_()
+        self.m, self.adv_m, self.a_pos, self.a_neg, self.ratio = m, adv_m, a_pos, a_neg, ratio
+        self.ppo_kl = -kl_sum / _eps_count(self.n_tokens)
+        self.finite = math.isfinite(kl_sum)
+
+    def policy(self, low: float, high: float, c: float) -> PolicyStats:
+        """Row sums of the clipped per-token loss and the clip counts for ratio bounds
+        ``[1 - low, 1 + high]`` and dual-clip bound ``c`` (cached per setting)."""
+        key = ("pg", low, high, c)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        lo, hi = 1 - low, 1 + high  # python floats, rounded to the tensor dtype like verl's clamp
+        r = self.ratio
+        # l = (-A) clamp(r, lo, c) for A < 0,  -(A min(r, hi)) for A > 0   (one of the terms is 0)
+        loss = torch.clamp(r, lo, c).mul_(self.a_neg)
+        work = torch.clamp(r, max=hi).mul_(self.a_pos)
+        loss.sub_(work)
+        rows = loss.sum(dim=-1, dtype=torch.float64)
+        # z = A r + l:  z > 0 <=> verl's pg_losses2 > pg_losses1 (clipped, either side);
+        #               z < 0 <=> A < 0 and (-A) r > (-A) c (dual clip), compared on the rounded products
+        z = torch.mul(self.adv_m, r, out=work).add_(loss)
+        nonzero = int(torch.count_nonzero(z))
+        n_clipped = int(torch.count_nonzero(z.clamp_(min=0.0)))
+        stats = PolicyStats(rows=rows, n_clipped=n_clipped, n_dual_clipped=nonzero - n_clipped)
+        self._cache[key] = stats
+        return stats
+
+    def kl_rows(self, kind: KLType | str) -> Tensor:
+        """Row sums ``(batch,)`` float64 of the forward value of a KL estimator (``+`` has k's value)."""
+        base = KLType(kind).base
+        key = ("kl", base)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        lp, ref = self._t("log_prob"), self._t("ref_log_prob")
+        if base == "k3":
+            delta = torch.sub(ref, lp).clamp_(-20.0, 20.0)
+            value = torch.exp(delta).sub_(delta).sub_(1.0).clamp_(-10.0, 10.0)
+        else:
+            value = torch.sub(lp, ref)
+            if base == "abs":
+                value.abs_()
+            elif base == "k2":
+                value.square_().mul_(0.5)
+        rows = value.mul_(self.m).sum(dim=-1, dtype=torch.float64)
+        self._cache[key] = rows
+        return rows
+
+    def entropy_rows(self) -> Tensor:
+        hit = self._cache.get("entropy")
+        if hit is None:
+            hit = torch.mul(self._t("entropy"), self.m).sum(dim=-1, dtype=torch.float64)
+            self._cache["entropy"] = hit
+        return hit
+
+    def aggregate(
+        self,
+        rows: Tensor,
+        mode: AggMode | str,
+        *,
+        dp_size: int = 1,
+        batch_num_tokens: int | None = None,
+        global_batch_size: int | None = None,
+        loss_scale_factor: float | None = None,
+    ) -> float:
+        """verl's ``agg_loss`` from per-row sums (finite rows: masked-out rows are exactly 0)."""
+        mode = AggMode(mode)
+        if mode is AggMode.TOKEN_MEAN:
+            if batch_num_tokens is None:
+                if dp_size > 1:
+                    raise ValueError(
+                        "batch_num_tokens (global, across data-parallel ranks) is required when dp_size > 1"
+                    )
+                batch_num_tokens = self.n_tokens
+            return ieee_div(float(rows.sum()), batch_num_tokens) * dp_size
+        if mode is AggMode.TOKEN_SUM:
+            return float(rows.sum()) * dp_size
+        if global_batch_size is None:
+            if dp_size > 1:
+                raise ValueError(
+                    "global_batch_size (global, across data-parallel ranks) is required when dp_size > 1"
+                )
+            global_batch_size = self.n_seqs
+        if mode is AggMode.SEQ_MEAN_TOKEN_MEAN:
+            # per-row mean over (T_i + 1e-8) computed in float32 as verl does; empty rows contribute 0
+            lengths = self.n_row.to(torch.float32) + 1e-8
+            total = float((rows / lengths.to(torch.float64)).sum())
+        else:
+            total = float(rows.sum())
+        loss = ieee_div(total, global_batch_size) * dp_size
+        if mode is AggMode.SEQ_MEAN_TOKEN_SUM_NORM:
+            loss = ieee_div(loss, self.width if loss_scale_factor is None else loss_scale_factor)
+        return loss
+
+    def metrics(self, config: LossConfig) -> dict[str, float]:
+        """verl's metrics for ``config`` (see :func:`rlvitals.analyzers.recompute`)."""
+        if config.use_kl_loss and "ref_log_prob" not in self.tensors:
+            raise ValueError("ref_log_prob is required when use_kl_loss is True")
+        if self.fast and self.finite:
+            out = self._fast_metrics(config)
+            if out is not None:
+                return out
+            self.finite = False  # a non-finite sum: every later config takes the reference path too
+        return self._reference_metrics(config)
+
+    def _fast_metrics(self, config: LossConfig) -> dict[str, float] | None:
+        info = config.global_batch_info
+        pol = self.policy(config.clip_low, config.clip_high, config.clip_ratio_c)
+        pg_loss = self.aggregate(pol.rows, config.loss_agg_mode, **info)
+        sums = [float(pol.rows.sum())]
+        out = {
+            "pg_loss": pg_loss,
+            "pg_clipfrac": _fraction(pol.n_clipped, self.n_tokens),
+            "ppo_kl": self.ppo_kl,
+            "pg_clipfrac_lower": _fraction(pol.n_dual_clipped, self.n_tokens),
+        }
+        policy_loss = pg_loss
+        if "entropy" in self.tensors:
+            rows = self.entropy_rows()
+            sums.append(float(rows.sum()))
+            out["entropy_loss"] = self.aggregate(rows, config.loss_agg_mode, **info)
+            policy_loss = policy_loss - config.entropy_coeff * out["entropy_loss"]
+        if "ref_log_prob" in self.tensors:
+            rows = self.kl_rows(config.kl_loss_type)
+            sums.append(float(rows.sum()))
+            out["kl_loss"] = self.aggregate(rows, config.loss_agg_mode, **info)
+            if config.use_kl_loss:
+                policy_loss = policy_loss + out["kl_loss"] * config.kl_loss_coef
+        if not all(math.isfinite(x) for x in sums):
+            return None
+        out["policy_loss"] = policy_loss
+        return out
+
+    # -- reference path --------------------------------------------------------------------------
+    def _reference_metrics(self, config: LossConfig) -> dict[str, float]:
+        from .losses import ppo_loss
+
+        with torch.no_grad():
+            _, metrics = ppo_loss(
+                config,
+                log_prob=self.tensors["log_prob"],
+                old_log_prob=self.tensors["old_log_prob"],
+                advantages=self.tensors["advantages"],
+                response_mask=self.mask,
+                ref_log_prob=self.tensors.get("ref_log_prob"),
+                entropy=self.tensors.get("entropy"),
+            )
+        return {k: float(v) for k, v in metrics.items()}
