@@ -1,0 +1,232 @@
+"""Streaming detectors the health rules are built from: O(1) time and memory per point, JSON state.
+
+- :class:`Ewma` — exponentially weighted moving average, ``m ← m + α (x − m)``.
+- :class:`RobustBaseline` — a windowless robust location and (one-sided) scale. The first ``warmup``
+  points are kept and give the median and one-sided MADs (σ̂ = 1.4826·MAD); afterwards each point moves
+  the estimates by an EWMA step of its residual *clipped* to ±``clip``·σ̂ (a Huber-type M-estimate
+  update), so single spikes barely move it while slow legitimate change is followed. σ̂ is floored at
+  ``rel_floor``·|center| + ``abs_floor``.
+- :class:`Cusum` — one-sided (upward) CUSUM on standardized residuals, Page (1954):
+  ``S ← min(cap, max(0, S + z − k))``; an alarm when ``S > h``.
+- :class:`PageHinkley` — Page–Hinkley test on the same residuals, with its own running mean of z:
+  ``m ← m + (z − z̄ − δ)``, statistic ``m − min(m)``.
+- :class:`Hysteresis` — a two-threshold latch: turns on past ``on``, off only back past ``off``.
+
+Drift detectors are registered in :data:`DETECTORS` (a plain dict, filled by :func:`register_detector`),
+so a rule can take the detector's name as a setting. Every detector has ``state_dict()`` and
+``load_state_dict()``; a restored detector behaves identically to the original on future points.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, ClassVar
+
+from .findings import DuplicateRuleError, UnknownRuleError
+
+MAD_TO_SIGMA = 1.482602218505602  # 1 / Φ⁻¹(3/4): σ of a normal from its median absolute deviation
+MEAN_ABS_TO_SIGMA = math.sqrt(math.pi / 2)  # σ of a normal from its mean absolute deviation
+
+
+class _State:
+    """Mixin: the dataclass fields not named in ``PARAMS`` are the state (``PARAMS`` come from settings,
+    so a detector restored under new settings keeps the new parameters)."""
+
+    PARAMS: ClassVar[tuple[str, ...]] = ()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if k not in self.PARAMS}  # type: ignore[call-overload]
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        names = {f.name for f in fields(self)} - set(self.PARAMS)  # type: ignore[arg-type]
+        for key, value in state.items():
+            if key in names:
+                setattr(self, key, list(value) if isinstance(value, list) else value)
+
+
+@dataclass
+class Ewma(_State):
+    """Exponentially weighted mean; the first point initialises it. ``value`` is ``None`` before any point."""
+
+    PARAMS: ClassVar[tuple[str, ...]] = ("alpha",)
+    alpha: float
+    value: float | None = None
+    count: int = 0
+
+    def update(self, x: float) -> float:
+        self.value = x if self.value is None else self.value + self.alpha * (x - self.value)
+        self.count += 1
+        return self.value
+
+
+@dataclass
+class RobustBaseline(_State):
+    """Robust running location (``center``) and one-sided scales of a scalar series.
+
+    ``ready`` becomes true after ``warmup`` points. ``z(x)`` is the standardized residual
+    ``(x − center) / σ̂``, where σ̂ is the upper scale for points above the center and the lower scale for
+    points below (skewed series such as ppo_kl get honest z-scores on the side that matters), each floored
+    at ``rel_floor``·|center| + ``abs_floor``. A one-sided scale is the σ of a normal with the same mean
+    absolute deviation on that side, learnt by the clipped EWMA update described in the module docstring.
+    """
+
+    PARAMS: ClassVar[tuple[str, ...]] = ("alpha", "warmup", "clip", "rel_floor", "abs_floor")
+    alpha: float = 0.01
+    warmup: int = 20
+    clip: float = 2.0
+    rel_floor: float = 0.1
+    abs_floor: float = 1e-12
+    center: float = 0.0
+    dev_up: float = 0.0
+    dev_down: float = 0.0
+    count: int = 0
+    buffer: list[float] = field(default_factory=list)
+
+    @property
+    def ready(self) -> bool:
+        return self.count >= self.warmup
+
+    def _floor(self) -> float:
+        return self.rel_floor * abs(self.center) + self.abs_floor
+
+    @property
+    def scale_up(self) -> float:
+        return max(MEAN_ABS_TO_SIGMA * self.dev_up, self._floor())
+
+    @property
+    def scale_down(self) -> float:
+        return max(MEAN_ABS_TO_SIGMA * self.dev_down, self._floor())
+
+    @property
+    def scale(self) -> float:
+        """The symmetric scale (mean of the two sides)."""
+        return 0.5 * (self.scale_up + self.scale_down)
+
+    def z(self, x: float) -> float:
+        residual = x - self.center
+        return residual / (self.scale_up if residual > 0 else self.scale_down)
+
+    def update(self, x: float) -> None:
+        self.count += 1
+        if self.count <= self.warmup:
+            self.buffer.append(x)
+            if self.count == self.warmup:
+                self.center = _median(self.buffer)
+                above = [v - self.center for v in self.buffer if v > self.center]
+                below = [self.center - v for v in self.buffer if v < self.center]
+                # the median one-sided deviation of a normal is 0.6745 σ; store it as a mean deviation
+                to_mean = MAD_TO_SIGMA / MEAN_ABS_TO_SIGMA
+                self.dev_up = to_mean * _median(above) if above else 0.0
+                self.dev_down = to_mean * _median(below) if below else 0.0
+                self.buffer = []
+            return
+        residual = x - self.center
+        if residual > 0:
+            residual = min(residual, self.clip * self.scale_up)
+            self.dev_up += self.alpha * (residual - self.dev_up)
+        else:
+            residual = max(residual, -self.clip * self.scale_down)
+            self.dev_down += self.alpha * (-residual - self.dev_down)
+        self.center += self.alpha * residual
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    n = len(ordered)
+    mid = n // 2
+    return ordered[mid] if n % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+
+
+@dataclass
+class Hysteresis(_State):
+    """Latch with two thresholds. ``upward``: on when ``x > on``, off when ``x < off`` (``off <= on``);
+    downward: on when ``x < on``, off when ``x > off`` (``off >= on``)."""
+
+    PARAMS: ClassVar[tuple[str, ...]] = ("on", "off", "upward")
+    on: float
+    off: float
+    upward: bool = True
+    active: bool = False
+
+    def update(self, x: float) -> bool:
+        if self.upward:
+            self.active = x > self.on if not self.active else not x < self.off
+        else:
+            self.active = x < self.on if not self.active else not x > self.off
+        return self.active
+
+
+# --------------------------------------------------------------------------- drift detectors
+
+
+DETECTORS: dict[str, type[DriftDetector]] = {}
+
+
+def register_detector(name: str) -> Callable[[type[DriftDetector]], type[DriftDetector]]:
+    """Class decorator: register a drift detector under ``name`` (duplicates raise)."""
+
+    def decorate(cls: type[DriftDetector]) -> type[DriftDetector]:
+        if name in DETECTORS:
+            raise DuplicateRuleError(f"drift detector {name!r} is already registered")
+        cls.name = name
+        DETECTORS[name] = cls
+        return cls
+
+    return decorate
+
+
+def make_detector(name: str, *, k: float, cap: float) -> DriftDetector:
+    """Instantiate the registered drift detector ``name``; unknown names list the valid ones."""
+    cls = DETECTORS.get(name)
+    if cls is None:
+        raise UnknownRuleError(f"unknown drift detector {name!r}; valid: {', '.join(sorted(DETECTORS))}")
+    return cls(k=k, cap=cap)
+
+
+@dataclass
+class DriftDetector(_State):
+    """Upward drift statistic over standardized residuals z; larger = more evidence of an upward shift."""
+
+    name: ClassVar[str] = ""
+    PARAMS: ClassVar[tuple[str, ...]] = ("k", "cap")
+    k: float = 1.0
+    cap: float = math.inf
+    statistic: float = 0.0
+
+    def update(self, z: float) -> float:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+@register_detector("cusum")
+@dataclass
+class Cusum(DriftDetector):
+    """One-sided CUSUM (Page 1954): ``S ← min(cap, max(0, S + z − k))``. ``k`` is the slack in σ units:
+    shifts smaller than k never accumulate; a shift of d σ reaches h after about h / (d − k) points."""
+
+    def update(self, z: float) -> float:
+        self.statistic = min(self.cap, max(0.0, self.statistic + z - self.k))
+        return self.statistic
+
+
+@register_detector("page_hinkley")
+@dataclass
+class PageHinkley(DriftDetector):
+    """Page–Hinkley test: ``m ← m + (z − z̄ − δ)`` with z̄ the running mean of z and δ = ``k``;
+    statistic ``m − min m`` (capped by moving the minimum up). It additionally cancels any constant bias
+    in z, at the price of slowly absorbing a persistent shift into z̄."""
+
+    mean_z: float = 0.0
+    count: int = 0
+    cumulative: float = 0.0
+    minimum: float = 0.0
+
+    def update(self, z: float) -> float:
+        self.count += 1
+        self.mean_z += (z - self.mean_z) / self.count
+        self.cumulative += z - self.mean_z - self.k
+        self.minimum = min(self.minimum, self.cumulative)
+        self.minimum = max(self.minimum, self.cumulative - self.cap)
+        self.statistic = self.cumulative - self.minimum
+        return self.statistic

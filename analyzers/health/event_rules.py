@@ -1,0 +1,255 @@
+"""Built-in health rules over events rather than one policy signal: non-finite metrics, zero-advantage
+GRPO groups, and audit mismatches. Registered through :func:`register_rule` like any user rule."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from .detectors import Ewma, Hysteresis
+from .findings import Check, Severity
+from .registry import Rule, RuleId, register_rule, require
+from .signals import Signal, signal_of
+
+_SPELLING = {True: "Infinity", False: "-Infinity"}
+
+
+def _spell(value: float) -> str:
+    return "NaN" if math.isnan(value) else _SPELLING[value > 0]
+
+
+@register_rule(RuleId.NON_FINITE)
+class NonFinite(Rule):
+    """Any metric, under any name, that is NaN or ±Inf. Fires on the first one; resolves after
+    ``resolve_after`` consecutive steps whose metrics are all finite."""
+
+    signal = "*"
+    severity = Severity.CRITICAL
+    summary = "any NaN or Inf metric, under any name"
+    fire_after = 1
+    resolve_after = 10
+    advice = (
+        "A NaN/Inf in the loss or its diagnostics poisons the weights at the next optimizer step: stop or roll "
+        "back to the last good checkpoint. Usual causes: fp16/bf16 overflow, a learning rate that is too "
+        "high, log(0) on zero-probability tokens, an all-masked batch (masked means of nothing), or division "
+        "by a zero std in advantage normalisation."
+    )
+
+    def observe(self, step: int, signals: Mapping[str, float], metrics: Mapping[str, float]) -> Check | None:
+        if not metrics:
+            return None
+        bad = {name: value for name, value in metrics.items() if not math.isfinite(value)}
+        if not bad:
+            return Check(
+                active=False, message="all metrics are finite again", evidence={"checked": len(metrics)}
+            )
+        names = sorted(bad)
+        first = names[0]
+        shown = ", ".join(f"{name}={_spell(bad[name])}" for name in names[:5])
+        more = f" and {len(names) - 5} more" if len(names) > 5 else ""
+        return Check(
+            active=True,
+            value=bad[first],
+            signal=signal_of(first) or first,
+            evidence={"non_finite": {name: _spell(bad[name]) for name in names}, "count": len(names)},
+            message=f"non-finite metrics at step {step}: {shown}{more}",
+        )
+
+
+_FRACTION_KEYS = ("zero_std_frac", "zero_variance_frac", "frac_zero_std", "frac_reward_zero_std")
+_ALL_MAX_KEYS = ("all_max_frac", "all_solved_frac")
+_ALL_MIN_KEYS = ("all_min_frac", "all_failed_frac")
+
+
+def _first(diagnostics: Mapping[str, Any], keys: tuple[str, ...]) -> float | None:
+    for key in keys:
+        value = diagnostics.get(key)
+        if value is None or isinstance(value, bool):
+            continue
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            continue
+        if math.isfinite(number):
+            return number
+    return None
+
+
+ADVICE_SOLVED = (
+    "Most groups are solved by every sample, so their advantages are 0 and they teach nothing: filter or "
+    "re-sample them (DAPO dynamic sampling, verl algorithm.filter_groups), move to harder prompts, or raise "
+    "the samples per prompt."
+)
+ADVICE_FAILED = (
+    "Most groups fail on every sample: first read a few responses against the reward function and answer "
+    "parser (a broken reward looks exactly like this), then use easier prompts or a curriculum, more samples "
+    "per prompt, or a longer max response length if answers are being truncated."
+)
+
+
+@register_rule(RuleId.ZERO_ADVANTAGE_GROUPS)
+class ZeroAdvantageGroups(Rule):
+    """Too many GRPO groups whose rewards all tie (zero std → zero advantage → no gradient).
+
+    Fed by ``observe_groups`` (``zero_std_frac`` plus the split ``all_max_frac`` = all solved,
+    ``all_min_frac`` = all failed) and by TRL's scalar ``frac_reward_zero_std`` through ``observe`` (ignored
+    for a step that group diagnostics already covered). The smoothed share (EWMA ``alpha``) above
+    ``threshold`` opens an episode, below ``release`` closes it. The advice follows the dominant cause.
+    """
+
+    signal = Signal.ZERO_STD_FRAC.value
+    summary = "too many zero-variance (all-solved / all-failed) GRPO groups"
+    defaults: ClassVar[Mapping[str, Any]] = {"threshold": 0.5, "release": 0.4, "alpha": 0.3}
+    fire_after = 3
+    resolve_after = 10
+    advice = ADVICE_SOLVED + " " + ADVICE_FAILED
+
+    @classmethod
+    def validate(cls, s: Mapping[str, Any]) -> None:
+        require(0.0 <= s["release"] <= s["threshold"] <= 1.0, cls.id, "need 0 <= release <= threshold <= 1")
+        require(0.0 < s["alpha"] <= 1.0, cls.id, "alpha must be in (0, 1]")
+
+    def __init__(self, settings: Mapping[str, Any], run_config: Mapping[str, Any]) -> None:
+        super().__init__(settings, run_config)
+        self.share = Ewma(alpha=settings["alpha"])
+        self.solved = Ewma(alpha=settings["alpha"])
+        self.failed = Ewma(alpha=settings["alpha"])
+        self.latch = Hysteresis(on=settings["threshold"], off=settings["release"])
+        self.groups_step: int | None = None
+
+    def observe(self, step: int, signals: Mapping[str, float], metrics: Mapping[str, float]) -> Check | None:
+        x = signals.get(self.signal)
+        if x is None or step == self.groups_step:
+            return None
+        return self._check(x, None, None, None)
+
+    def observe_groups(self, step: int, diagnostics: Mapping[str, float]) -> Check | None:
+        all_max = _first(diagnostics, _ALL_MAX_KEYS)
+        all_min = _first(diagnostics, _ALL_MIN_KEYS)
+        share = _first(diagnostics, _FRACTION_KEYS)
+        if share is None and all_max is not None and all_min is not None:
+            share = all_max + all_min
+        if share is None:
+            return None
+        self.groups_step = step
+        return self._check(share, all_max, all_min, _first(diagnostics, ("n_groups", "num_groups")))
+
+    def _check(self, x: float, all_max: float | None, all_min: float | None, n_groups: float | None) -> Check:
+        m = self.share.update(x)
+        if all_max is not None:
+            self.solved.update(all_max)
+        if all_min is not None:
+            self.failed.update(all_min)
+        active = self.latch.update(m)
+        solved, failed = self.solved.value, self.failed.value
+        if solved is None or failed is None:
+            cause, advice = "unknown", ""
+        elif solved >= failed:
+            cause, advice = "all_solved", ADVICE_SOLVED
+        else:
+            cause, advice = "all_failed", ADVICE_FAILED
+        evidence = {
+            "zero_std_frac": x,
+            "smoothed": m,
+            "all_max_frac": all_max,
+            "all_min_frac": all_min,
+            "smoothed_all_max_frac": solved,
+            "smoothed_all_min_frac": failed,
+            "n_groups": n_groups,
+            "cause": cause,
+            "threshold": self.settings["threshold"],
+        }
+        if not active:
+            return Check(
+                active=False, value=x, evidence=evidence, message="zero-variance group share is back down"
+            )
+        why = {
+            "all_solved": "mostly all-solved groups",
+            "all_failed": "mostly all-failed groups",
+            "unknown": "cause unknown: no all-solved/all-failed split was reported",
+        }[cause]
+        return Check(
+            active=True,
+            value=x,
+            evidence=evidence,
+            advice=advice,
+            message=f"{m:.0%} of GRPO groups have zero reward variance and give no gradient ({why})",
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "share": self.share.state_dict(),
+            "solved": self.solved.state_dict(),
+            "failed": self.failed.state_dict(),
+            "latch": self.latch.state_dict(),
+            "groups_step": self.groups_step,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        for name in ("share", "solved", "failed", "latch"):
+            target = getattr(self, name)
+            if state.get(name):
+                target.load_state_dict(state[name])
+        self.groups_step = state.get("groups_step")
+
+
+def _get(obj: Any, key: str, default: Any = None) -> Any:
+    if isinstance(obj, Mapping):
+        return obj.get(key, default)
+    return getattr(obj, key, default)
+
+
+@register_rule(RuleId.AUDIT_MISMATCH)
+class AuditMismatch(Rule):
+    """A reported loss metric disagrees with rlvitals' recomputation from the same tensors (an audit that is
+    not ok). Fires on the first failing audit; resolves after ``resolve_after`` consecutive passing audits.
+    Audits of empty (fully masked) batches are ignored."""
+
+    signal = "audit"
+    severity = Severity.CRITICAL
+    summary = "a reported metric disagrees with its recomputation"
+    fire_after = 1
+    resolve_after = 3
+    advice = (
+        "The trainer computes its loss differently from the configuration you gave: the explanation names "
+        "the setting that reproduces the reported numbers. Align the config (or the trainer) so they agree; "
+        "until then the loss being optimised is not the one you think."
+    )
+
+    def observe_audit(self, step: int, report: Mapping[str, Any]) -> Check | None:
+        if report.get("empty"):
+            return None
+        verdicts = report.get("verdicts") or {}
+        explanation = str(report.get("explanation") or "")
+        if report.get("ok"):
+            return Check(
+                active=False, message="audits agree with recomputation again", evidence={"step": step}
+            )
+        failing = sorted(name for name, verdict in verdicts.items() if not _get(verdict, "ok", True))
+        reported = report.get("reported") or {}
+        recomputed = report.get("recomputed") or {}
+        details = {
+            name: {
+                "reported": reported.get(name),
+                "recomputed": recomputed.get(name),
+                "abs_err": _get(verdicts[name], "abs_err"),
+                "rel_err": _get(verdicts[name], "rel_err"),
+            }
+            for name in failing
+        }
+        errors = [d["rel_err"] for d in details.values() if isinstance(d["rel_err"], (int, float))]
+        what = ", ".join(failing) if failing else "the audit"
+        return Check(
+            active=True,
+            value=max(errors) if errors else None,
+            signal=failing[0] if failing else self.signal,
+            evidence={
+                "metrics": failing,
+                "verdicts": details,
+                "explanation": explanation,
+                "on_policy_gap": report.get("on_policy_gap"),
+            },
+            message=f"reported {what} disagree{'s' if len(failing) == 1 else ''} with recomputation"
+            + (f": {explanation}" if explanation else ""),
+        )

@@ -1,0 +1,278 @@
+"""HealthMonitor: runs every registered, enabled rule over one run's streams and emits findings.
+
+Feed it points in step order::
+
+    monitor = HealthMonitor(settings={"pg_clipfrac_range": {"high": 0.35}}, run_config=verl_config)
+    for step, metrics in stream:
+        for finding in monitor.observe(step, metrics):      # raw names; aliases resolved inside
+            print(finding.state, finding.rule, finding.message, finding.advice)
+    monitor.observe_groups(step, group_diagnostics)           # -> zero_advantage_groups
+    monitor.observe_audit(step, audit_report)                 # -> audit_mismatch
+    blob = json.dumps(monitor.state_dict())                   # persist; later:
+    monitor = HealthMonitor.from_state(json.loads(blob))      # identical future behaviour
+
+Episodes: a rule's check is *active* or not at each point it has an opinion on. ``fire_after``
+consecutive active checks open an episode (one ``"firing"`` finding, ``onset_step`` = first of them);
+``resolve_after`` consecutive inactive checks close it (one ``"resolved"`` finding). Points a rule has
+no opinion on (signal absent or non-finite) change nothing. Each call is O(number of metrics + rules).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from . import event_rules as _event_rules  # noqa: F401  (registers the built-in rules)
+from . import rules as _policy_rules  # noqa: F401
+from .findings import FIRING, RESOLVED, Check, Finding, HealthError, Severity, decode_floats, encode_floats
+from .registry import RULES, Rule, resolve_settings
+from .runconfig import flatten_config
+from .signals import canonical_signals, to_float
+
+STATE_VERSION = 1
+
+
+@dataclass
+class _Episode:
+    """Time hysteresis of one rule: streak counters and the open finding, if any."""
+
+    active_streak: int = 0
+    clear_streak: int = 0
+    streak_onset: int | None = None
+    open: Finding | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "active_streak": self.active_streak,
+            "clear_streak": self.clear_streak,
+            "streak_onset": self.streak_onset,
+            "open": None if self.open is None else encode_floats(self.open.to_dict()),
+        }
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> _Episode:
+        opened = state.get("open")
+        return cls(
+            active_streak=int(state.get("active_streak", 0)),
+            clear_streak=int(state.get("clear_streak", 0)),
+            streak_onset=state.get("streak_onset"),
+            open=None if opened is None else Finding.from_dict(opened),
+        )
+
+
+class HealthMonitor:
+    """Streaming health checks for one run (see the module docstring). Not thread-safe."""
+
+    def __init__(
+        self,
+        settings: Mapping[str, Mapping[str, Any]] | None = None,
+        run_config: Mapping[str, Any] | None = None,
+    ) -> None:
+        self._overrides = _copy_overrides(settings)
+        merged = resolve_settings(self._overrides)
+        self._config = flatten_config(run_config)
+        self._settings = merged
+        self._rules: dict[str, Rule] = {}
+        self._episodes: dict[str, _Episode] = {}
+        for rule_id, values in merged.items():
+            if not values["enabled"]:
+                continue
+            self._rules[rule_id] = RULES[rule_id](settings=values, run_config=self._config)
+            self._episodes[rule_id] = _Episode()
+        self.last_step: int | None = None
+
+    @property
+    def rules(self) -> tuple[str, ...]:
+        """Ids of the enabled rules, in registration order."""
+        return tuple(self._rules)
+
+    # ------------------------------------------------------------------ feeds
+
+    def observe(self, step: int, metrics: Mapping[str, float | None]) -> list[Finding]:
+        """One training step's scalar metrics (raw trainer names; ``None`` = absent)."""
+        step = _step(step)
+        raw = {
+            name: value
+            for name, value in ((n, to_float(n, v)) for n, v in metrics.items())
+            if value is not None
+        }
+        signals = {name: value for name, value in canonical_signals(raw).items() if math.isfinite(value)}
+        return self._dispatch(step, lambda rule: rule.observe(step, signals, raw))
+
+    def observe_groups(self, step: int, diagnostics: Mapping[str, Any]) -> list[Finding]:
+        """GRPO group diagnostics of one batch (``zero_std_frac``, ``all_max_frac``, ``all_min_frac``,
+        ``n_groups``, ...; an object with ``to_dict()`` works too)."""
+        step = _step(step)
+        if hasattr(diagnostics, "to_dict"):
+            diagnostics = diagnostics.to_dict()
+        if not isinstance(diagnostics, Mapping):
+            raise HealthError(
+                f"observe_groups expects a mapping of diagnostics, got {type(diagnostics).__name__}"
+            )
+        return self._dispatch(step, lambda rule: rule.observe_groups(step, diagnostics))
+
+    def observe_audit(self, step: int, report: Any) -> list[Finding]:
+        """An audit of one micro-batch: an ``AuditReport`` or its ``to_dict()`` (``ok``, ``verdicts``,
+        ``explanation``, optionally ``empty``, ``reported``, ``recomputed``, ``on_policy_gap``)."""
+        step = _step(step)
+        as_dict = _report_dict(report)
+        return self._dispatch(step, lambda rule: rule.observe_audit(step, as_dict))
+
+    def firing(self) -> list[Finding]:
+        """The firing findings of the episodes open now."""
+        return [episode.open for episode in self._episodes.values() if episode.open is not None]
+
+    # ------------------------------------------------------------------ state
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue identically: settings, config facts, detector and episode state.
+        Strict JSON (non-finite floats spelled as strings)."""
+        return encode_floats(
+            {
+                "version": STATE_VERSION,
+                "settings": self._overrides,
+                "run_config": self._config,
+                "last_step": self.last_step,
+                "rules": {
+                    rule_id: {"rule": rule.state_dict(), "episode": self._episodes[rule_id].state_dict()}
+                    for rule_id, rule in self._rules.items()
+                },
+            }
+        )
+
+    @classmethod
+    def from_state(
+        cls,
+        state: Mapping[str, Any],
+        settings: Mapping[str, Mapping[str, Any]] | None = None,
+        run_config: Mapping[str, Any] | None = None,
+    ) -> HealthMonitor:
+        """Rebuild a monitor from :meth:`state_dict`. ``settings``/``run_config`` default to the saved ones;
+        rules no longer registered or now disabled are dropped, newly enabled ones start fresh."""
+        if not isinstance(state, Mapping) or state.get("version") != STATE_VERSION:
+            raise HealthError(f"unsupported health monitor state (expected version {STATE_VERSION})")
+        state = decode_floats(state)
+        monitor = cls(
+            settings=state.get("settings") if settings is None else settings,
+            run_config=state.get("run_config") if run_config is None else run_config,
+        )
+        monitor.last_step = state.get("last_step")
+        for rule_id, saved in (state.get("rules") or {}).items():
+            rule = monitor._rules.get(rule_id)
+            if rule is None:
+                continue
+            rule.load_state_dict(saved.get("rule") or {})
+            monitor._episodes[rule_id] = _Episode.from_state(saved.get("episode") or {})
+        return monitor
+
+    # ------------------------------------------------------------------ internals
+
+    def _dispatch(self, step: int, call: Any) -> list[Finding]:
+        findings: list[Finding] = []
+        for rule_id, rule in self._rules.items():
+            check = call(rule)
+            if check is None:
+                continue
+            finding = self._advance(rule_id, rule, step, check)
+            if finding is not None:
+                findings.append(finding)
+        self.last_step = step if self.last_step is None else max(self.last_step, step)
+        return findings
+
+    def _advance(self, rule_id: str, rule: Rule, step: int, check: Check) -> Finding | None:
+        settings = self._settings[rule_id]
+        episode = self._episodes[rule_id]
+        if check.active:
+            episode.clear_streak = 0
+            if episode.open is not None:
+                return None
+            if episode.active_streak == 0:
+                episode.streak_onset = step
+            episode.active_streak += 1
+            if episode.active_streak < settings["fire_after"]:
+                return None
+            onset = step if episode.streak_onset is None else episode.streak_onset
+            severity = settings["severity"] or check.severity or rule.severity
+            episode.open = Finding(
+                rule=rule_id,
+                severity=Severity(severity),
+                state=FIRING,
+                step=step,
+                onset_step=onset,
+                signal=check.signal or rule.signal,
+                value=check.value,
+                evidence=dict(check.evidence),
+                message=check.message or f"{rule_id} is firing",
+                advice=check.advice or rule.advice,
+            )
+            episode.active_streak = 0
+            return episode.open
+        episode.active_streak = 0
+        episode.streak_onset = None
+        if episode.open is None:
+            return None
+        episode.clear_streak += 1
+        if episode.clear_streak < settings["resolve_after"]:
+            return None
+        opened = episode.open
+        episode.open = None
+        episode.clear_streak = 0
+        evidence = dict(check.evidence)
+        evidence["fired_at_step"] = opened.step
+        return Finding(
+            rule=rule_id,
+            severity=opened.severity,
+            state=RESOLVED,
+            step=step,
+            onset_step=opened.onset_step,
+            signal=check.signal or opened.signal,
+            value=check.value,
+            evidence=evidence,
+            message=check.message or f"{rule_id} resolved",
+            advice=opened.advice,
+        )
+
+
+def _step(step: Any) -> int:
+    if isinstance(step, bool) or not isinstance(step, int):
+        try:
+            if float(step) != int(step):
+                raise ValueError
+            step = int(step)
+        except (TypeError, ValueError):
+            raise HealthError(f"step must be an integer, got {step!r}") from None
+    return step
+
+
+def _copy_overrides(settings: Mapping[str, Mapping[str, Any]] | None) -> dict[str, dict[str, Any]]:
+    if settings is None:
+        return {}
+    if not isinstance(settings, Mapping):
+        # resolve_settings gives the precise error
+        resolve_settings(settings)  # type: ignore[arg-type]
+    copied: dict[str, dict[str, Any]] = {}
+    for rule_id, values in settings.items():
+        copied[str(rule_id)] = (
+            {str(k): (v.value if isinstance(v, Severity) else v) for k, v in values.items()}
+            if isinstance(values, Mapping)
+            else values
+        )
+    return copied
+
+
+def _report_dict(report: Any) -> dict[str, Any]:
+    if isinstance(report, Mapping):
+        data = dict(report)
+    elif hasattr(report, "ok"):
+        data = {
+            name: getattr(report, name)
+            for name in ("ok", "empty", "verdicts", "explanation", "reported", "recomputed", "on_policy_gap")
+            if hasattr(report, name)
+        }
+    else:
+        raise HealthError(f"observe_audit expects an AuditReport or its dict, got {type(report).__name__}")
+    if "ok" not in data:
+        raise HealthError("observe_audit: the report has no 'ok' field")
+    return data

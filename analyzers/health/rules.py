@@ -1,0 +1,534 @@
+"""Built-in health rules over the policy-update signals (pg_clipfrac, ppo_kl, pg_clipfrac_lower,
+kl_loss, entropy). They register through :func:`register_rule` exactly as a user's rule would.
+
+Healthy ranges (see docs/readme/health.md): ppo_kl a small positive number that stays near its own level;
+pg_clipfrac in [0.1, 0.3] (0 by construction with one update per batch); pg_clipfrac_lower close to 0;
+kl_loss creeping up slowly; entropy declining slowly, never collapsing toward 0.
+The event rules (non_finite, zero_advantage_groups, audit_mismatch) live in :mod:`.event_rules`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from .detectors import DETECTORS, Ewma, Hysteresis, RobustBaseline, make_detector
+from .findings import Check, Severity
+from .registry import Rule, RuleId, register_rule, require
+from .runconfig import updates_per_batch
+from .signals import Signal
+
+
+def _load(target: Any, state: Mapping[str, Any] | None) -> None:
+    if state:
+        target.load_state_dict(state)
+
+
+@register_rule(RuleId.PG_CLIPFRAC_RANGE)
+class PgClipfracRange(Rule):
+    """pg_clipfrac (share of tokens where the PPO clip is active) outside its healthy band.
+
+    The smoothed value (EWMA, ``alpha``) must leave [``low``, ``high``] to open an episode and come back
+    inside [low + margin, high − margin] to close it. With one optimizer update per rollout batch
+    (inferred from the run config, or ``updates_per_batch``) old_log_prob equals log_prob, the ratio is 1
+    and pg_clipfrac is 0 by construction: the low side does not apply, and any raw value above
+    ``single_update_tol`` means the rollout's old_log_prob is not what the actor computes (mismatch).
+    """
+
+    signal = Signal.PG_CLIPFRAC.value
+    summary = "pg_clipfrac outside the healthy band [0.1, 0.3]; non-zero with one update per batch"
+    defaults: ClassVar[Mapping[str, Any]] = {
+        "low": 0.1,
+        "high": 0.3,
+        "margin": 0.02,
+        "alpha": 0.2,
+        "single_update_tol": 0.0,
+        "updates_per_batch": 0,
+    }
+    fire_after = 5
+    resolve_after = 10
+    advice = (
+        "Too high: each update moves the policy too far; lower the learning rate or the updates per batch "
+        "(ppo_epochs, fewer/larger mini-batches) and check for rollout/actor log-prob mismatch. Too low: "
+        "the policy barely moves; raise the learning rate or take more updates per batch."
+    )
+
+    @classmethod
+    def validate(cls, s: Mapping[str, Any]) -> None:
+        rid = cls.id
+        require(
+            0.0 <= s["low"] < s["high"] <= 1.0, rid, f"need 0 <= low < high <= 1, got {s['low']}, {s['high']}"
+        )
+        require(
+            s["margin"] >= 0.0 and s["low"] + s["margin"] < s["high"] - s["margin"], rid, "margin too wide"
+        )
+        require(0.0 < s["alpha"] <= 1.0, rid, f"alpha must be in (0, 1], got {s['alpha']}")
+        require(s["single_update_tol"] >= 0.0, rid, "single_update_tol must be >= 0")
+        require(
+            s["updates_per_batch"] >= 0, rid, "updates_per_batch must be >= 0 (0 = infer from run_config)"
+        )
+
+    def __init__(self, settings: Mapping[str, Any], run_config: Mapping[str, Any]) -> None:
+        super().__init__(settings, run_config)
+        explicit = settings["updates_per_batch"]
+        if explicit:
+            self.updates, self.updates_source = explicit, "settings: pg_clipfrac_range.updates_per_batch"
+        else:
+            self.updates, self.updates_source = updates_per_batch(run_config)
+        self.ewma = Ewma(alpha=settings["alpha"])
+        self.side: str | None = None
+
+    def observe(self, step: int, signals: Mapping[str, float], metrics: Mapping[str, float]) -> Check | None:
+        x = signals.get(self.signal)
+        if x is None:
+            return None
+        s = self.settings
+        base = {"updates_per_batch": self.updates, "updates_source": self.updates_source}
+        if self.updates == 1:
+            tol = s["single_update_tol"]
+            active = x > tol
+            return Check(
+                active=active,
+                value=x,
+                severity=Severity.CRITICAL,
+                evidence={**base, "mode": "single_update", "tolerance": tol},
+                message=(
+                    f"pg_clipfrac is {x:.4g} with one update per batch, where it is 0 by construction: the "
+                    "log-probs the actor computes differ from the rollout's old_log_prob (rollout/actor mismatch)"
+                    if active
+                    else "pg_clipfrac is back to 0, as one update per batch implies"
+                ),
+                advice=(
+                    "Check where old_log_prob comes from: it must be recomputed by the actor with the same "
+                    "weights, precision and padding as the update (not taken from the inference engine); "
+                    "compare the two log-probs per token and consider truncated importance sampling."
+                ),
+            )
+        m = self.ewma.update(x)
+        low, high, margin = s["low"], s["high"], s["margin"]
+        if (self.side == "high" and m < high - margin) or (self.side == "low" and m > low + margin):
+            self.side = None
+        if self.side is None:
+            self.side = "high" if m > high else ("low" if m < low else None)
+        evidence = {**base, "smoothed": m, "low": low, "high": high, "margin": margin, "side": self.side}
+        if self.side == "high":
+            return Check(
+                active=True,
+                value=x,
+                evidence=evidence,
+                message=f"pg_clipfrac (smoothed {m:.3f}) is above the healthy band [{low:g}, {high:g}]: "
+                "updates push many tokens past the clip range",
+                advice="Lower the learning rate or the updates per batch (ppo_epochs, fewer and larger "
+                "mini-batches); check rollout/actor log-prob mismatch (old_log_prob from the inference engine).",
+            )
+        if self.side == "low":
+            return Check(
+                active=True,
+                value=x,
+                evidence=evidence,
+                message=f"pg_clipfrac (smoothed {m:.3f}) is below the healthy band [{low:g}, {high:g}]: "
+                "the policy barely moves within a batch",
+                advice="If learning stalls, raise the learning rate or take more updates per batch (ppo_epochs, "
+                "smaller ppo_mini_batch_size). With one update per batch clipfrac is 0 by construction: put "
+                "rlvitals.updates_per_batch=1 in the run config so this side is not checked.",
+            )
+        return Check(
+            active=False,
+            value=x,
+            evidence=evidence,
+            message=f"pg_clipfrac (smoothed {m:.3f}) is back in band",
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"ewma": self.ewma.state_dict(), "side": self.side}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        _load(self.ewma, state.get("ewma"))
+        self.side = state.get("side")
+
+
+@register_rule(RuleId.PPO_KL_DRIFT)
+class PpoKlDrift(Rule):
+    """ppo_kl (old vs new policy, the size of one update) drifting up from its own robust baseline.
+
+    Baseline: :class:`RobustBaseline` (median/MAD over ``warmup`` points, then clipped EWMA updates with
+    rate ``alpha``). Residuals are standardized, clipped to ±``z_clip`` and fed to a drift detector
+    (``detector``: "cusum" or "page_hinkley", slack ``k``, threshold ``h``, capped at 2h so recovery is
+    prompt). Also fires when ppo_kl exceeds the absolute ``ceiling`` (critical) and when its smoothed value
+    stays below −``negative_tol`` (ppo_kl estimates KL(π_old‖π_θ) on tokens sampled from π_old; it cannot
+    be persistently negative unless old_log_prob is not the sampling policy's).
+    """
+
+    signal = Signal.PPO_KL.value
+    summary = "ppo_kl drifting up from its own baseline, above a ceiling, or persistently negative"
+    defaults: ClassVar[Mapping[str, Any]] = {
+        "warmup": 20,
+        "alpha": 0.01,
+        "k": 1.5,
+        "h": 14.0,
+        "z_clip": 5.0,
+        "rel_floor": 0.25,
+        "detector": "cusum",
+        "ceiling": 0.05,
+        "negative_tol": 1e-4,
+        "negative_alpha": 0.1,
+    }
+    fire_after = 3
+    resolve_after = 10
+    advice = (
+        "Each update moves the policy further than it used to: lower the learning rate or the updates per "
+        "batch (ppo_epochs, fewer/larger mini-batches), tighten gradient clipping; if it coincides with a "
+        "rollout change, check rollout/actor log-prob mismatch."
+    )
+
+    @classmethod
+    def validate(cls, s: Mapping[str, Any]) -> None:
+        rid = cls.id
+        require(s["warmup"] >= 2, rid, "warmup must be >= 2")
+        require(0.0 < s["alpha"] <= 1.0 and 0.0 < s["negative_alpha"] <= 1.0, rid, "alphas must be in (0, 1]")
+        require(
+            s["k"] >= 0.0 and s["h"] > 0.0 and s["z_clip"] > s["k"], rid, "need k >= 0, h > 0, z_clip > k"
+        )
+        require(
+            s["rel_floor"] >= 0.0 and s["negative_tol"] >= 0.0, rid, "rel_floor, negative_tol must be >= 0"
+        )
+        require(s["ceiling"] > 0.0, rid, "ceiling must be > 0 (use inf to disable)")
+        require(
+            s["detector"] in DETECTORS,
+            rid,
+            f"detector must be one of {sorted(DETECTORS)}, got {s['detector']!r}",
+        )
+
+    def __init__(self, settings: Mapping[str, Any], run_config: Mapping[str, Any]) -> None:
+        super().__init__(settings, run_config)
+        s = settings
+        self.baseline = RobustBaseline(alpha=s["alpha"], warmup=s["warmup"], rel_floor=s["rel_floor"])
+        self.detector = make_detector(s["detector"], k=s["k"], cap=2.0 * s["h"])
+        self.drift = Hysteresis(on=s["h"], off=0.5 * s["h"])
+        self.ceiling = Hysteresis(on=s["ceiling"], off=0.8 * s["ceiling"])
+        self.smoothed = Ewma(alpha=s["negative_alpha"])
+        self.negative = Hysteresis(on=-s["negative_tol"], off=-0.5 * s["negative_tol"], upward=False)
+
+    def observe(self, step: int, signals: Mapping[str, float], metrics: Mapping[str, float]) -> Check | None:
+        x = signals.get(self.signal)
+        if x is None:
+            return None
+        s = self.settings
+        above_ceiling = self.ceiling.update(x)
+        m = self.smoothed.update(x)
+        negative = self.negative.update(m)
+        z = None
+        if self.baseline.ready:
+            z = max(-s["z_clip"], min(s["z_clip"], self.baseline.z(x)))
+            drifting = self.drift.update(self.detector.update(z))
+        else:
+            drifting = False
+        evidence = {
+            "baseline": self.baseline.center if self.baseline.ready else None,
+            "scale_up": self.baseline.scale_up if self.baseline.ready else None,
+            "z": z,
+            "statistic": self.detector.statistic,
+            "detector": s["detector"],
+            "k": s["k"],
+            "h": s["h"],
+            "ceiling": s["ceiling"],
+            "smoothed": m,
+            "negative_tol": s["negative_tol"],
+        }
+        self.baseline.update(x)
+        conditions = [
+            name
+            for name, on in (("ceiling", above_ceiling), ("drift_up", drifting), ("negative", negative))
+            if on
+        ]
+        evidence["conditions"] = conditions
+        if not conditions:
+            return Check(active=False, value=x, evidence=evidence, message="ppo_kl is back near its baseline")
+        if "negative" in conditions and len(conditions) == 1:
+            return Check(
+                active=True,
+                value=x,
+                evidence=evidence,
+                message=f"ppo_kl has stayed negative (smoothed {m:.3g}): old_log_prob does not look like the "
+                "log-probs of the policy that sampled the rollouts",
+                advice="Check that old_log_prob is the sampling policy's, recomputed by the actor before the "
+                "update, and the sign of your logging (ppo_kl = mean(old_log_prob - log_prob)).",
+            )
+        parts = []
+        if above_ceiling:
+            parts.append(f"is above the ceiling {s['ceiling']:g}")
+        if drifting:
+            parts.append(
+                f"has drifted up from its baseline {self.baseline.center:.3g} "
+                f"({s['detector']} {self.detector.statistic:.1f} > {s['h']:g})"
+            )
+        return Check(
+            active=True,
+            value=x,
+            evidence=evidence,
+            severity=Severity.CRITICAL if above_ceiling else Severity.WARNING,
+            message=f"ppo_kl {x:.3g} " + " and ".join(parts),
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "baseline": self.baseline.state_dict(),
+            "detector": self.detector.state_dict(),
+            "drift": self.drift.state_dict(),
+            "ceiling": self.ceiling.state_dict(),
+            "smoothed": self.smoothed.state_dict(),
+            "negative": self.negative.state_dict(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        for name in ("baseline", "detector", "drift", "ceiling", "smoothed", "negative"):
+            _load(getattr(self, name), state.get(name))
+
+
+@register_rule(RuleId.PG_CLIPFRAC_LOWER_HIGH)
+class PgClipfracLowerHigh(Rule):
+    """pg_clipfrac_lower (share of negative-advantage tokens capped by the dual clip, ratio > clip_ratio_c)
+    above ``threshold``; the episode closes once it stays below ``release`` × threshold."""
+
+    signal = Signal.PG_CLIPFRAC_LOWER.value
+    summary = "dual-clip share pg_clipfrac_lower above ~0 (default 0.01)"
+    defaults: ClassVar[Mapping[str, Any]] = {"threshold": 0.01, "release": 0.5}
+    fire_after = 3
+    resolve_after = 10
+    advice = (
+        "Negative-advantage tokens whose probability ratio exceeds clip_ratio_c: the policy moved far on "
+        "tokens it was told to make less likely. Usually a rollout/actor log-prob mismatch (old_log_prob "
+        "from the inference engine, precision differences; consider truncated importance sampling) or "
+        "updates that are too large (lower the learning rate or ppo_epochs)."
+    )
+
+    @classmethod
+    def validate(cls, s: Mapping[str, Any]) -> None:
+        require(0.0 <= s["threshold"] <= 1.0, cls.id, "threshold must be in [0, 1]")
+        require(0.0 <= s["release"] <= 1.0, cls.id, "release must be in [0, 1]")
+
+    def __init__(self, settings: Mapping[str, Any], run_config: Mapping[str, Any]) -> None:
+        super().__init__(settings, run_config)
+        threshold = settings["threshold"]
+        self.latch = Hysteresis(on=threshold, off=settings["release"] * threshold)
+
+    def observe(self, step: int, signals: Mapping[str, float], metrics: Mapping[str, float]) -> Check | None:
+        x = signals.get(self.signal)
+        if x is None:
+            return None
+        active = self.latch.update(x)
+        threshold = self.settings["threshold"]
+        return Check(
+            active=active,
+            value=x,
+            evidence={"threshold": threshold, "release_below": self.latch.off},
+            message=(
+                f"pg_clipfrac_lower is {x:.3g}, above {threshold:g}: the dual clip is capping many "
+                "negative-advantage tokens"
+                if active
+                else f"pg_clipfrac_lower is back below {self.latch.off:g}"
+            ),
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"latch": self.latch.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        _load(self.latch, state.get("latch"))
+
+
+@register_rule(RuleId.KL_LOSS_RUNAWAY)
+class KlLossRunaway(Rule):
+    """kl_loss (policy vs the frozen reference) growing faster than its slow healthy creep, or above a ceiling.
+
+    Two EWMAs (``fast_alpha``, ``slow_alpha``) of kl_loss. For a series growing at slope s their gap is
+    s·(lag_slow − lag_fast) with lag = (1 − α)/α, which gives the current slope. Growth is a runaway when
+    (1) fast/slow − 1 > ``growth`` (the recent level is clearly above the recent past), (2) the current
+    slope exceeds ``slope_ratio`` × the run's average slope fast/step (kl_loss starts near 0 at step 0, so
+    healthy creep — linear or slowing — stays near or below 1×), (3) fast > ``min_level``, after
+    ``warmup`` points. It resolves when fast/slow − 1 drops below growth/2. ``ceiling`` is absolute (critical).
+    """
+
+    signal = Signal.KL_LOSS.value
+    summary = "kl_loss growing much faster than its slow creep, or above a ceiling"
+    defaults: ClassVar[Mapping[str, Any]] = {
+        "fast_alpha": 0.1,
+        "slow_alpha": 0.02,
+        "growth": 0.3,
+        "slope_ratio": 3.0,
+        "min_level": 1e-3,
+        "warmup": 50,
+        "ceiling": 0.5,
+    }
+    fire_after = 3
+    resolve_after = 20
+    advice = (
+        "The policy is running away from the reference model: lower the learning rate, raise kl_loss_coef, "
+        "and read some recent responses for reward hacking (length blow-up, repetition, format exploits)."
+    )
+
+    @classmethod
+    def validate(cls, s: Mapping[str, Any]) -> None:
+        rid = cls.id
+        require(0.0 < s["slow_alpha"] < s["fast_alpha"] <= 1.0, rid, "need 0 < slow_alpha < fast_alpha <= 1")
+        require(s["growth"] > 0.0 and s["slope_ratio"] > 0.0, rid, "growth and slope_ratio must be > 0")
+        require(s["min_level"] >= 0.0 and s["warmup"] >= 0, rid, "min_level and warmup must be >= 0")
+        require(s["ceiling"] > 0.0, rid, "ceiling must be > 0 (use inf to disable)")
+
+    def __init__(self, settings: Mapping[str, Any], run_config: Mapping[str, Any]) -> None:
+        super().__init__(settings, run_config)
+        s = settings
+        self.fast = Ewma(alpha=s["fast_alpha"])
+        self.slow = Ewma(alpha=s["slow_alpha"])
+        self.lag_gap = (1 - s["slow_alpha"]) / s["slow_alpha"] - (1 - s["fast_alpha"]) / s["fast_alpha"]
+        self.ceiling = Hysteresis(on=s["ceiling"], off=0.8 * s["ceiling"])
+        self.growing = False
+
+    def observe(self, step: int, signals: Mapping[str, float], metrics: Mapping[str, float]) -> Check | None:
+        x = signals.get(self.signal)
+        if x is None:
+            return None
+        s = self.settings
+        fast, slow = self.fast.update(x), self.slow.update(x)
+        above_ceiling = self.ceiling.update(x)
+        ratio = fast / slow - 1.0 if slow > 0 else 0.0
+        slope = (fast - slow) / self.lag_gap
+        average_slope = max(fast, 0.0) / max(step, 1)
+        speedup = slope / average_slope if average_slope > 0 else 0.0
+        if self.growing:
+            self.growing = ratio >= 0.5 * s["growth"]
+        else:
+            self.growing = (
+                self.fast.count > s["warmup"]
+                and fast > s["min_level"]
+                and ratio > s["growth"]
+                and speedup > s["slope_ratio"]
+            )
+        evidence = {
+            "fast": fast,
+            "slow": slow,
+            "growth": ratio,
+            "growth_threshold": s["growth"],
+            "slope_per_step": slope,
+            "average_slope_per_step": average_slope,
+            "speedup": speedup,
+            "slope_ratio": s["slope_ratio"],
+            "ceiling": s["ceiling"],
+        }
+        if not (self.growing or above_ceiling):
+            return Check(active=False, value=x, evidence=evidence, message="kl_loss is creeping slowly again")
+        parts = []
+        if above_ceiling:
+            parts.append(f"is above the ceiling {s['ceiling']:g}")
+        if self.growing:
+            parts.append(
+                f"is growing fast ({ratio:.0%} above its slow average, {speedup:.1f}× the run's average rate)"
+            )
+        return Check(
+            active=True,
+            value=x,
+            evidence=evidence,
+            severity=Severity.CRITICAL if above_ceiling else Severity.WARNING,
+            message=f"kl_loss {x:.3g} " + " and ".join(parts),
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "fast": self.fast.state_dict(),
+            "slow": self.slow.state_dict(),
+            "ceiling": self.ceiling.state_dict(),
+            "growing": self.growing,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        for name in ("fast", "slow", "ceiling"):
+            _load(getattr(self, name), state.get(name))
+        self.growing = bool(state.get("growing", False))
+
+
+@register_rule(RuleId.ENTROPY_COLLAPSE)
+class EntropyCollapse(Rule):
+    """Token entropy falling toward a floor relative to its early level.
+
+    The early level is the median of the first ``warmup`` points. The smoothed entropy (EWMA ``alpha``)
+    below ``ratio`` × early opens a warning, below the absolute ``floor`` a critical episode; it closes
+    once the smoothed value is back above ``release`` × early (and above the floor).
+    """
+
+    signal = Signal.ENTROPY.value
+    summary = "entropy collapsing toward 0 relative to its early level"
+    defaults: ClassVar[Mapping[str, Any]] = {
+        "warmup": 20,
+        "alpha": 0.05,
+        "ratio": 0.3,
+        "release": 0.4,
+        "floor": 0.02,
+    }
+    fire_after = 5
+    resolve_after = 20
+    advice = (
+        "The policy is turning deterministic and stops exploring: raise clip_ratio_high (Clip-Higher, e.g. "
+        "0.28), add a small entropy bonus (entropy_coeff), lower the learning rate or raise the rollout "
+        "temperature, and check the reward for an exploit the policy has locked onto."
+    )
+
+    @classmethod
+    def validate(cls, s: Mapping[str, Any]) -> None:
+        rid = cls.id
+        require(s["warmup"] >= 1, rid, "warmup must be >= 1")
+        require(0.0 < s["alpha"] <= 1.0, rid, "alpha must be in (0, 1]")
+        require(0.0 < s["ratio"] <= s["release"] <= 1.0, rid, "need 0 < ratio <= release <= 1")
+        require(s["floor"] >= 0.0, rid, "floor must be >= 0")
+
+    def __init__(self, settings: Mapping[str, Any], run_config: Mapping[str, Any]) -> None:
+        super().__init__(settings, run_config)
+        self.early = RobustBaseline(warmup=settings["warmup"])
+        self.ewma = Ewma(alpha=settings["alpha"])
+        self.collapsed = False
+
+    def observe(self, step: int, signals: Mapping[str, float], metrics: Mapping[str, float]) -> Check | None:
+        x = signals.get(self.signal)
+        if x is None:
+            return None
+        s = self.settings
+        m = self.ewma.update(x)
+        if not self.early.ready:
+            self.early.update(x)  # freezes at the warmup median; later points are not fed
+            return Check(
+                active=False, value=x, evidence={"smoothed": m}, message="entropy: learning its early level"
+            )
+        early = self.early.center
+        relative = m / early if early > 0 else None
+        below_ratio = relative is not None and relative < s["ratio"]
+        below_floor = m < s["floor"]
+        if self.collapsed:
+            self.collapsed = m < s["floor"] or (relative is not None and relative < s["release"])
+        else:
+            self.collapsed = below_ratio or below_floor
+        evidence = {
+            "smoothed": m,
+            "early_level": early,
+            "relative": relative,
+            "ratio": s["ratio"],
+            "release": s["release"],
+            "floor": s["floor"],
+        }
+        if not self.collapsed:
+            return Check(active=False, value=x, evidence=evidence, message="entropy has recovered")
+        share = f"{relative:.0%} of its early level {early:.3g}" if relative is not None else "near 0"
+        return Check(
+            active=True,
+            value=x,
+            evidence=evidence,
+            severity=Severity.CRITICAL if below_floor else Severity.WARNING,
+            message=f"entropy (smoothed {m:.3g}) has fallen to {share}"
+            + (f", below the floor {s['floor']:g}" if below_floor else ""),
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"early": self.early.state_dict(), "ewma": self.ewma.state_dict(), "collapsed": self.collapsed}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        _load(self.early, state.get("early"))
+        _load(self.ewma, state.get("ewma"))
+        self.collapsed = bool(state.get("collapsed", False))

@@ -1,0 +1,85 @@
+"""What the health rules need to know about a run's trainer configuration.
+
+:func:`flatten_config` turns a nested verl/TRL/OpenRLHF config (dicts, OmegaConf, or already dotted
+keys) into ``{"dotted.key": scalar}`` with only JSON scalars kept, which is also what the monitor
+persists. :func:`updates_per_batch` infers how many optimizer updates each rollout batch gets: with one,
+the batch is used on-policy, ``old_log_prob == log_prob`` and pg_clipfrac is 0 by construction.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+EXPLICIT_KEY = "rlvitals.updates_per_batch"
+
+
+def flatten_config(config: Mapping[str, Any] | None, prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}} -> {"a.b": 1}``; keeps str/int/float/bool/None leaves, drops everything else."""
+    flat: dict[str, Any] = {}
+    if config is None:
+        return flat
+    items = config.items() if hasattr(config, "items") else ()
+    for key, value in items:
+        name = f"{prefix}{key}"
+        if hasattr(value, "items"):  # dict, OmegaConf DictConfig
+            flat.update(flatten_config(value, name + "."))
+        elif (
+            value is None
+            or isinstance(value, (str, bool, int))
+            or (isinstance(value, float) and math.isfinite(value))
+        ):
+            flat[name] = value
+    return flat
+
+
+def _positive_int(value: Any) -> int | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    if not math.isfinite(number) or number < 1 or number != int(number):
+        return None
+    return int(number)
+
+
+def updates_per_batch(flat: Mapping[str, Any]) -> tuple[int | None, str]:
+    """Optimizer updates per rollout batch, and where that came from; ``(None, reason)`` when unknown.
+
+    Sources, first match wins:
+    - explicit ``rlvitals.updates_per_batch``;
+    - verl: ``actor_rollout_ref.actor.ppo_epochs`` (default 1) × ⌈``data.train_batch_size`` /
+      ``actor_rollout_ref.actor.ppo_mini_batch_size``⌉ (both counted in prompts);
+    - TRL GRPO: ``num_iterations`` (default 1) × ⌈``steps_per_generation`` / ``gradient_accumulation_steps``⌉
+      (steps_per_generation defaults to gradient_accumulation_steps);
+    - OpenRLHF: ``max_epochs`` (default 1) × ``rollout_batch_size`` × ``n_samples_per_prompt`` / ``train_batch_size``.
+    """
+    explicit = _positive_int(flat.get(EXPLICIT_KEY))
+    if explicit is not None:
+        return explicit, EXPLICIT_KEY
+    train = _positive_int(flat.get("data.train_batch_size"))
+    mini = _positive_int(flat.get("actor_rollout_ref.actor.ppo_mini_batch_size"))
+    if train is not None and mini is not None:
+        epochs = _positive_int(flat.get("actor_rollout_ref.actor.ppo_epochs", 1)) or 1
+        return epochs * math.ceil(train / mini), (
+            "verl: ppo_epochs × ⌈data.train_batch_size / actor.ppo_mini_batch_size⌉"
+        )
+    if "num_iterations" in flat or "steps_per_generation" in flat:
+        iterations = _positive_int(flat.get("num_iterations", 1)) or 1
+        accumulation = _positive_int(flat.get("gradient_accumulation_steps", 1)) or 1
+        per_generation = _positive_int(flat.get("steps_per_generation")) or accumulation
+        return iterations * math.ceil(per_generation / accumulation), (
+            "TRL: num_iterations × ⌈steps_per_generation / gradient_accumulation_steps⌉"
+        )
+    rollout = _positive_int(flat.get("rollout_batch_size"))
+    samples = _positive_int(flat.get("n_samples_per_prompt"))
+    train_samples = _positive_int(flat.get("train_batch_size"))
+    if rollout is not None and samples is not None and train_samples is not None:
+        epochs = _positive_int(flat.get("max_epochs", 1)) or 1
+        return epochs * max(1, math.ceil(rollout * samples / train_samples)), (
+            "OpenRLHF: max_epochs × rollout_batch_size × n_samples_per_prompt / train_batch_size"
+        )
+    return None, "unknown (no explicit rlvitals.updates_per_batch, verl, TRL or OpenRLHF keys)"

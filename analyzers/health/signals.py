@@ -1,0 +1,141 @@
+"""Canonical training signals and the alias tables that map trainer metric names onto them.
+
+Every trainer spells the same quantity differently (verl ``actor/ppo_kl``, OpenRLHF ``ppo_kl``); the
+health rules read *canonical* signals, so one rule covers every trainer. Two KLs are kept strictly apart:
+
+- ``ppo_kl``  — old policy vs current policy, the size of one update (verl ``actor/ppo_kl``).
+- ``kl_loss`` — current policy vs the frozen reference model, the cumulative drift of the run
+  (verl ``actor/kl_loss``/``kl_loss``, and TRL's and OpenRLHF's ``kl``). A trainer's bare ``kl`` is
+  always this one, never ``ppo_kl``.
+
+A leading ``train/`` (how the HF Trainer / W&B prefix TRL logs) is ignored when matching.
+When several aliases of one signal are present, the first in the table wins.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from enum import Enum
+
+
+class Signal(str, Enum):
+    """Canonical signal names the health rules read."""
+
+    PPO_KL = "ppo_kl"
+    PG_CLIPFRAC = "pg_clipfrac"
+    PG_CLIPFRAC_LOWER = "pg_clipfrac_lower"
+    PG_CLIPFRAC_LOW_SIDE = "pg_clipfrac_low_side"
+    PG_CLIPFRAC_HIGH_SIDE = "pg_clipfrac_high_side"
+    KL_LOSS = "kl_loss"
+    ENTROPY = "entropy"
+    PG_LOSS = "pg_loss"
+    ZERO_STD_FRAC = "zero_std_frac"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# canonical signal -> raw names, in priority order. Comments say which trainer logs each name.
+ALIASES: dict[str, tuple[str, ...]] = {
+    Signal.PPO_KL.value: (
+        "actor/ppo_kl",  # verl
+        "ppo_kl",  # OpenRLHF, bare
+    ),
+    Signal.PG_CLIPFRAC.value: (
+        "actor/pg_clipfrac",  # verl
+        "pg_clipfrac",  # bare
+        "clip_ratio/region_mean",  # TRL >= 0.18 (share of tokens clipped on either side)
+        "clip_ratio",  # TRL < 0.18
+        "ppo_clip_ratio",  # OpenRLHF
+    ),
+    Signal.PG_CLIPFRAC_LOWER.value: (
+        "actor/pg_clipfrac_lower",  # verl dual-clip share (A < 0 and ratio > clip_ratio_c)
+        "pg_clipfrac_lower",  # bare
+    ),
+    Signal.PG_CLIPFRAC_LOW_SIDE.value: (
+        "clip_ratio/low_mean",  # TRL: ratio < 1 - eps_low with A < 0 (standard clip, NOT dual-clip)
+    ),
+    Signal.PG_CLIPFRAC_HIGH_SIDE.value: (
+        "clip_ratio/high_mean",  # TRL: ratio > 1 + eps_high with A > 0
+    ),
+    Signal.KL_LOSS.value: (
+        "actor/kl_loss",  # verl (use_kl_loss)
+        "kl_loss",  # verl, bare
+        "kl",  # TRL and OpenRLHF: policy vs reference
+        "actor/reward_kl_penalty",  # verl in-reward KL (policy vs reference, before the coefficient)
+    ),
+    Signal.ENTROPY.value: (
+        "actor/entropy",  # verl
+        "entropy",  # TRL, bare
+        "actor/entropy_loss",  # older verl: the aggregated token entropy
+    ),
+    Signal.PG_LOSS.value: (
+        "actor/pg_loss",  # verl
+        "pg_loss",  # bare
+    ),
+    Signal.ZERO_STD_FRAC.value: (
+        "frac_reward_zero_std",  # TRL: share of groups whose rewards all tie
+        "zero_std_frac",  # bare / rlvitals group diagnostics
+    ),
+}
+
+_PREFIXES = ("train/",)
+
+# raw name -> (canonical signal, priority)
+_REVERSE: dict[str, tuple[str, int]] = {
+    raw: (signal, rank) for signal, raws in ALIASES.items() for rank, raw in enumerate(raws)
+}
+
+
+def signal_of(name: str) -> str | None:
+    """The canonical signal a raw metric name maps to, or ``None``."""
+    hit = _REVERSE.get(_strip(name))
+    return hit[0] if hit else None
+
+
+def _strip(name: str) -> str:
+    for prefix in _PREFIXES:
+        if name.startswith(prefix):
+            return name[len(prefix) :]
+    return name
+
+
+def to_float(name: str, value: object) -> float | None:
+    """One metric value as a float; ``None`` stays ``None`` (metric absent at this step).
+
+    Accepts numbers (and 0-d tensors) and the wire spellings "NaN", "Infinity", "-Infinity".
+    Raises ``ValueError`` naming the metric for anything else.
+    """
+    if value is None:
+        return None
+    if isinstance(value, str):
+        spelled = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}.get(value)
+        if spelled is not None:
+            return spelled
+        raise ValueError(f"metric {name!r}: expected a number, got the string {value!r}")
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise ValueError(f"metric {name!r}: expected a number, got {type(value).__name__}") from exc
+
+
+def canonical_signals(metrics: Mapping[str, object]) -> dict[str, float]:
+    """Map raw trainer metrics onto canonical signals: ``{"actor/ppo_kl": 1e-3} -> {"ppo_kl": 1e-3}``.
+
+    Unknown names are ignored; ``None`` values are treated as absent; non-finite values are kept (the
+    ``non_finite`` rule reports them, the other rules skip them). O(len(metrics)).
+    """
+    best: dict[str, tuple[int, float]] = {}
+    for name, raw in metrics.items():
+        hit = _REVERSE.get(_strip(name))
+        if hit is None:
+            continue
+        value = to_float(name, raw)
+        if value is None:
+            continue
+        signal, rank = hit
+        current = best.get(signal)
+        if current is None or rank < current[0]:
+            best[signal] = (rank, value)
+    return {signal: value for signal, (_, value) in best.items()}
