@@ -1,0 +1,189 @@
+"""Plumbing the integrations share: finding the run, turning framework metrics into plain scalars, and a
+step clock for loss functions that are never told the training step.
+
+Nothing here imports a training framework.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+ENV_PROJECT = "RLVITALS_PROJECT"
+ENV_RUN_NAME = "RLVITALS_RUN_NAME"
+DEFAULT_STEP_GAP_S = 5.0  # a pause this long between loss calls means a rollout happened: a new step
+
+
+class RunRef:
+    """A run passed in explicitly, or started from the environment on first use (once per process).
+
+    ``rlvitals.init`` resumes the run of the same (project, name), so every rank and worker process of a
+    job that shares ``RLVITALS_PROJECT``/``RLVITALS_RUN_NAME`` lands in one run.
+    """
+
+    def __init__(
+        self,
+        run: Any = None,
+        *,
+        project: str | None = None,
+        name: str | None = None,
+        config: Mapping[str, Any] | None = None,
+    ) -> None:
+        if run is not None and not (hasattr(run, "log") and hasattr(run, "log_batch")):
+            raise TypeError(f"run must be an rlvitals Run (with log and log_batch), got {type(run).__name__}")
+        self._run = run
+        self._pid = os.getpid() if run is None else None
+        self.project = project
+        self.name = name
+        self.config = dict(config) if config else None
+        self._lock = threading.Lock()
+
+    @property
+    def started(self) -> bool:
+        return self._run is not None
+
+    def get(self, config: Mapping[str, Any] | None = None) -> Any:
+        """The run, starting it from the environment if none was given (``config`` goes to ``init``)."""
+        run = self._run
+        if run is not None and (self._pid is None or self._pid == os.getpid()):
+            return run
+        with self._lock:
+            if self._run is None or (self._pid is not None and self._pid != os.getpid()):
+                import rlvitals.client as client
+
+                merged = {**(self.config or {}), **(dict(config) if config else {})}
+                self._run = client.init(
+                    project=self.project or os.environ.get(ENV_PROJECT, "default"),
+                    name=self.name or os.environ.get(ENV_RUN_NAME),
+                    config=merged or None,
+                )
+                self._pid = os.getpid()
+            return self._run
+
+
+def wants_batch(run: Any, step: int) -> bool:
+    """Whether ``run`` may keep a tensor batch logged at ``step`` (lets callers skip costly preparation).
+
+    Uses the run's ``wants_batch(step)`` when it has one, else its ``settings.batch_every``.
+    """
+    probe = getattr(run, "wants_batch", None)
+    if probe is not None:
+        return bool(probe(step))
+    every = getattr(getattr(run, "settings", None), "batch_every", None)
+    return not isinstance(every, int) or every < 1 or step % every == 0
+
+
+def as_scalar(value: Any) -> float | int | None:
+    """A number as a python float/int, or ``None`` when ``value`` is not a single number.
+
+    Accepts python and numpy numbers, one-element torch tensors and numpy arrays, and verl's ``Metric``
+    (its ``aggregate()``). NaN and Inf are kept.
+    """
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if hasattr(value, "item") and hasattr(value, "shape"):  # torch.Tensor / numpy array
+        size = value.numel() if hasattr(value, "numel") else value.size
+        return as_scalar(value.item()) if size == 1 else None
+    aggregate = getattr(value, "aggregate", None)  # verl's Metric: values of one call, aggregated
+    if callable(aggregate) and hasattr(value, "values"):
+        try:
+            return as_scalar(aggregate())
+        except (ValueError, TypeError):
+            return None
+    return None
+
+
+def scalars(metrics: Mapping[str, Any], *, strip_prefix: str | None = None) -> dict[str, float | int]:
+    """The numeric entries of ``metrics`` (strings, lists and other values are left out)."""
+    out: dict[str, float | int] = {}
+    for key, value in metrics.items():
+        number = as_scalar(value)
+        if number is None:
+            continue
+        name = str(key)
+        if strip_prefix and name.startswith(strip_prefix):
+            name = name[len(strip_prefix) :]
+        out[name] = number
+    return out
+
+
+def finite_or_nan(value: Any) -> float:
+    number = as_scalar(value)
+    return float("nan") if number is None else float(number)
+
+
+def is_finite(value: float) -> bool:
+    return math.isfinite(value)
+
+
+class StepClock:
+    """The training step seen by a loss function that is not told it.
+
+    In order of precedence:
+
+    1. ``set(step)`` (or a ``step_fn`` returning an int): the trainer says which step it is;
+    2. ``calls_per_step``: every that many loss calls make one step;
+    3. a hint from the caller (``tick(new_step=True)``), e.g. verl's last-mini-batch flag flipping back;
+    4. a pause of more than ``gap_s`` seconds between two calls: the rollout of the next batch happened.
+
+    Steps counted by 2–4 start at ``start`` (verl's ``trainer.global_steps`` starts at 1).
+    """
+
+    def __init__(
+        self,
+        *,
+        step_fn: Callable[[], int | None] | None = None,
+        calls_per_step: int | None = None,
+        gap_s: float = DEFAULT_STEP_GAP_S,
+        start: int = 1,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if calls_per_step is not None and (not isinstance(calls_per_step, int) or calls_per_step < 1):
+            raise ValueError(f"calls_per_step must be an int >= 1, got {calls_per_step!r}")
+        if gap_s <= 0:
+            raise ValueError(f"gap_s must be > 0, got {gap_s}")
+        self.step_fn = step_fn
+        self.calls_per_step = calls_per_step
+        self.gap_s = gap_s
+        self.start = start
+        self._clock = clock
+        self._explicit: int | None = None
+        self._counted = start - 1
+        self._calls = 0
+        self._last: float | None = None
+        self._lock = threading.Lock()
+
+    def set(self, step: int) -> None:
+        """The trainer's own step; every following call belongs to it until the next ``set``."""
+        if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
+            raise ValueError(f"step must be an int >= 0, got {step!r}")
+        with self._lock:
+            self._explicit = int(step)
+
+    def tick(self, *, new_step: bool = False) -> int:
+        """Record one loss call and return its step."""
+        with self._lock:
+            now = self._clock()
+            gap = None if self._last is None else now - self._last
+            self._last = now
+            self._calls += 1
+            if self.step_fn is not None:
+                step = self.step_fn()
+                if step is not None:
+                    return int(step)
+            if self._explicit is not None:
+                return self._explicit
+            if self.calls_per_step is not None:
+                return self.start + (self._calls - 1) // self.calls_per_step
+            if self._calls == 1 or new_step or (gap is not None and gap > self.gap_s):
+                self._counted += 1
+            return self._counted

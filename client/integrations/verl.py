@@ -1,0 +1,496 @@
+"""verl 0.9.1 integration, without patching verl.
+
+Three independent pieces; verl is imported only when one of them runs.
+
+a) ``policy_loss`` — a policy loss in verl's registry (``verl.trainer.ppo.core_algos.register_policy_loss``)
+   under the name ``"rlvitals"``. It calls the loss it wraps (``"vanilla"`` unless
+   ``RLVITALS_VERL_DELEGATE`` or ``configure(delegate=...)`` says otherwise), records the micro-batch's
+   ``(old_log_prob, log_prob, advantages, response_mask)`` with the metrics that loss returned, and
+   returns them unchanged. Select it with ``actor_rollout_ref.actor.policy_loss.loss_mode=rlvitals`` and
+   load this module in every worker with ``VERL_USE_EXTERNAL_MODULES=rlvitals.client.integrations.verl``.
+b) ``ppo_loss(config, model_output, data, dp_group=None)`` — the same signature as
+   ``verl.workers.utils.losses.ppo_loss``, which it calls; it also records ``entropy``, ``ref_log_prob``,
+   ``token_level_rewards``/``uid`` groups when present, and the global batch info
+   (``dp_size``, ``batch_num_tokens``, ``global_batch_size``). Bind it with
+   ``actor.set_loss_fn(functools.partial(ppo_loss, config=actor_config))``.
+c) Scalars without touching verl at all: ``JsonlTailer`` follows the JSONL that verl's ``file`` logger
+   writes (``VERL_FILE_LOGGER_PATH``) into a run; ``VerlTrackingLogger`` has verl's tracking-backend
+   interface (``log(data, step)``, ``finish()``) for a ``Tracking.logger`` dict or a custom trainer.
+
+verl's loss functions are never told the training step. The recorders take it from ``set_step(step)``
+when the trainer calls it, else count it (see ``StepClock``): ``RLVITALS_VERL_CALLS_PER_STEP`` loss calls
+per step when set, else a new step whenever the last-mini-batch flag verl passes in the data flips back
+(``ppo_loss`` only) or the loss has been idle for ``RLVITALS_VERL_STEP_GAP_S`` seconds (default 5: the
+rollout of the next batch). Recording only happens in training passes (``log_prob.requires_grad``); a
+failure to record is counted and warned about once, never raised into verl.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+import os
+import threading
+import time
+import warnings
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from rlvitals.client.integrations._common import DEFAULT_STEP_GAP_S, RunRef, StepClock, scalars, wants_batch
+
+LOSS_MODE = "rlvitals"
+DEFAULT_DELEGATE = "vanilla"
+ENV_DELEGATE = "RLVITALS_VERL_DELEGATE"
+ENV_CALLS_PER_STEP = "RLVITALS_VERL_CALLS_PER_STEP"
+ENV_STEP_GAP = "RLVITALS_VERL_STEP_GAP_S"
+
+# LossConfig fields read from verl's ActorConfig (verl names, so the server rebuilds the exact config).
+_CONFIG_FIELDS = (
+    "clip_ratio",
+    "clip_ratio_low",
+    "clip_ratio_high",
+    "clip_ratio_c",
+    "loss_agg_mode",
+    "loss_scale_factor",
+    "use_kl_loss",
+    "kl_loss_type",
+    "kl_loss_coef",
+    "entropy_coeff",
+)
+_GLOBAL_BATCH_FIELDS = ("dp_size", "batch_num_tokens", "global_batch_size", "loss_scale_factor")
+
+_inside_ppo_loss: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "rlvitals_inside_ppo_loss", default=False
+)
+
+
+class RecordingError(RuntimeWarning):
+    """A micro-batch could not be recorded; training went on (the message says why)."""
+
+
+class _Recorder:
+    """Process-wide state of the recorders: the run, the step clock, the delegate, failure counts."""
+
+    def __init__(self) -> None:
+        self.run = RunRef()
+        self.clock = _clock_from_env()
+        self.delegate = os.environ.get(ENV_DELEGATE, DEFAULT_DELEGATE)
+        self.failures = 0
+        self._warned = False
+        self._last_flag: bool | None = None
+        self._lock = threading.Lock()
+
+    def boundary(self, last_mini_batch: bool | None) -> bool:
+        """True when verl's ``update_lr_scheduler`` flag flips from the last mini-batch back to a first one."""
+        with self._lock:
+            previous, self._last_flag = self._last_flag, last_mini_batch
+        return bool(previous) and last_mini_batch is False
+
+    def record(self, *, new_step: bool = False, **batch: Any) -> None:
+        """``run.log_batch`` for one micro-batch; any failure is counted and warned about once."""
+        try:
+            step = self.clock.tick(new_step=new_step)
+            run = self.run.get()
+            if not wants_batch(run, step):
+                return
+            prepare = batch.pop("prepare", None)
+            if prepare is not None:
+                batch.update(prepare())
+            run.log_batch(step, **batch)
+        except Exception as exc:  # the trainer's loss must never fail because recording did
+            self.failures += 1
+            if not self._warned:
+                self._warned = True
+                warnings.warn(
+                    f"rlvitals: recording a verl micro-batch failed: {type(exc).__name__}: {exc}; "
+                    "training continues, further failures are counted silently",
+                    RecordingError,
+                    stacklevel=3,
+                )
+
+
+def _clock_from_env() -> StepClock:
+    calls = os.environ.get(ENV_CALLS_PER_STEP)
+    gap = os.environ.get(ENV_STEP_GAP)
+    return StepClock(
+        calls_per_step=int(calls) if calls else None,
+        gap_s=float(gap) if gap else DEFAULT_STEP_GAP_S,
+    )
+
+
+_recorder = _Recorder()
+
+
+def configure(
+    run: Any = None,
+    *,
+    project: str | None = None,
+    name: str | None = None,
+    delegate: str | None = None,
+    step_fn: Any = None,
+    calls_per_step: int | None = None,
+    gap_s: float | None = None,
+) -> None:
+    """Set this process's run, the wrapped policy loss and how the step is found (all optional).
+
+    Without ``configure`` the recorders start a run from ``RLVITALS_URL``/``RLVITALS_PROJECT``/
+    ``RLVITALS_RUN_NAME`` on their first call, which is what verl's Ray workers need.
+    """
+    global _recorder
+    fresh = _Recorder()
+    fresh.run = RunRef(run, project=project, name=name)
+    if delegate is not None:
+        fresh.delegate = delegate
+    if step_fn is not None or calls_per_step is not None or gap_s is not None:
+        fresh.clock = StepClock(
+            step_fn=step_fn,
+            calls_per_step=calls_per_step,
+            gap_s=DEFAULT_STEP_GAP_S if gap_s is None else gap_s,
+        )
+    _recorder = fresh
+
+
+def set_step(step: int) -> None:
+    """The training step of the loss calls that follow (for trainers that know it in the worker)."""
+    _recorder.clock.set(step)
+
+
+def recording_failures() -> int:
+    """How many micro-batches this process failed to record."""
+    return _recorder.failures
+
+
+def loss_config(config: Any, loss_agg_mode: str | None = None) -> dict[str, Any]:
+    """The LossConfig fields of a verl ``ActorConfig`` (or any mapping) plus its ``global_batch_info``."""
+    out: dict[str, Any] = {}
+    for name in _CONFIG_FIELDS:
+        value = _get(config, name)
+        if value is not None:
+            out[name] = _plain(value)
+    info = _get(config, "global_batch_info") or {}
+    for name in _GLOBAL_BATCH_FIELDS:
+        value = info.get(name) if hasattr(info, "get") else None
+        if value is not None:
+            out[name] = _plain(value)
+    if loss_agg_mode is not None:
+        out["loss_agg_mode"] = loss_agg_mode
+    return out
+
+
+def _get(config: Any, name: str) -> Any:
+    if config is None:
+        return None
+    if isinstance(config, Mapping) or hasattr(config, "get"):
+        try:
+            return config.get(name)
+        except (KeyError, AttributeError, TypeError):
+            pass
+    return getattr(config, name, None)
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "item") and hasattr(value, "shape"):
+        return value.item()
+    return value
+
+
+# --------------------------------------------------------------------------- (a) registered policy loss
+
+
+def policy_loss(
+    old_log_prob,
+    log_prob,
+    advantages,
+    response_mask,
+    loss_agg_mode: str = "token-mean",
+    config: Any = None,
+    rollout_is_weights=None,
+):
+    """verl's policy-loss signature; delegates, records, returns ``(pg_loss, pg_metrics)`` unchanged.
+
+    Tensors are ``(batch, response_len)``; ``pg_loss`` is a scalar tensor.
+    """
+    from verl.trainer.ppo.core_algos import get_policy_loss_fn
+
+    recorder = _recorder
+    delegate = get_policy_loss_fn(recorder.delegate)
+    pg_loss, pg_metrics = delegate(
+        old_log_prob=old_log_prob,
+        log_prob=log_prob,
+        advantages=advantages,
+        response_mask=response_mask,
+        loss_agg_mode=loss_agg_mode,
+        config=config,
+        rollout_is_weights=rollout_is_weights,
+    )
+    if not _inside_ppo_loss.get() and getattr(log_prob, "requires_grad", False):
+        recorder.record(
+            log_prob=log_prob.detach(),
+            old_log_prob=old_log_prob,
+            advantages=advantages,
+            response_mask=response_mask,
+            config=loss_config(config, loss_agg_mode),
+            reported={**scalars(pg_metrics), "actor/pg_loss": pg_loss.detach()},
+        )
+    return pg_loss, pg_metrics
+
+
+def register(name: str = LOSS_MODE) -> None:
+    """Register ``policy_loss`` in verl's registry under ``name`` (done on import when verl is present)."""
+    from verl.trainer.ppo.core_algos import register_policy_loss
+
+    register_policy_loss(name)(policy_loss)
+
+
+# --------------------------------------------------------------------------- (b) recording ppo_loss
+
+
+def ppo_loss(config: Any, model_output: Mapping[str, Any], data: Any, dp_group: Any = None):
+    """``verl.workers.utils.losses.ppo_loss`` plus recording; returns its ``(loss, metrics)`` unchanged.
+
+    ``model_output["log_probs"]`` (and ``"entropy"``) are verl's no-padding nested tensors; the recorded
+    tensors are the padded ``(batch, response_len)`` views verl's own loss computes on.
+    """
+    from verl.workers.utils import losses
+
+    token = _inside_ppo_loss.set(True)
+    try:
+        loss, metrics = losses.ppo_loss(
+            config=config, model_output=model_output, data=data, dp_group=dp_group
+        )
+    finally:
+        _inside_ppo_loss.reset(token)
+    log_probs = model_output["log_probs"]
+    if getattr(log_probs, "requires_grad", False):
+        recorder = _recorder
+        reported = {**scalars(metrics), "policy_loss": loss.detach()}
+        explicit = _non_tensor(data, "global_steps")
+        if explicit is not None:
+            recorder.clock.set(int(explicit))
+        new_step = recorder.boundary(_non_tensor(data, "update_lr_scheduler"))
+        recorder.record(
+            new_step=new_step,
+            prepare=lambda: _padded_batch(model_output, data),
+            config=loss_config(config),
+            reported=reported,
+        )
+    return loss, metrics
+
+
+def _non_tensor(data: Any, key: str) -> Any:
+    """A non-tensor entry of verl's micro-batch ``TensorDict`` (``data[key]`` gives the python value)."""
+    try:
+        return data[key] if key in data.keys() else None  # noqa: SIM118 - TensorDict needs .keys()
+    except (KeyError, TypeError, RuntimeError):
+        return None
+
+
+_BATCH_NAMES = {  # verl's TensorDict keys -> log_batch keywords
+    "response_mask": "response_mask",
+    "old_log_probs": "old_log_prob",
+    "advantages": "advantages",
+    "ref_log_prob": "ref_log_prob",
+    "token_level_rewards": "token_level_rewards",
+}
+
+
+def _padded_batch(model_output: Mapping[str, Any], data: Any) -> dict[str, Any]:
+    """The ``(batch, response_len)`` tensors ``ppo_loss`` computed on, as ``log_batch`` keywords.
+
+    Same conversions as verl's ``ppo_loss``: ``no_padding_2_padding`` for the model outputs, zero-padded
+    ``to_padded_tensor`` for nested data fields, ``response_mask`` as bool.
+    """
+    from verl.workers.utils.padding import no_padding_2_padding
+
+    batch: dict[str, Any] = {"log_prob": no_padding_2_padding(model_output["log_probs"], data).detach()}
+    entropy = model_output.get("entropy")
+    if entropy is not None:
+        batch["entropy"] = no_padding_2_padding(entropy, data).detach()
+    keys = set(data.keys())
+    for key, name in _BATCH_NAMES.items():
+        if key in keys:
+            value = data[key]
+            batch[name] = value.to_padded_tensor(0.0) if getattr(value, "is_nested", False) else value
+    batch["response_mask"] = batch["response_mask"].bool()
+    uid = _uids(data, keys)
+    if uid is not None and len(uid) == batch["log_prob"].shape[0]:
+        batch["group_index"] = uid
+    return batch
+
+
+def _uids(data: Any, keys: set) -> list[str] | None:
+    if "uid" not in keys:
+        return None
+    try:
+        values = data["uid"]
+        values = values.tolist() if hasattr(values, "tolist") else list(values)
+    except (TypeError, ValueError, AttributeError, RuntimeError):
+        return None
+    return [str(v) for v in values]
+
+
+# --------------------------------------------------------------------------- (c) scalars: file logger tail
+
+
+def read_verl_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, float | int]]]:
+    """``(step, numeric metrics)`` for every line of a verl ``file`` logger JSONL.
+
+    A line is ``{"step": int, "data": {name: value}}``; non-numeric values are left out. A malformed line
+    raises ``ValueError`` naming the file and line number.
+    """
+    with open(path, "rb") as fh:
+        for number, raw in enumerate(fh, start=1):
+            if raw.strip():
+                yield _parse_line(raw, f"{path}:{number}")
+
+
+def _parse_line(raw: bytes, where: str) -> tuple[int, dict[str, float | int]]:
+    try:
+        record = json.loads(raw)
+    except ValueError as exc:
+        raise ValueError(f"{where}: not JSON ({exc})") from exc
+    if not isinstance(record, dict) or not isinstance(record.get("data"), dict):
+        raise ValueError(f'{where}: expected {{"step": int, "data": {{...}}}}')
+    step = record.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"{where}: step must be an int >= 0, got {step!r}")
+    return step, scalars(record["data"])
+
+
+class JsonlTailer:
+    """Follow verl's ``file`` logger JSONL into a run, from a separate process or thread.
+
+    ``poll()`` reads the lines completed since the last call (a half-written last line waits for its
+    newline) and logs them; ``start()`` polls every ``interval`` seconds in a daemon thread until
+    ``stop()``. verl opens the file with ``"wb"``, so a file that shrank is read again from the start.
+    A malformed line is skipped and counted in ``skipped``.
+    """
+
+    def __init__(self, path: str | os.PathLike[str] | None = None, run: Any = None, *, interval: float = 1.0):
+        path = path or os.environ.get("VERL_FILE_LOGGER_PATH")
+        if not path:
+            raise ValueError("JsonlTailer needs a path (or VERL_FILE_LOGGER_PATH)")
+        if interval <= 0:
+            raise ValueError(f"interval must be > 0, got {interval}")
+        self.path = Path(path)
+        self.run = RunRef(run, name=self.path.stem)
+        self.interval = interval
+        self.lines = 0
+        self.skipped = 0
+        self._offset = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def poll(self) -> int:
+        """Log every newly completed line; returns how many were logged."""
+        with self._lock:
+            try:
+                size = self.path.stat().st_size
+            except FileNotFoundError:
+                return 0
+            if size < self._offset:
+                self._offset = 0
+            if size == self._offset:
+                return 0
+            with open(self.path, "rb") as fh:
+                fh.seek(self._offset)
+                chunk = fh.read(size - self._offset)
+            end = chunk.rfind(b"\n")
+            if end < 0:
+                return 0
+            self._offset += end + 1
+            logged = 0
+            for raw in chunk[: end + 1].splitlines():
+                if not raw.strip():
+                    continue
+                try:
+                    step, metrics = _parse_line(raw, str(self.path))
+                except ValueError:
+                    self.skipped += 1
+                    continue
+                if metrics:
+                    self.run.get().log(metrics, step)
+                    logged += 1
+            self.lines += logged
+            return logged
+
+    def start(self) -> JsonlTailer:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="rlvitals-verl-tail", daemon=True)
+            self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.poll()
+
+    def stop(self, timeout: float = 5.0) -> int:
+        """Stop following after one last read; returns the total lines logged."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        self.poll()
+        return self.lines
+
+    def follow(self, *, idle_exit_s: float | None = None) -> int:
+        """Poll in the foreground until interrupted (or ``idle_exit_s`` without new lines)."""
+        idle_since = time.monotonic()
+        try:
+            while True:
+                if self.poll():
+                    idle_since = time.monotonic()
+                elif idle_exit_s is not None and time.monotonic() - idle_since > idle_exit_s:
+                    return self.lines
+                time.sleep(self.interval)
+        except KeyboardInterrupt:
+            return self.lines
+
+
+class VerlTrackingLogger:
+    """A verl tracking backend: ``log(data, step)`` sends the numeric entries, ``finish()`` finishes the run.
+
+    ``Tracking(...).logger["rlvitals"] = VerlTrackingLogger(project, experiment, config)`` adds it to
+    verl's own tracker; ``config`` (an OmegaConf config or dict) becomes the run's config.
+    """
+
+    def __init__(
+        self,
+        project_name: str | None = None,
+        experiment_name: str | None = None,
+        config: Any = None,
+        *,
+        run: Any = None,
+    ) -> None:
+        self._run = RunRef(run, project=project_name, name=experiment_name, config=_container(config))
+
+    def log(self, data: Mapping[str, Any], step: int) -> None:
+        metrics = scalars(data)
+        if metrics:
+            self._run.get().log(metrics, step)
+
+    def finish(self, exit_code: int = 0) -> None:
+        if self._run.started:
+            self._run.get().finish()
+
+
+def _container(config: Any) -> dict[str, Any] | None:
+    if config is None:
+        return None
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(config, DictConfig):
+            return OmegaConf.to_container(config, resolve=True)
+    except ImportError:
+        pass
+    return dict(config)
+
+
+# Registered on import when verl is present (VERL_USE_EXTERNAL_MODULES imports this module in every
+# worker); without verl this module still imports and ``register()`` can be called later.
+with contextlib.suppress(ImportError):
+    register()
