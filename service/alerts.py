@@ -1,0 +1,169 @@
+"""Alert lifecycle: health findings -> alert rows (one open per run and rule) -> webhook outbox.
+
+A ``firing`` finding opens an alert unless one is already open for that (run, rule) (a partial
+unique index enforces it, so there is never a storm of duplicates); a ``resolved`` finding closes it.
+Each transition queues one delivery per configured webhook in the same transaction (an outbox the
+webhook sender drains in the background).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from rlvitals.service.encoding import jsonable
+from rlvitals.service.settings import Settings
+from rlvitals.service.storage import repository as repo
+from sqlalchemy.orm import Session
+
+SEVERITY_RANK = {"warning": 1, "critical": 2}
+
+
+def alert_public(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "id": row["id"],
+        "run_id": row["run_id"],
+        "rule": row["rule"],
+        "severity": row["severity"],
+        "state": row["state"],
+        "signal": row["signal"],
+        "first_step": row["first_step"],
+        "last_step": row["last_step"],
+        "value": row["value"],
+        "message": row["message"],
+        "advice": row["advice"],
+        "evidence": row["evidence"] or {},
+        "created_at": row["created_at"],
+        "updated_at": row["updated_at"],
+        "resolved_at": row["resolved_at"],
+    }
+
+
+def run_status(alerts: Iterable[Mapping[str, Any]]) -> str:
+    """healthy / warning / critical: the worst severity among the run's firing alerts."""
+    worst = 0
+    for alert in alerts:
+        if alert["state"] == "firing":
+            worst = max(worst, SEVERITY_RANK.get(alert["severity"], 1))
+    return {0: "healthy", 1: "warning", 2: "critical"}[worst]
+
+
+def webhook_payloads(alert: Mapping[str, Any], run: Mapping[str, Any]) -> tuple[dict, dict]:
+    """(generic JSON payload, Slack-compatible ``{"text": ...}`` payload) for one transition."""
+    generic = {
+        "event": f"alert.{alert['state']}",
+        "alert": alert,
+        "run": {"id": run["id"], "name": run["name"], "project": run["project"]},
+    }
+    icon = ":white_check_mark:" if alert["state"] == "resolved" else ":rotating_light:"
+    verb = "resolved" if alert["state"] == "resolved" else alert["severity"].upper()
+    text = (
+        f"{icon} *{verb}* `{alert['rule']}` on run *{run['project']}/{run['name']}* "
+        f"(step {alert['last_step']}): {alert['message']}"
+    )
+    if alert["state"] == "firing" and alert["advice"]:
+        text += f"\n_What to do:_ {alert['advice']}"
+    return generic, {"text": text}
+
+
+def apply_findings(
+    *,
+    session: Session,
+    run_id: int,
+    run: Callable[[], Mapping[str, Any]],
+    findings: Iterable[Any],
+    open_episodes: bool,
+    newest_step: int | None,
+    now: float,
+    settings: Settings,
+) -> list[dict[str, Any]]:
+    """Turn findings into alert changes; return the changed alerts (public shape) for live events."""
+    changed: list[dict[str, Any]] = []
+    for finding in findings:
+        existing = repo.open_alert_id(session=session, run_id=run_id, rule=finding.rule)
+        value = jsonable(finding.value)
+        if finding.state == "firing":
+            if existing is not None:  # already open: refresh it, no new alert, no new webhook
+                repo.update_alert(
+                    session=session,
+                    alert_id=existing,
+                    values={"last_step": finding.step, "value": value, "updated_at": now},
+                )
+                continue
+            alert_id = repo.insert_alert(
+                session=session,
+                values={
+                    "run_id": run_id,
+                    "rule": finding.rule,
+                    "severity": str(getattr(finding.severity, "value", finding.severity)),
+                    "state": "firing",
+                    "signal": finding.signal,
+                    "first_step": finding.onset_step,
+                    "last_step": finding.step,
+                    "value": value,
+                    "message": finding.message,
+                    "advice": finding.advice,
+                    "evidence": jsonable(finding.evidence),
+                    "created_at": now,
+                    "updated_at": now,
+                },
+            )
+        else:
+            if existing is None:
+                continue
+            alert_id = existing
+            repo.update_alert(
+                session=session,
+                alert_id=alert_id,
+                values={
+                    "state": "resolved",
+                    "last_step": finding.step,
+                    "value": value,
+                    "updated_at": now,
+                    "resolved_at": now,
+                },
+            )
+        alert = alert_public(repo.get_alert(session=session, alert_id=alert_id))
+        changed.append(alert)
+        _queue_webhooks(session=session, alert=alert, run=run(), now=now, settings=settings)
+    if open_episodes and newest_step is not None:
+        repo.touch_firing_alerts(session=session, run_id=run_id, step=newest_step, now=now)
+    return changed
+
+
+def _queue_webhooks(
+    *, session: Session, alert: dict[str, Any], run: Mapping[str, Any], now: float, settings: Settings
+) -> None:
+    if not (settings.webhook_urls or settings.slack_webhook_urls):
+        return
+    generic, slack = webhook_payloads(alert, run)
+    rows = [(url, "generic", generic) for url in settings.webhook_urls]
+    rows += [(url, "slack", slack) for url in settings.slack_webhook_urls]
+    repo.add_deliveries(
+        session=session,
+        rows=[
+            {
+                "alert_id": alert["id"],
+                "url": url,
+                "kind": kind,
+                "payload": payload,
+                "status": "pending",
+                "attempts": 0,
+                "next_attempt_at": now,
+                "created_at": now,
+            }
+            for url, kind, payload in rows
+        ],
+    )
+
+
+def list_alerts(ctx, *, run_id: int | None, state: str | None, limit: int, offset: int) -> dict[str, Any]:
+    from rlvitals.service.errors import NotFound
+
+    with ctx.db.read() as session:
+        if run_id is not None and not repo.run_exists(session=session, run_id=run_id):
+            raise NotFound(f"run {run_id} does not exist")
+        rows, count = repo.list_alerts(
+            session=session, run_id=run_id, state=state, limit=limit, offset=offset
+        )
+    return {"data": [alert_public(r) for r in rows], "count": count}

@@ -1,0 +1,42 @@
+"""Dependencies shared by the routes: the app's services, write authorisation, bounded bodies."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+from rlvitals.service.context import Services
+from rlvitals.service.errors import PayloadTooLarge
+
+
+def get_services(request: Request) -> Services:
+    return request.app.state.services
+
+
+ServicesDep = Annotated[Services, Depends(get_services)]
+
+
+async def require_writer(request: Request) -> None:
+    """Writes need ``Authorization: Bearer <key>`` once any API key exists."""
+    services: Services = request.app.state.services
+    services.auth.check_write(request.headers.get("authorization"))
+
+
+WriteAuth = Depends(require_writer)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refusing (413) as soon as it passes ``limit`` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(
+            f"body of {int(declared)} bytes exceeds the limit of {limit} bytes", detail={"limit": limit}
+        )
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"body exceeds the limit of {limit} bytes", detail={"limit": limit})
+        chunks.append(chunk)
+    return b"".join(chunks)

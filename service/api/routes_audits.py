@@ -1,0 +1,73 @@
+"""/api/v1 batches and audits: upload safetensors for audit, read results."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from rlvitals.service import audits, batches
+from rlvitals.service.api.deps import ServicesDep, WriteAuth, read_body
+from rlvitals.service.context import Services
+from rlvitals.service.encoding import JSONResponse
+from rlvitals.service.errors import InvalidInput, UnsupportedMediaType
+from rlvitals.service.schemas import AuditPublic, AuditsPublic, BatchAccepted
+
+router = APIRouter(prefix="/api/v1", tags=["audits"])
+
+_BINARY_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+        "description": "A safetensors file: tensors log_prob, old_log_prob, advantages, response_mask "
+        "(+ ref_log_prob, entropy, token_level_rewards, group_index); metadata step, config, reported, "
+        "rank, micro_batch.",
+    }
+}
+
+
+def _submit(services: Services, run_id: int, body: bytes) -> int:
+    try:
+        batch, _tensors = batches.validate(body)
+    except InvalidInput:
+        services.telemetry.count_batch("invalid")
+        raise
+    return services.audits.submit(run_id=run_id, batch=batch, blob=body)
+
+
+@router.post(
+    "/runs/{run_id}/batches",
+    response_model=BatchAccepted,
+    status_code=202,
+    dependencies=[WriteAuth],
+    openapi_extra=_BINARY_BODY,
+)
+async def post_batch(run_id: int, request: Request, services: ServicesDep) -> JSONResponse:
+    """Queue a tensor batch for audit (202). Bad tensors/metadata -> 422; too big -> 413;
+    queue full -> 429 with Retry-After."""
+    ctype = request.headers.get("content-type", "application/octet-stream").split(";")[0].strip().lower()
+    if ctype in ("application/json", "application/x-www-form-urlencoded", "multipart/form-data"):
+        raise UnsupportedMediaType(
+            f"send the batch as safetensors bytes with Content-Type application/octet-stream, not {ctype}"
+        )
+    body = await read_body(request, services.settings.max_batch_bytes)
+    audit_id = await run_in_threadpool(_submit, services, run_id, body)
+    return JSONResponse({"id": audit_id, "status": "pending"}, status_code=202)
+
+
+@router.get("/runs/{run_id}/audits", response_model=AuditsPublic)
+async def list_audits(
+    run_id: int,
+    services: ServicesDep,
+    step: Annotated[int | None, Query(ge=0)] = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> JSONResponse:
+    return JSONResponse(
+        await run_in_threadpool(audits.list_audits, services, run_id, step=step, limit=limit, offset=offset)
+    )
+
+
+@router.get("/audits/{audit_id}", response_model=AuditPublic)
+async def get_audit(audit_id: int, services: ServicesDep) -> JSONResponse:
+    return JSONResponse(await run_in_threadpool(audits.get_audit, services, audit_id))

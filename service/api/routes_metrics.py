@@ -1,0 +1,40 @@
+"""/api/v1/runs/{id}/metrics: ingest points, query series."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+from fastapi.concurrency import run_in_threadpool
+from rlvitals.service import metrics
+from rlvitals.service.api.deps import ServicesDep, WriteAuth
+from rlvitals.service.encoding import JSONResponse
+from rlvitals.service.errors import BadRequest
+from rlvitals.service.schemas import AcceptedPublic, MetricsIn, MetricsPublic
+
+router = APIRouter(prefix="/api/v1", tags=["metrics"])
+
+
+@router.post("/runs/{run_id}/metrics", response_model=AcceptedPublic, dependencies=[WriteAuth])
+async def post_metrics(run_id: int, body: MetricsIn, services: ServicesDep) -> JSONResponse:
+    """Store points. Values: numbers, null, "NaN", "Infinity", "-Infinity" (stored, never rejected).
+    Resending a (step, name) never duplicates it."""
+    return JSONResponse(await run_in_threadpool(metrics.ingest, services, run_id, body.steps))
+
+
+@router.get("/runs/{run_id}/metrics", response_model=MetricsPublic)
+async def get_metrics(
+    run_id: int,
+    services: ServicesDep,
+    names: Annotated[str | None, Query(description="Comma-separated metric names (default: all).")] = None,
+    max_points: Annotated[
+        int, Query(ge=0, le=100_000_000, description="Most points per series; 0 returns every point.")
+    ] = 2000,
+) -> JSONResponse:
+    wanted = None
+    if names is not None:
+        wanted = [n for n in (part.strip() for part in names.split(",")) if n]
+        if not wanted:
+            raise BadRequest("names must list at least one metric name (comma-separated)")
+    result = await run_in_threadpool(metrics.query, services, run_id, names=wanted, max_points=max_points)
+    return JSONResponse(result)

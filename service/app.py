@@ -1,0 +1,108 @@
+"""The app factory: ``create_app(settings)`` builds one FastAPI app with its own services.
+
+Nothing is read from the environment here (``Settings`` does that, once, in the CLI), so tests and
+embedders build as many independent apps as they like. Migrations, the event bus, the audit pool and
+the webhook sender start in the lifespan and stop with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.concurrency import run_in_threadpool
+from rlvitals.service.api import (
+    routes_alerts,
+    routes_audits,
+    routes_events,
+    routes_metrics,
+    routes_runs,
+    routes_system,
+)
+from rlvitals.service.api.limits import BodyLimitMiddleware
+from rlvitals.service.audits import AuditPool
+from rlvitals.service.auth import Authenticator
+from rlvitals.service.context import Services
+from rlvitals.service.encoding import JSONResponse
+from rlvitals.service.errors import install_error_handlers
+from rlvitals.service.events import LocalBus, PostgresBus
+from rlvitals.service.health import HealthEngine
+from rlvitals.service.settings import Settings
+from rlvitals.service.storage.database import Database
+from rlvitals.service.telemetry import Telemetry
+from rlvitals.service.webhooks import WebhookSender
+
+from rlvitals import __version__
+
+log = logging.getLogger("rlvitals.service")
+
+
+def build_services(settings: Settings) -> Services:
+    db = Database(settings.resolved_database_url, pool_size=settings.db_pool_size)
+    bus = (
+        PostgresBus(db, queue_size=settings.sse_queue_size)
+        if db.is_postgresql
+        else LocalBus(queue_size=settings.sse_queue_size)
+    )
+    telemetry = Telemetry()
+    health = HealthEngine(settings)
+    return Services(
+        settings=settings,
+        db=db,
+        bus=bus,
+        health=health,
+        auth=Authenticator(db),
+        telemetry=telemetry,
+        webhooks=WebhookSender(settings, db, telemetry),
+        audits=AuditPool(settings, db, bus, health, telemetry),
+    )
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    services = build_services(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await run_in_threadpool(services.db.migrate)
+        services.bus.on_job(
+            lambda kind: services.audits.wake() if kind == "audit" else services.webhooks.wake()
+        )
+        await run_in_threadpool(services.bus.start, asyncio.get_running_loop())
+        services.audits.start()
+        services.webhooks.start()
+        log.info("rlvitals ready on %s (%s)", services.db.dialect, services.db.url.render_as_string())
+        try:
+            yield
+        finally:
+            services.bus.stop()
+            await run_in_threadpool(services.audits.stop)
+            await run_in_threadpool(services.webhooks.stop)
+            services.db.dispose()
+
+    app = FastAPI(
+        title="rlvitals",
+        version=__version__,
+        summary="Training-health diagnostics for PPO/GRPO trainers: ingest, audit, alert.",
+        default_response_class=JSONResponse,
+        lifespan=lifespan,
+    )
+    app.state.services = services
+    app.state.settings = settings
+    install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, limit=settings.max_request_bytes)
+    for module in (routes_system, routes_runs, routes_metrics, routes_audits, routes_alerts, routes_events):
+        app.include_router(module.router)
+    _mount_dashboard(app)
+    return app
+
+
+def _mount_dashboard(app: FastAPI) -> None:
+    from rlvitals.service import dashboard
+
+    app.include_router(dashboard.router)
+    mount = getattr(dashboard, "mount", None)
+    if callable(mount):
+        mount(app)

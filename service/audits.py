@@ -1,0 +1,286 @@
+"""The audit worker pool: uploaded batches are audited off the request path.
+
+``submit`` stores the validated safetensors bytes in the ``audits`` table (status ``pending``), so
+every replica can read them, and refuses with ``Busy`` (429 + Retry-After) once
+``audit_queue_size`` jobs are waiting, so memory and disk never grow without bound. Worker threads
+claim jobs exactly once (``SELECT ... FOR UPDATE SKIP LOCKED`` on PostgreSQL; SQLite serialises its
+writers), run ``rlvitals.analyzers.audit`` (+ ``group_diagnostics`` and a GRPO advantage recompute
+when ``token_level_rewards``/``group_index`` came along), store the result, feed the run's health
+monitor (``audit_mismatch``, ``zero_advantage_groups``) and publish an ``audit`` event.
+
+Idle workers wake at once when this process queues a job, on a NOTIFY from another replica, or at
+worst every ``audit_poll_interval`` seconds. A job claimed by a replica that died is handed out again
+after ``audit_claim_timeout`` seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+import threading
+import time
+from typing import Any
+
+import torch
+from rlvitals.service.alerts import apply_findings
+from rlvitals.service.batches import Batch
+from rlvitals.service.encoding import jsonable
+from rlvitals.service.errors import Busy, NotFound
+from rlvitals.service.events import Event, EventBus
+from rlvitals.service.health import HealthEngine
+from rlvitals.service.settings import Settings
+from rlvitals.service.storage import repository as repo
+from rlvitals.service.storage.database import Database
+from rlvitals.service.telemetry import Telemetry
+
+log = logging.getLogger("rlvitals.service.audits")
+
+_SPELLED = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def audit_public(row: dict[str, Any]) -> dict[str, Any]:
+    """The API shape of an audit row (``running`` is reported as ``pending``)."""
+    result = row.get("result") or {}
+    status = row["status"]
+    return {
+        "id": row["id"],
+        "run_id": row["run_id"],
+        "step": row["step"],
+        "rank": row["rank"],
+        "micro_batch": row["micro_batch"],
+        "status": "pending" if status in ("pending", "running") else status,
+        "reported": row["reported"] or {},
+        "recomputed": result.get("recomputed"),
+        "verdicts": result.get("verdicts"),
+        "explanation": result.get("explanation"),
+        "counterfactuals": result.get("counterfactuals"),
+        "groups": result.get("groups"),
+        "advantages": result.get("advantages"),
+        "ok": result.get("ok"),
+        "error": row.get("error"),
+        "created_at": row["created_at"],
+        "finished_at": row["finished_at"],
+    }
+
+
+def list_audits(ctx, run_id: int, *, step: int | None, limit: int, offset: int) -> dict[str, Any]:
+    with ctx.db.read() as session:
+        if not repo.run_exists(session=session, run_id=run_id):
+            raise NotFound(f"run {run_id} does not exist")
+        rows, count = repo.list_audits(session=session, run_id=run_id, step=step, limit=limit, offset=offset)
+    return {"data": [audit_public(r) for r in rows], "count": count}
+
+
+def get_audit(ctx, audit_id: int) -> dict[str, Any]:
+    with ctx.db.read() as session:
+        row = repo.get_audit(session=session, audit_id=audit_id)
+    if row is None:
+        raise NotFound(f"audit {audit_id} does not exist")
+    return audit_public(row)
+
+
+def _decode_reported(reported: dict[str, Any]) -> dict[str, float | None]:
+    return {k: (_SPELLED[v] if isinstance(v, str) else v) for k, v in (reported or {}).items()}
+
+
+def run_audit(config: dict[str, Any], tensors: dict[str, torch.Tensor], reported: dict[str, Any]):
+    """The analyzers' audit of one batch -> (JSON-safe result, AuditReport, group diagnostics or None)."""
+    from rlvitals.analyzers import LossConfig, audit, group_diagnostics, grpo_advantages
+
+    loss_config = LossConfig.from_verl(config)
+    report = audit(loss_config, tensors, _decode_reported(reported))
+    result = report.to_dict()
+    groups = None
+    if "token_level_rewards" in tensors and "group_index" in tensors:
+        mask = tensors["response_mask"]
+        groups = group_diagnostics(tensors["token_level_rewards"], mask, tensors["group_index"]).to_dict()
+        result["groups"] = groups
+        expected, _ = grpo_advantages(tensors["token_level_rewards"], mask, tensors["group_index"])
+        sent = tensors["advantages"].to(expected.dtype)
+        on = mask.bool()
+        diff = (expected - sent).abs()[on]
+        max_err = float(diff.max()) if diff.numel() else 0.0
+        result["advantages"] = {"grpo_max_abs_err": max_err, "ok": bool(max_err <= 1e-3)}
+    return jsonable(result), report, groups
+
+
+class _Superseded(Exception):
+    """The job was handed to another worker meanwhile (this one stalled past the claim timeout)."""
+
+
+class AuditPool:
+    def __init__(
+        self,
+        settings: Settings,
+        db: Database,
+        bus: EventBus,
+        health: HealthEngine,
+        telemetry: Telemetry,
+    ):
+        self.settings = settings
+        self.db = db
+        self.bus = bus
+        self.health = health
+        self.telemetry = telemetry
+        self.worker_id = f"{socket.gethostname()}:{os.getpid()}"
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    # --- producer side -----------------------------------------------------------------------------
+    def submit(self, *, run_id: int, batch: Batch, blob: bytes) -> int:
+        now = time.time()
+        with self.db.write() as session:
+            if not repo.run_exists(session=session, run_id=run_id):
+                raise NotFound(f"run {run_id} does not exist")
+            repo.lock_audit_queue(session=session)
+            waiting = repo.count_waiting_audits(session=session)
+            if waiting >= self.settings.audit_queue_size:
+                self.telemetry.count_batch("queue_full")
+                raise Busy(
+                    f"audit queue is full ({waiting} batches waiting); retry later",
+                    retry_after=1.0,
+                    detail={"waiting": waiting, "limit": self.settings.audit_queue_size},
+                )
+            audit_id = repo.insert_audit(
+                session=session,
+                values={
+                    "run_id": run_id,
+                    "step": batch.step,
+                    "rank": batch.rank,
+                    "micro_batch": batch.micro_batch,
+                    "status": "pending",
+                    "config": batch.config,
+                    "reported": jsonable(batch.reported),
+                    "blob": blob,
+                    "nbytes": len(blob),
+                    "created_at": now,
+                },
+            )
+            self.bus.stage_job(session=session, kind="audit")
+        self.telemetry.count_batch()
+        self._wake.set()
+        return audit_id
+
+    # --- workers -------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._stop.clear()
+        for i in range(self.settings.audit_workers):
+            thread = threading.Thread(target=self._run, name=f"rlvitals-audit-{i}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        for thread in self._threads:
+            thread.join(timeout=30)
+        self._threads.clear()
+
+    def wake(self, _kind: str | None = None) -> None:
+        self._wake.set()
+
+    def _run(self) -> None:
+        worker = f"{self.worker_id}:{threading.current_thread().name}"
+        while not self._stop.is_set():
+            try:
+                job = self._claim(worker)
+            except Exception as exc:  # database away: keep the worker alive
+                log.warning("claiming an audit job failed: %s", exc)
+                self._stop.wait(self.settings.audit_poll_interval)
+                continue
+            if job is None:
+                if self._wake.wait(self.settings.audit_poll_interval):
+                    self._wake.clear()
+                continue
+            self._wake.set()  # there may be more: let a sibling look too
+            self.process(job, worker)
+
+    def _claim(self, worker: str) -> dict[str, Any] | None:
+        now = time.time()
+        with self.db.write() as session:
+            return repo.claim_audit(
+                session=session, worker=worker, now=now, stale_before=now - self.settings.audit_claim_timeout
+            )
+
+    def process(self, job: dict[str, Any], worker: str) -> None:
+        started = time.perf_counter()
+        report = groups = None
+        error: str | None = None
+        try:
+            from rlvitals.service.batches import load_tensors
+
+            tensors = load_tensors(job["blob"])
+            result, report, groups = run_audit(job["config"] or {}, tensors, job["reported"] or {})
+            status = "done"
+        except Exception as exc:  # a bad batch must not kill the worker: the audit is marked 'error'
+            log.exception("audit %s failed", job["id"])
+            result, status, error = None, "error", f"{type(exc).__name__}: {exc}"
+        self.telemetry.observe_audit(status=status, seconds=time.perf_counter() - started)
+        self._store(job, worker, status=status, result=result, error=error, report=report, groups=groups)
+
+    def _store(self, job, worker, *, status, result, error, report, groups) -> None:
+        run_id, step, now = job["run_id"], job["step"], time.time()
+        events: list[Event] = []
+
+        def observe(monitor, last_step):
+            findings = []
+            if report is not None:
+                findings.extend(monitor.observe_audit(step, report))
+            if groups is not None:
+                findings.extend(monitor.observe_groups(step, groups))
+            return findings, last_step
+
+        try:
+            self._store_in_transaction(job, worker, status, result, error, report, observe, events, now)
+        except _Superseded:  # re-claimed by another worker after a stall: its result wins
+            self.health.forget(run_id)
+            return
+        self.bus.flush(events)
+
+    def _store_in_transaction(self, job, worker, status, result, error, report, observe, events, now) -> None:
+        run_id = job["run_id"]
+        with self.db.write() as session:
+            observation = None
+            if report is not None:
+                observation = self.health.update(
+                    session=session,
+                    run_id=run_id,
+                    run_config=lambda: (
+                        (repo.get_run(session=session, run_id=run_id) or {}).get("config") or {}
+                    ),
+                    observe=observe,
+                    now=now,
+                )
+            stored = repo.finish_audit(
+                session=session,
+                audit_id=job["id"],
+                worker=worker,
+                status=status,
+                result=result,
+                error=error,
+                now=now,
+                keep_blob=self.settings.keep_batches,
+            )
+            if not stored:
+                raise _Superseded
+            changed = []
+            if observation is not None:
+                changed = apply_findings(
+                    session=session,
+                    run_id=run_id,
+                    run=lambda: repo.get_run(session=session, run_id=run_id),
+                    findings=observation.findings,
+                    open_episodes=False,
+                    newest_step=None,
+                    now=now,
+                    settings=self.settings,
+                )
+            row = repo.get_audit(session=session, audit_id=job["id"])
+            events.append(Event(run_id, "audit", audit_public(row)))
+            events.extend(Event(run_id, "alert", alert) for alert in changed)
+            self.bus.stage(session=session, events=events)
+            if changed:
+                self.bus.stage_job(session=session, kind="webhook")

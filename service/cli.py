@@ -1,0 +1,174 @@
+"""``rlvitals serve`` and ``rlvitals keys create|list|revoke``.
+
+The web stack (fastapi, uvicorn) is imported inside the command functions, so ``rlvitals --help``
+and the client's commands never pay for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+def register(subparsers) -> None:
+    serve = subparsers.add_parser(
+        "serve",
+        help="run the rlvitals server",
+        description="Run the server. Flags override RLVITALS_* environment variables.",
+    )
+    serve.add_argument("--host", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="TCP port (default 8000)")
+    serve.add_argument(
+        "--database-url",
+        help="sqlite:///path.db (default: .rlvitals/rlvitals.db) or postgresql+psycopg://...",
+    )
+    serve.add_argument("--workers", type=int, help="worker processes (needs PostgreSQL when > 1)")
+    serve.add_argument(
+        "--insecure",
+        action="store_true",
+        default=None,
+        help="allow a non-loopback address while no API key exists (anyone may write)",
+    )
+    serve.add_argument("--rules-file", help="JSON or YAML file with health-rule settings")
+    serve.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"])
+    serve.set_defaults(func=_serve)
+
+    keys = subparsers.add_parser("keys", help="manage API keys", description="Manage API keys.")
+    keys.add_argument("--database-url", help="the server's database (default: as for serve)")
+    actions = keys.add_subparsers(dest="action", metavar="ACTION")
+    actions.required = True
+    create = actions.add_parser("create", help="create a key and print it (shown only once)")
+    create.add_argument("--name", default="default", help="a label for the key")
+    create.set_defaults(func=_keys_create)
+    listing = actions.add_parser("list", help="list keys (never the keys themselves)")
+    listing.add_argument("--json", action="store_true", help="print JSON")
+    listing.set_defaults(func=_keys_list)
+    revoke = actions.add_parser("revoke", help="revoke a key by id or prefix")
+    revoke.add_argument("key", help="the key's id or its printed prefix (rlv_...)")
+    revoke.set_defaults(func=_keys_revoke)
+
+
+def _settings(args: argparse.Namespace):
+    from rlvitals.service.settings import Settings
+
+    flags = {
+        "host": getattr(args, "host", None),
+        "port": getattr(args, "port", None),
+        "database_url": getattr(args, "database_url", None),
+        "workers": getattr(args, "workers", None),
+        "insecure": getattr(args, "insecure", None),
+        "rules_file": getattr(args, "rules_file", None),
+        "log_level": getattr(args, "log_level", None),
+    }
+    return Settings(**{k: v for k, v in flags.items() if v is not None})
+
+
+def _database(settings):
+    from rlvitals.service.storage.database import Database
+
+    db = Database(settings.resolved_database_url, pool_size=2)
+    db.migrate()
+    return db
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    try:
+        settings = _settings(args)
+    except ValidationError as exc:
+        print(f"rlvitals serve: invalid settings:\n{exc}", file=sys.stderr)
+        return 2
+    import uvicorn
+    from rlvitals.service.auth import keys_exist
+    from rlvitals.service.serving import PROTOCOL, SETTINGS_ENV
+
+    db = _database(settings)
+    try:
+        has_keys = keys_exist(db)
+        dialect = db.dialect
+    finally:
+        db.dispose()
+    if not settings.host_is_loopback and not has_keys and not settings.insecure:
+        print(
+            f"rlvitals serve: refusing to bind {settings.host}: no API key exists, so anyone who can reach "
+            "this address could write. Create one with `rlvitals keys create` (then send "
+            "Authorization: Bearer <key>), bind 127.0.0.1, or pass --insecure.",
+            file=sys.stderr,
+        )
+        return 2
+    if settings.workers > 1 and dialect != "postgresql":
+        print(
+            "rlvitals serve: --workers > 1 needs PostgreSQL (live events and audit jobs are shared "
+            "between processes through it); use one worker on SQLite.",
+            file=sys.stderr,
+        )
+        return 2
+    common = {
+        "host": settings.host,
+        "port": settings.port,
+        "log_level": settings.log_level,
+        "http": PROTOCOL,
+        "proxy_headers": False,
+        "access_log": settings.access_log,
+        "timeout_graceful_shutdown": 5,
+    }
+    if settings.workers == 1:
+        from rlvitals.service.app import create_app
+
+        uvicorn.run(create_app(settings), **common)
+    else:
+        os.environ[SETTINGS_ENV] = settings.model_dump_json()
+        uvicorn.run("rlvitals.service.serving:app_from_env", factory=True, workers=settings.workers, **common)
+    return 0
+
+
+def _keys_create(args: argparse.Namespace) -> int:
+    from rlvitals.service.auth import create_key
+
+    db = _database(_settings(args))
+    try:
+        key_id, key = create_key(db, name=args.name)
+    finally:
+        db.dispose()
+    print(key)
+    print(
+        f"key {key_id} ({args.name!r}) created. It is shown only this once; writes now need "
+        "'Authorization: Bearer <key>'.",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _keys_list(args: argparse.Namespace) -> int:
+    from rlvitals.service.auth import list_keys
+
+    db = _database(_settings(args))
+    try:
+        keys = list_keys(db)
+    finally:
+        db.dispose()
+    if args.json:
+        print(json.dumps(keys))
+        return 0
+    for key in keys:
+        state = "revoked" if key["revoked_at"] else "active"
+        print(f"{key['id']}\t{key['prefix']}...\t{state}\t{key['name']}")
+    return 0
+
+
+def _keys_revoke(args: argparse.Namespace) -> int:
+    from rlvitals.service.auth import revoke_key
+
+    db = _database(_settings(args))
+    try:
+        count = revoke_key(db, ident=args.key)
+    finally:
+        db.dispose()
+    if count == 0:
+        print(f"rlvitals keys revoke: no active key matches {args.key!r}", file=sys.stderr)
+        return 1
+    print(f"revoked {count} key(s)")
+    return 0

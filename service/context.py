@@ -1,0 +1,30 @@
+"""The server's long-lived parts, built once per app by ``create_app`` and reached by routes
+through ``api.deps``: settings, database, event bus, health engine, auth, telemetry, the webhook
+sender and the audit pool."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlvitals.service.audits import AuditPool
+    from rlvitals.service.auth import Authenticator
+    from rlvitals.service.events import EventBus
+    from rlvitals.service.health import HealthEngine
+    from rlvitals.service.settings import Settings
+    from rlvitals.service.storage.database import Database
+    from rlvitals.service.telemetry import Telemetry
+    from rlvitals.service.webhooks import WebhookSender
+
+
+@dataclass
+class Services:
+    settings: Settings
+    db: Database
+    bus: EventBus
+    health: HealthEngine
+    auth: Authenticator
+    telemetry: Telemetry
+    webhooks: WebhookSender
+    audits: AuditPool

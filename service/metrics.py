@@ -1,0 +1,215 @@
+"""Metric points: ingest (one transaction: points, health rules, alerts, live events) and queries
+with spike-preserving downsampling."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import numpy as np
+from rlvitals.service.alerts import apply_findings
+from rlvitals.service.context import Services
+from rlvitals.service.encoding import encode_float, jsonable
+from rlvitals.service.errors import NotFound, PayloadTooLarge
+from rlvitals.service.events import Event
+from rlvitals.service.schemas import StepIn
+from rlvitals.service.storage import repository as repo
+
+_SPELLED = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+_NAN_FLAG = 1
+
+
+def _decode(value: float | str | None) -> float | None:
+    if value is None or value.__class__ is float:
+        return value
+    if isinstance(value, str):
+        return _SPELLED[value]
+    return float(value)
+
+
+def ingest(ctx: Services, run_id: int, steps: list[StepIn]) -> dict[str, int]:
+    """Store the points (insert-or-ignore), feed the health rules, raise/resolve alerts, emit events.
+
+    Returns ``{"accepted": points, "steps": steps}``. Unknown run -> ``NotFound``.
+    """
+    if len(steps) > ctx.settings.max_steps_per_request:
+        raise PayloadTooLarge(
+            f"{len(steps)} steps in one request; the limit is {ctx.settings.max_steps_per_request}",
+            detail={"limit": ctx.settings.max_steps_per_request},
+        )
+    started = time.perf_counter()
+    now = time.time()
+    rows: list[dict[str, Any]] = []
+    by_step: dict[int, dict[str, float | None]] = {}
+    wall: dict[int, float | None] = {}
+    for item in steps:
+        step, wall_time = item.step, item.wall_time
+        decoded = by_step.setdefault(step, {})
+        wall.setdefault(step, wall_time)
+        for name, raw in item.metrics.items():
+            value = _decode(raw)
+            decoded[name] = value
+            if value is not None and value != value:
+                rows.append(
+                    {
+                        "run_id": run_id,
+                        "name": name,
+                        "step": step,
+                        "value": None,
+                        "flag": _NAN_FLAG,
+                        "wall_time": wall_time,
+                    }
+                )
+            else:
+                rows.append(
+                    {
+                        "run_id": run_id,
+                        "name": name,
+                        "step": step,
+                        "value": value,
+                        "flag": 0,
+                        "wall_time": wall_time,
+                    }
+                )
+    ordered = sorted(by_step)
+    newest = ordered[-1] if ordered else None
+
+    def observe(monitor, last_step):
+        findings = []
+        for step in ordered:
+            if last_step is None or step > last_step:
+                findings.extend(monitor.observe(step, by_step[step]))
+                last_step = step
+        return findings, last_step
+
+    events: list[Event] = []
+    with ctx.db.write() as session:
+        run_cache: dict[str, Any] = {}
+
+        def run_row() -> dict[str, Any]:
+            if "row" not in run_cache:
+                run_cache["row"] = repo.get_run(session=session, run_id=run_id)
+            return run_cache["row"]
+
+        signals = _signals(by_step[newest]) if newest is not None else None
+        observation = ctx.health.update(
+            session=session,
+            run_id=run_id,
+            run_config=lambda: run_row()["config"] or {},
+            observe=observe,
+            now=now,
+            signals=signals,
+        )
+        if observation is None:
+            raise NotFound(f"run {run_id} does not exist")
+        if rows:
+            repo.add_points(session=session, rows=rows)
+            repo.advance_run(session=session, run_id=run_id, last_step=newest, now=now)
+        changed = apply_findings(
+            session=session,
+            run_id=run_id,
+            run=run_row,
+            findings=observation.findings,
+            open_episodes=bool(observation.firing),
+            newest_step=newest,
+            now=now,
+            settings=ctx.settings,
+        )
+        if ctx.bus.wants(run_id):
+            if rows:
+                events.append(Event(run_id, "points", _points_event(run_id, ordered, by_step, wall)))
+            events.extend(Event(run_id, "alert", alert) for alert in changed)
+            ctx.bus.stage(session=session, events=events)
+        if changed and ctx.webhooks.enabled:
+            ctx.bus.stage_job(session=session, kind="webhook")
+    ctx.bus.flush(events)
+    if changed:
+        ctx.webhooks.wake()
+    ctx.telemetry.observe_ingest(points=len(rows), seconds=time.perf_counter() - started)
+    return {"accepted": len(rows), "steps": len(ordered)}
+
+
+def _signals(metrics: dict[str, float | None]) -> dict[str, Any] | None:
+    from rlvitals.analyzers import canonical_signals
+
+    found = canonical_signals(metrics)
+    return jsonable(found) if found else None
+
+
+def _points_event(run_id, ordered, by_step, wall) -> dict[str, Any]:
+    return {
+        "run_id": run_id,
+        "steps": [{"step": s, "metrics": by_step[s], "wall_time": wall[s]} for s in ordered],
+    }
+
+
+# --- queries --------------------------------------------------------------------------------------
+
+
+def query(ctx: Services, run_id: int, *, names: list[str] | None, max_points: int) -> dict[str, Any]:
+    """``{"series": {name: {"step": [...], "value": [...]}}}``; at most ``max_points`` per series
+    (0: all), downsampled keeping each bucket's minimum and maximum so spikes survive."""
+    with ctx.db.read() as session:
+        if not repo.run_exists(session=session, run_id=run_id):
+            raise NotFound(f"run {run_id} does not exist")
+        if names is None:
+            names = repo.metric_names(session=session, run_id=run_id)
+        raw = {name: repo.series(session=session, run_id=run_id, name=name) for name in names}
+    return {"series": {name: _series(points, max_points) for name, points in raw.items()}}
+
+
+def _series(points: list[tuple[int, float | None, int]], max_points: int) -> dict[str, list]:
+    if max_points and len(points) > max_points:
+        points = downsample(points, max_points)
+    steps = [p[0] for p in points]
+    values = [
+        ("NaN" if flag else None)
+        if value is None
+        else (value if math.isfinite(value) else encode_float(value))
+        for _, value, flag in points
+    ]
+    return {"step": steps, "value": values}
+
+
+def downsample(
+    points: list[tuple[int, float | None, int]], max_points: int
+) -> list[tuple[int, float | None, int]]:
+    """At most ``max_points`` of ``points`` (in step order): the series is cut into ``max_points // 2``
+    buckets of consecutive points and each bucket keeps its minimum and its maximum, so a one-step
+    spike always survives. A non-finite value (NaN / ±Infinity) is the most extreme thing a bucket can
+    hold, so it is kept in place of the less extreme of the two. Missing values (null) are dropped
+    unless a whole bucket is null."""
+    n = len(points)
+    per_bucket = 2 if max_points >= 2 else 1
+    buckets = max(1, max_points // per_bucket)
+    values = np.array([np.nan if v is None else v for _, v, _ in points], dtype=np.float64)
+    present = np.array([v is not None or flag for _, v, flag in points], dtype=bool)
+    finite = np.isfinite(values) & present
+    special = present & ~finite  # NaN flagged points and +-inf
+    lo_key = np.where(finite, values, np.inf)
+    hi_key = np.where(finite, values, -np.inf)
+    edges = np.linspace(0, n, buckets + 1).round().astype(np.int64)
+    keep: list[int] = []
+    for b in range(buckets):
+        start, end = int(edges[b]), int(edges[b + 1])
+        if end <= start:
+            continue
+        chosen: list[int] = []
+        if finite[start:end].any():
+            lo = start + int(np.argmin(lo_key[start:end]))
+            hi = start + int(np.argmax(hi_key[start:end]))
+            chosen = [lo, hi] if per_bucket == 2 else [hi if abs(values[hi]) >= abs(values[lo]) else lo]
+        if special[start:end].any():
+            odd = start + int(np.argmax(special[start:end]))
+            if chosen:
+                median = float(np.median(values[start:end][finite[start:end]]))
+                # replace whichever kept point lies closer to the bucket's median
+                idx = min(range(len(chosen)), key=lambda i: abs(values[chosen[i]] - median))
+                chosen[idx] = odd
+            else:
+                chosen = [odd]
+        if not chosen:
+            chosen = [start]
+        keep.extend(sorted(set(chosen)))
+    return [points[i] for i in keep]

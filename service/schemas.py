@@ -1,0 +1,139 @@
+"""Request and response schemas of HTTP API v1, one per purpose (and the OpenAPI document at /docs).
+
+Replies are built as plain dicts and encoded by ``encoding.JSONResponse`` (non-finite floats as
+strings); the ``*Public`` models here describe them for OpenAPI.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
+
+MAX_STEP = 2**63 - 1
+
+# A metric value: a JSON number, null, or one of the non-finite spellings (stored, never rejected).
+MetricValue = StrictFloat | None | Literal["NaN", "Infinity", "-Infinity"]
+MetricName = Annotated[str, Field(min_length=1, max_length=250)]
+Step = Annotated[StrictInt, Field(ge=0, le=MAX_STEP)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RunCreate(_Strict):
+    name: Annotated[str, Field(min_length=1, max_length=200)]
+    project: Annotated[str, Field(min_length=1, max_length=200)] = "default"
+    config: dict[str, Any] = Field(default_factory=dict)
+    tags: list[Annotated[str, Field(max_length=200)]] = Field(default_factory=list, max_length=100)
+
+
+class StepIn(_Strict):
+    step: Step
+    metrics: dict[MetricName, MetricValue]
+    wall_time: StrictFloat | None = None
+
+
+class MetricsIn(_Strict):
+    steps: list[StepIn]
+
+
+class AcceptedPublic(BaseModel):
+    accepted: int = Field(description="Points (step x metric values) accepted; resent ones are ignored.")
+    steps: int
+
+
+class AlertPublic(BaseModel):
+    id: int
+    run_id: int
+    rule: str
+    severity: Literal["warning", "critical"]
+    state: Literal["firing", "resolved"]
+    signal: str | None = None
+    first_step: int
+    last_step: int
+    value: float | str | None
+    message: str
+    advice: str
+    evidence: dict[str, Any] = Field(default_factory=dict)
+    created_at: float
+    updated_at: float
+    resolved_at: float | None = None
+
+
+class AlertsPublic(BaseModel):
+    data: list[AlertPublic]
+    count: int
+
+
+class RunPublic(BaseModel):
+    id: int
+    name: str
+    project: str
+    config: dict[str, Any]
+    tags: list[str]
+    last_step: int | None
+    status: Literal["healthy", "warning", "critical"]
+    firing_alerts: list[AlertPublic]
+    created_at: float
+    updated_at: float
+
+
+class RunsPublic(BaseModel):
+    data: list[RunPublic]
+    count: int
+
+
+class Verdict(BaseModel):
+    ok: bool
+    abs_err: float | str | None
+    rel_err: float | str | None
+
+
+class AuditPublic(BaseModel):
+    id: int
+    run_id: int
+    step: int
+    rank: int | None
+    micro_batch: int | None
+    status: Literal["pending", "done", "error"]
+    reported: dict[str, Any]
+    recomputed: dict[str, Any] | None
+    verdicts: dict[str, Verdict] | None
+    explanation: str | None
+    counterfactuals: dict[str, Any] | None
+    groups: dict[str, Any] | None = None
+    ok: bool | None = None
+    error: str | None = None
+    created_at: float
+    finished_at: float | None
+
+
+class AuditsPublic(BaseModel):
+    data: list[AuditPublic]
+    count: int
+
+
+class BatchAccepted(BaseModel):
+    id: int
+    status: Literal["pending"] = "pending"
+
+
+class SeriesPublic(BaseModel):
+    step: list[int]
+    value: list[float | str | None]
+
+
+class MetricsPublic(BaseModel):
+    series: dict[str, SeriesPublic]
+
+
+class ErrorBody(BaseModel):
+    code: str
+    message: str
+    detail: Any = None
+
+
+class ErrorPublic(BaseModel):
+    error: ErrorBody

@@ -1,0 +1,41 @@
+"""Running the app under uvicorn: one process, or ``--workers N`` processes sharing the socket.
+
+uvicorn#3149: with ``--workers > 1`` the accepted sockets miss ``TCP_NODELAY`` (the listening socket
+is re-created from its file descriptor in each worker, so asyncio no longer recognises it as TCP and
+skips its usual ``TCP_NODELAY``), and Nagle's algorithm meets the client's delayed ACK: about +40 ms
+on every keep-alive request. ``NoDelayHTTPProtocol`` sets the option on every accepted connection,
+whatever the worker count.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+PROTOCOL = "rlvitals.service.serving:NoDelayHTTPProtocol"
+SETTINGS_ENV = "_RLVITALS_SERVE_SETTINGS"  # how the parent hands its Settings to worker processes
+
+
+class NoDelayHTTPProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        set_nodelay(transport.get_extra_info("socket"))
+        super().connection_made(transport)
+
+
+def set_nodelay(sock) -> None:
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def app_from_env():
+    """uvicorn factory for worker processes: the parent's Settings, passed as JSON in the env."""
+    from rlvitals.service.app import create_app
+    from rlvitals.service.settings import Settings
+
+    return create_app(Settings(**json.loads(os.environ[SETTINGS_ENV])))

@@ -1,0 +1,137 @@
+"""Server configuration: one validated object, built once and passed into ``create_app(settings)``.
+
+Every field can be set from the environment with the ``RLVITALS_`` prefix (``RLVITALS_PORT=9000``,
+``RLVITALS_WEBHOOK_URLS='["http://hooks.local/a"]'``); the ``rlvitals serve`` flags override them.
+Nothing in the server reads the environment anywhere else, so tests build their own ``Settings``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
+
+
+class Settings(BaseSettings):
+    """All server settings (documented, one per row, in docs/readme/service.md)."""
+
+    model_config = SettingsConfigDict(env_prefix="RLVITALS_", extra="forbid", validate_assignment=True)
+
+    # --- network ---------------------------------------------------------------------------------
+    host: str = Field("127.0.0.1", description="Address to bind.")
+    port: int = Field(8000, ge=0, le=65535, description="TCP port to bind.")
+    workers: int = Field(1, ge=1, le=64, description="uvicorn worker processes (each with its own pools).")
+    insecure: bool = Field(
+        False, description="Allow binding a non-loopback address while no API key exists (open writes)."
+    )
+
+    # --- storage ---------------------------------------------------------------------------------
+    data_dir: Path = Field(Path(".rlvitals"), description="Directory for the default SQLite database.")
+    database_url: str | None = Field(
+        None,
+        description="SQLAlchemy URL: sqlite:///path.db or postgresql+psycopg://user@host/db. "
+        "Default: sqlite file rlvitals.db in data_dir (WAL mode).",
+    )
+    db_pool_size: int = Field(10, ge=1, le=200, description="PostgreSQL connection pool size per process.")
+
+    # --- request limits --------------------------------------------------------------------------
+    max_batch_bytes: int = Field(
+        256 * 1024 * 1024,
+        ge=1024,
+        description="Largest accepted safetensors batch body (bytes); larger -> 413.",
+    )
+    max_request_bytes: int = Field(
+        32 * 1024 * 1024, ge=1024, description="Largest accepted JSON body (bytes); larger -> 413."
+    )
+    max_steps_per_request: int = Field(
+        100_000, ge=1, description="Most steps one POST /metrics may carry; more -> 413."
+    )
+
+    # --- audits ----------------------------------------------------------------------------------
+    audit_workers: int = Field(
+        2, ge=0, le=64, description="Audit worker threads per process (0: this replica only ingests)."
+    )
+    audit_queue_size: int = Field(
+        64,
+        ge=1,
+        description="Most audit jobs waiting at once (all replicas); beyond it POST /batches -> 429.",
+    )
+    audit_poll_interval: float = Field(
+        0.5,
+        gt=0,
+        le=60,
+        description="Seconds between idle workers' checks for jobs queued by other replicas.",
+    )
+    audit_claim_timeout: float = Field(
+        300.0, gt=0, description="Seconds after which a job claimed by a dead replica is handed out again."
+    )
+    keep_batches: bool = Field(
+        False, description="Keep uploaded tensors after their audit finished (default: drop them)."
+    )
+
+    # --- health rules ----------------------------------------------------------------------------
+    rules: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description='Per-rule setting overrides, e.g. {"entropy_collapse": {"enabled": false}}.',
+    )
+    rules_file: Path | None = Field(
+        None, description="JSON or YAML file with rule overrides (same shape as rules; rules wins)."
+    )
+
+    # --- alert delivery --------------------------------------------------------------------------
+    webhook_urls: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="URLs that receive every alert transition as JSON."
+    )
+    slack_webhook_urls: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description='Slack-compatible incoming webhooks ({"text": ...}).'
+    )
+    webhook_timeout: float = Field(5.0, gt=0, description="Seconds one webhook attempt may take.")
+    webhook_max_attempts: int = Field(8, ge=1, description="Attempts before a delivery is marked failed.")
+    webhook_backoff: float = Field(0.5, gt=0, description="First retry delay (s); doubles each attempt.")
+    webhook_backoff_max: float = Field(60.0, gt=0, description="Cap on the retry delay (s).")
+    webhook_workers: int = Field(2, ge=0, le=32, description="Webhook sender threads per process.")
+
+    # --- live events -----------------------------------------------------------------------------
+    sse_heartbeat: float = Field(15.0, gt=0, description="Seconds between SSE keep-alive comments.")
+    sse_queue_size: int = Field(
+        1000, ge=1, description="Events buffered per SSE client; a slower client is disconnected."
+    )
+
+    log_level: str = Field("info", description="uvicorn log level.")
+    access_log: bool = Field(False, description="Log every request (uvicorn access log; costs ingest speed).")
+
+    @field_validator("webhook_urls", "slack_webhook_urls", mode="before")
+    @classmethod
+    def _split_urls(cls, value: Any) -> Any:
+        # Accept "a,b" as well as a JSON list from the environment.
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return [part.strip() for part in text.split(",") if part.strip()]
+        return value
+
+    @property
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'rlvitals.db').resolve()}"
+
+    @property
+    def host_is_loopback(self) -> bool:
+        return is_loopback(self.host)
+
+
+def is_loopback(host: str) -> bool:
+    if host.lower() in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

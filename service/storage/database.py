@@ -1,0 +1,130 @@
+"""Engines, transactions and migrations for SQLite (default, WAL) and PostgreSQL (scale-out).
+
+``Database.write()`` is the one way to change data: a single transaction, on SQLite serialised by a
+process lock and ``BEGIN IMMEDIATE`` (so concurrent writers queue instead of failing with
+"database is locked"); ``Database.read()`` is a plain read transaction.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from sqlalchemy import create_engine, event, text
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import StaticPool
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+_MIGRATION_LOCK_ID = 0x726C7669  # "rlvi": advisory lock so replicas starting together migrate once
+
+
+class Database:
+    """Owns the engines; ``dialect`` is ``"sqlite"`` or ``"postgresql"``."""
+
+    def __init__(self, url: str, *, pool_size: int = 10):
+        self.url = make_url(url)
+        self.dialect = self.url.get_backend_name()
+        if self.dialect not in ("sqlite", "postgresql"):
+            raise ValueError(
+                f"unsupported database {self.dialect!r}: use sqlite:/// or postgresql+psycopg://"
+            )
+        if self.dialect == "postgresql" and self.url.drivername == "postgresql":
+            self.url = self.url.set(drivername="postgresql+psycopg")
+        self._write_lock = threading.Lock() if self.is_sqlite else None
+        if self.is_sqlite:
+            self.engine = self._sqlite_engine(immediate=True)
+            self.read_engine = self.engine if self._memory else self._sqlite_engine(immediate=False)
+        else:
+            self.engine = create_engine(
+                self.url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True, pool_recycle=1800
+            )
+            self.read_engine = self.engine
+        self._writer = sessionmaker(self.engine, expire_on_commit=False)
+        self._reader = sessionmaker(self.read_engine, expire_on_commit=False)
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.dialect == "sqlite"
+
+    @property
+    def is_postgresql(self) -> bool:
+        return self.dialect == "postgresql"
+
+    @property
+    def _memory(self) -> bool:
+        return self.is_sqlite and self.url.database in (None, "", ":memory:")
+
+    def libpq_url(self) -> str:
+        """The URL for a raw psycopg connection (LISTEN)."""
+        return self.url.set(drivername="postgresql").render_as_string(hide_password=False)
+
+    def _sqlite_engine(self, *, immediate: bool) -> Engine:
+        kwargs: dict = {"connect_args": {"check_same_thread": False, "timeout": 30}}
+        if self._memory:
+            kwargs["poolclass"] = StaticPool
+        else:
+            Path(self.url.database).expanduser().resolve().parent.mkdir(parents=True, exist_ok=True)
+            kwargs.update(pool_size=20, max_overflow=20)
+        engine = create_engine(self.url, **kwargs)
+        begin = "BEGIN IMMEDIATE" if immediate else "BEGIN"
+
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_conn, _record):
+            dbapi_conn.isolation_level = None  # we emit BEGIN ourselves (below)
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _on_begin(conn):
+            conn.exec_driver_sql(begin)
+
+        return engine
+
+    @contextmanager
+    def write(self) -> Iterator[Session]:
+        """One write transaction: commits on success, rolls back on any exception."""
+        if self._write_lock is not None:
+            with self._write_lock, self._writer.begin() as session:
+                yield session
+        else:
+            with self._writer.begin() as session:
+                yield session
+
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        with self._reader() as session:
+            try:
+                yield session
+            finally:
+                session.rollback()
+
+    def migrate(self) -> None:
+        """Bring the schema to the newest Alembic revision (runs at server start)."""
+        from alembic import command
+        from alembic.config import Config
+
+        cfg = Config()
+        cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+        cfg.set_main_option("sqlalchemy.url", self.url.render_as_string(hide_password=False))
+        lock = self._write_lock or threading.Lock()
+        with lock, self.engine.begin() as conn:
+            if self.is_postgresql:
+                conn.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": _MIGRATION_LOCK_ID})
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "head")
+
+    def ping(self) -> None:
+        with self.read_engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+        if self.read_engine is not self.engine:
+            self.read_engine.dispose()

@@ -1,0 +1,454 @@
+"""Every query the server runs, as keyword-only functions over a SQLAlchemy ``Session``.
+
+Routes and workers never build SQL themselves. Functions return plain dicts (or tuples for bulk
+data) so callers do not hold ORM objects across transactions. Bulk paths (points) use Core
+``executemany`` with dialect-specific ``ON CONFLICT DO NOTHING``: no ORM object per point.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from rlvitals.service.storage.models import (
+    Alert,
+    ApiKey,
+    Audit,
+    EventPayload,
+    HealthState,
+    Point,
+    Run,
+    WebhookAttempt,
+    WebhookDelivery,
+)
+from sqlalchemy import and_, delete, func, or_, select, text, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+RUNS, POINTS, ALERTS, AUDITS = Run.__table__, Point.__table__, Alert.__table__, Audit.__table__
+HEALTH, DELIVERIES, ATTEMPTS, KEYS = (
+    HealthState.__table__,
+    WebhookDelivery.__table__,
+    WebhookAttempt.__table__,
+    ApiKey.__table__,
+)
+EVENTS = EventPayload.__table__
+
+# Audit columns a reader needs (never the blob).
+_AUDIT_COLUMNS = [c for c in AUDITS.c if c.name != "blob"]
+
+
+def _dialect_insert(session: Session, table):
+    name = session.get_bind().dialect.name
+    return (postgresql.insert if name == "postgresql" else sqlite.insert)(table)
+
+
+def _row(row) -> dict[str, Any] | None:
+    return dict(row._mapping) if row is not None else None
+
+
+# --- runs -------------------------------------------------------------------------------------
+
+
+def find_run(*, session: Session, project: str, name: str) -> dict | None:
+    return _row(session.execute(select(RUNS).where(RUNS.c.project == project, RUNS.c.name == name)).first())
+
+
+def insert_run(
+    *, session: Session, project: str, name: str, config: dict, tags: list, now: float
+) -> int | None:
+    """Insert a run; ``None`` when (project, name) already exists (a concurrent create won)."""
+    stmt = (
+        _dialect_insert(session, RUNS)
+        .values(project=project, name=name, config=config, tags=tags, created_at=now, updated_at=now)
+        .on_conflict_do_nothing(index_elements=["project", "name"])
+        .returning(RUNS.c.id)
+    )
+    return session.execute(stmt).scalar()
+
+
+def update_run(
+    *, session: Session, run_id: int, now: float, config: dict | None = None, tags: list | None = None
+):
+    values: dict[str, Any] = {"updated_at": now}
+    if config is not None:
+        values["config"] = config
+    if tags is not None:
+        values["tags"] = tags
+    session.execute(update(RUNS).where(RUNS.c.id == run_id).values(**values))
+
+
+def get_run(*, session: Session, run_id: int) -> dict | None:
+    return _row(session.execute(select(RUNS).where(RUNS.c.id == run_id)).first())
+
+
+def run_exists(*, session: Session, run_id: int) -> bool:
+    return session.execute(select(RUNS.c.id).where(RUNS.c.id == run_id)).first() is not None
+
+
+def list_runs(
+    *, session: Session, project: str | None = None, limit: int = 100, offset: int = 0
+) -> tuple[list[dict], int]:
+    where = [RUNS.c.project == project] if project is not None else []
+    rows = session.execute(
+        select(RUNS)
+        .where(*where)
+        .order_by(RUNS.c.updated_at.desc(), RUNS.c.id.desc())
+        .limit(limit)
+        .offset(offset)
+    ).all()
+    count = session.execute(select(func.count()).select_from(RUNS).where(*where)).scalar_one()
+    return [dict(r._mapping) for r in rows], count
+
+
+def advance_run(*, session: Session, run_id: int, last_step: int, now: float) -> None:
+    """Record ingest: ``last_step`` only ever grows."""
+    session.execute(
+        update(RUNS)
+        .where(RUNS.c.id == run_id)
+        .values(
+            last_step=func.coalesce(
+                func.max(RUNS.c.last_step, last_step)
+                if session.get_bind().dialect.name == "sqlite"
+                else func.greatest(RUNS.c.last_step, last_step),
+                last_step,
+            ),
+            updated_at=now,
+        )
+    )
+
+
+# --- points -----------------------------------------------------------------------------------
+
+
+def add_points(*, session: Session, rows: Sequence[dict[str, Any]]) -> None:
+    """Insert-or-ignore on (run_id, name, step). ``rows``: dicts with run_id, name, step, value,
+    flag, wall_time. One executemany; resends are ignored, never duplicated."""
+    if not rows:
+        return
+    stmt = _dialect_insert(session, POINTS).on_conflict_do_nothing(index_elements=["run_id", "name", "step"])
+    session.execute(stmt, list(rows))
+
+
+def metric_names(*, session: Session, run_id: int) -> list[str]:
+    return list(
+        session.execute(
+            select(POINTS.c.name).where(POINTS.c.run_id == run_id).distinct().order_by(POINTS.c.name)
+        )
+        .scalars()
+        .all()
+    )
+
+
+def series(*, session: Session, run_id: int, name: str) -> list[tuple[int, float | None, int]]:
+    """All points of one metric in step order: ``[(step, value, flag), ...]``."""
+    result = session.execute(
+        select(POINTS.c.step, POINTS.c.value, POINTS.c.flag)
+        .where(POINTS.c.run_id == run_id, POINTS.c.name == name)
+        .order_by(POINTS.c.step)
+    )
+    return result.all()
+
+
+# --- health state -----------------------------------------------------------------------------
+
+
+def load_health_state(*, session: Session, run_id: int, lock: bool = False) -> dict | None:
+    stmt = select(HEALTH).where(HEALTH.c.run_id == run_id)
+    if lock and session.get_bind().dialect.name == "postgresql":
+        stmt = stmt.with_for_update()
+    return _row(session.execute(stmt).first())
+
+
+def health_version(*, session: Session, run_id: int, lock: bool = False) -> int | None:
+    """The state's version (row-locked on PostgreSQL so replicas update one run in turn)."""
+    stmt = select(HEALTH.c.version).where(HEALTH.c.run_id == run_id)
+    if lock and session.get_bind().dialect.name == "postgresql":
+        stmt = stmt.with_for_update()
+    return session.execute(stmt).scalar()
+
+
+def ensure_health_row(*, session: Session, run_id: int, now: float) -> None:
+    session.execute(
+        _dialect_insert(session, HEALTH)
+        .values(run_id=run_id, version=0, state="{}", signals={}, updated_at=now)
+        .on_conflict_do_nothing(index_elements=["run_id"])
+    )
+
+
+def save_health_state(
+    *, session: Session, run_id: int, version: int, state: dict | None, signals: dict | None, now: float
+) -> None:
+    values: dict[str, Any] = {"version": version, "updated_at": now}
+    if state is not None:
+        values["state"] = state
+    if signals is not None:
+        values["signals"] = signals
+    session.execute(update(HEALTH).where(HEALTH.c.run_id == run_id).values(**values))
+
+
+def health_signals(*, session: Session) -> list[dict]:
+    """Latest canonical signals for every run (for /metrics)."""
+    rows = session.execute(
+        select(RUNS.c.id, RUNS.c.project, RUNS.c.name, HEALTH.c.signals).join(
+            HEALTH, HEALTH.c.run_id == RUNS.c.id
+        )
+    ).all()
+    return [dict(r._mapping) for r in rows]
+
+
+# --- alerts -----------------------------------------------------------------------------------
+
+
+def open_alert_id(*, session: Session, run_id: int, rule: str) -> int | None:
+    return session.execute(
+        select(ALERTS.c.id).where(
+            ALERTS.c.run_id == run_id, ALERTS.c.rule == rule, ALERTS.c.state == "firing"
+        )
+    ).scalar()
+
+
+def insert_alert(*, session: Session, values: dict[str, Any]) -> int:
+    return session.execute(ALERTS.insert().values(**values).returning(ALERTS.c.id)).scalar_one()
+
+
+def update_alert(*, session: Session, alert_id: int, values: dict[str, Any]) -> None:
+    session.execute(update(ALERTS).where(ALERTS.c.id == alert_id).values(**values))
+
+
+def get_alert(*, session: Session, alert_id: int) -> dict | None:
+    return _row(session.execute(select(ALERTS).where(ALERTS.c.id == alert_id)).first())
+
+
+def list_alerts(
+    *,
+    session: Session,
+    run_id: int | None = None,
+    run_ids: Iterable[int] | None = None,
+    state: str | None = None,
+    limit: int | None = 1000,
+    offset: int = 0,
+) -> tuple[list[dict], int]:
+    where = []
+    if run_id is not None:
+        where.append(ALERTS.c.run_id == run_id)
+    if run_ids is not None:
+        where.append(ALERTS.c.run_id.in_(list(run_ids)))
+    if state is not None:
+        where.append(ALERTS.c.state == state)
+    stmt = select(ALERTS).where(*where).order_by(ALERTS.c.id.desc()).offset(offset)
+    if limit is not None:
+        stmt = stmt.limit(limit)
+    rows = session.execute(stmt).all()
+    count = session.execute(select(func.count()).select_from(ALERTS).where(*where)).scalar_one()
+    return [dict(r._mapping) for r in rows], count
+
+
+def firing_counts(*, session: Session) -> list[dict]:
+    """(run, rule, severity) of every firing alert, for /metrics."""
+    rows = session.execute(
+        select(RUNS.c.id, RUNS.c.project, RUNS.c.name, ALERTS.c.rule, ALERTS.c.severity)
+        .join(ALERTS, ALERTS.c.run_id == RUNS.c.id)
+        .where(ALERTS.c.state == "firing")
+    ).all()
+    return [dict(r._mapping) for r in rows]
+
+
+# --- audits (also the job queue) --------------------------------------------------------------
+
+
+def insert_audit(*, session: Session, values: dict[str, Any]) -> int:
+    return session.execute(AUDITS.insert().values(**values).returning(AUDITS.c.id)).scalar_one()
+
+
+def lock_audit_queue(*, session: Session) -> None:
+    """PostgreSQL: replicas check the queue bound one at a time (transaction-scoped advisory lock)."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": 0x726C7671})
+
+
+def count_waiting_audits(*, session: Session) -> int:
+    return session.execute(
+        select(func.count()).select_from(AUDITS).where(AUDITS.c.status.in_(("pending", "running")))
+    ).scalar_one()
+
+
+def claim_audit(*, session: Session, worker: str, now: float, stale_before: float) -> dict | None:
+    """Claim the oldest pending job (or one whose claimer died) exactly once, blob included.
+
+    PostgreSQL: ``SELECT ... FOR UPDATE SKIP LOCKED`` so replicas never take the same job.
+    SQLite: the caller's ``BEGIN IMMEDIATE`` already serialises writers.
+    """
+    waiting = or_(
+        AUDITS.c.status == "pending", and_(AUDITS.c.status == "running", AUDITS.c.claimed_at < stale_before)
+    )
+    stmt = select(AUDITS.c.id).where(waiting).order_by(AUDITS.c.id).limit(1)
+    if session.get_bind().dialect.name == "postgresql":
+        stmt = stmt.with_for_update(skip_locked=True)
+    job_id = session.execute(stmt).scalar()
+    if job_id is None:
+        return None
+    session.execute(
+        update(AUDITS)
+        .where(AUDITS.c.id == job_id)
+        .values(status="running", claimed_by=worker, claimed_at=now)
+    )
+    return _row(session.execute(select(AUDITS).where(AUDITS.c.id == job_id)).first())
+
+
+def finish_audit(
+    *,
+    session: Session,
+    audit_id: int,
+    worker: str,
+    status: str,
+    result: dict | None,
+    error: str | None,
+    now: float,
+    keep_blob: bool,
+) -> bool:
+    """Store a result; ``False`` when the job was re-claimed by someone else meanwhile."""
+    values: dict[str, Any] = {"status": status, "result": result, "error": error, "finished_at": now}
+    if not keep_blob:
+        values["blob"] = None
+    res = session.execute(
+        update(AUDITS)
+        .where(AUDITS.c.id == audit_id, AUDITS.c.claimed_by == worker, AUDITS.c.status == "running")
+        .values(**values)
+    )
+    return res.rowcount == 1
+
+
+def get_audit(*, session: Session, audit_id: int) -> dict | None:
+    return _row(session.execute(select(*_AUDIT_COLUMNS).where(AUDITS.c.id == audit_id)).first())
+
+
+def list_audits(
+    *, session: Session, run_id: int, step: int | None = None, limit: int = 1000, offset: int = 0
+) -> tuple[list[dict], int]:
+    where = [AUDITS.c.run_id == run_id]
+    if step is not None:
+        where.append(AUDITS.c.step == step)
+    rows = session.execute(
+        select(*_AUDIT_COLUMNS).where(*where).order_by(AUDITS.c.step, AUDITS.c.id).limit(limit).offset(offset)
+    ).all()
+    count = session.execute(select(func.count()).select_from(AUDITS).where(*where)).scalar_one()
+    return [dict(r._mapping) for r in rows], count
+
+
+def audit_status_counts(*, session: Session) -> dict[str, int]:
+    rows = session.execute(select(AUDITS.c.status, func.count()).group_by(AUDITS.c.status)).all()
+    return {status: n for status, n in rows}
+
+
+# --- webhooks ---------------------------------------------------------------------------------
+
+
+def add_deliveries(*, session: Session, rows: Sequence[dict[str, Any]]) -> None:
+    if rows:
+        session.execute(DELIVERIES.insert(), list(rows))
+
+
+def claim_delivery(*, session: Session, now: float, stale_before: float) -> dict | None:
+    due = or_(
+        and_(DELIVERIES.c.status == "pending", DELIVERIES.c.next_attempt_at <= now),
+        and_(DELIVERIES.c.status == "sending", DELIVERIES.c.claimed_at < stale_before),
+    )
+    stmt = select(DELIVERIES).where(due).order_by(DELIVERIES.c.next_attempt_at, DELIVERIES.c.id).limit(1)
+    if session.get_bind().dialect.name == "postgresql":
+        stmt = stmt.with_for_update(skip_locked=True)
+    row = _row(session.execute(stmt).first())
+    if row is None:
+        return None
+    session.execute(
+        update(DELIVERIES).where(DELIVERIES.c.id == row["id"]).values(status="sending", claimed_at=now)
+    )
+    return row
+
+
+def next_delivery_due(*, session: Session) -> float | None:
+    return session.execute(
+        select(func.min(DELIVERIES.c.next_attempt_at)).where(DELIVERIES.c.status == "pending")
+    ).scalar()
+
+
+def record_attempt(
+    *, session: Session, delivery_id: int, attempt: dict[str, Any], delivery: dict[str, Any]
+) -> None:
+    session.execute(ATTEMPTS.insert().values(delivery_id=delivery_id, **attempt))
+    session.execute(update(DELIVERIES).where(DELIVERIES.c.id == delivery_id).values(**delivery))
+
+
+def list_deliveries(*, session: Session, alert_id: int | None = None) -> list[dict]:
+    where = [DELIVERIES.c.alert_id == alert_id] if alert_id is not None else []
+    rows = session.execute(select(DELIVERIES).where(*where).order_by(DELIVERIES.c.id)).all()
+    return [dict(r._mapping) for r in rows]
+
+
+def list_attempts(*, session: Session, delivery_id: int) -> list[dict]:
+    rows = session.execute(
+        select(ATTEMPTS).where(ATTEMPTS.c.delivery_id == delivery_id).order_by(ATTEMPTS.c.attempt)
+    ).all()
+    return [dict(r._mapping) for r in rows]
+
+
+# --- API keys ---------------------------------------------------------------------------------
+
+
+def insert_key(*, session: Session, name: str, prefix: str, key_hash: str, now: float) -> int:
+    return session.execute(
+        KEYS.insert().values(name=name, prefix=prefix, key_hash=key_hash, created_at=now).returning(KEYS.c.id)
+    ).scalar_one()
+
+
+def list_keys(*, session: Session) -> list[dict]:
+    rows = session.execute(select(*[c for c in KEYS.c if c.name != "key_hash"]).order_by(KEYS.c.id)).all()
+    return [dict(r._mapping) for r in rows]
+
+
+def revoke_key(*, session: Session, key_id: int | None = None, prefix: str | None = None, now: float) -> int:
+    cond = KEYS.c.id == key_id if key_id is not None else KEYS.c.prefix == prefix
+    return session.execute(
+        update(KEYS).where(cond, KEYS.c.revoked_at.is_(None)).values(revoked_at=now)
+    ).rowcount
+
+
+def any_active_key(*, session: Session) -> bool:
+    return session.execute(select(KEYS.c.id).where(KEYS.c.revoked_at.is_(None)).limit(1)).first() is not None
+
+
+def active_key_id(*, session: Session, key_hash: str) -> int | None:
+    return session.execute(
+        select(KEYS.c.id).where(KEYS.c.key_hash == key_hash, KEYS.c.revoked_at.is_(None))
+    ).scalar()
+
+
+# --- events (PostgreSQL NOTIFY) ---------------------------------------------------------------
+
+
+def notify(*, session: Session, channel: str, payload: str) -> None:
+    """``pg_notify`` inside the caller's transaction: delivered to listeners only on commit."""
+    session.execute(text("SELECT pg_notify(:channel, :payload)"), {"channel": channel, "payload": payload})
+
+
+def store_event_payload(*, session: Session, payload: str, now: float) -> int:
+    return session.execute(
+        EVENTS.insert().values(payload=payload, created_at=now).returning(EVENTS.c.id)
+    ).scalar_one()
+
+
+def load_event_payload(*, session: Session, payload_id: int) -> str | None:
+    return session.execute(select(EVENTS.c.payload).where(EVENTS.c.id == payload_id)).scalar()
+
+
+def prune_event_payloads(*, session: Session, before: float) -> None:
+    session.execute(delete(EVENTS).where(EVENTS.c.created_at < before))
+
+
+def touch_firing_alerts(*, session: Session, run_id: int, step: int, now: float) -> None:
+    """Keep ``last_step`` of the run's open alerts at the newest step seen."""
+    session.execute(
+        update(ALERTS)
+        .where(ALERTS.c.run_id == run_id, ALERTS.c.state == "firing", ALERTS.c.last_step < step)
+        .values(last_step=step, updated_at=now)
+    )

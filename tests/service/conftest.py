@@ -1,0 +1,121 @@
+"""Service-test fixtures: an in-process app (real lifespan, real database) driven through httpx's
+ASGI transport from synchronous tests.
+
+``app_client(database_url, **settings)`` -> ``AppClient`` with ``get``/``post``/... returning
+``httpx.Response``; ``restart()`` builds a fresh app on the same database (a server restart).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future
+
+import httpx
+import pytest
+from rlvitals.service.app import create_app
+from rlvitals.service.settings import Settings
+
+
+class AppClient:
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="app-loop", daemon=True)
+        self._thread.start()
+        self._stopped: asyncio.Event | None = None
+        self._lifespan: Future | None = None
+        self.start()
+
+    # --- lifecycle -----------------------------------------------------------------------------
+    def start(self) -> AppClient:
+        self.app = create_app(self.settings)
+        self.services = self.app.state.services
+        ready: Future = Future()
+
+        async def lifespan():
+            self._stopped = asyncio.Event()
+            try:
+                async with self.app.router.lifespan_context(self.app):
+                    ready.set_result(None)
+                    await self._stopped.wait()
+            except BaseException as exc:
+                if not ready.done():
+                    ready.set_exception(exc)
+                raise
+
+        self._lifespan = asyncio.run_coroutine_threadsafe(lifespan(), self._loop)
+        ready.result(timeout=60)
+        transport = httpx.ASGITransport(app=self.app)
+        self.client = httpx.AsyncClient(transport=transport, base_url="http://testserver")
+        return self
+
+    def stop(self) -> None:
+        if self._lifespan is None:
+            return
+        self._call(self.client.aclose())
+        self._loop.call_soon_threadsafe(self._stopped.set)
+        self._lifespan.result(timeout=60)
+        self._lifespan = None
+
+    def restart(self) -> AppClient:
+        self.stop()
+        return self.start()
+
+    def close(self) -> None:
+        self.stop()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        self._loop.close()
+
+    # --- requests ------------------------------------------------------------------------------
+    def _call(self, coro, timeout: float = 60):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=timeout)
+
+    def request(self, method: str, url: str, **kwargs) -> httpx.Response:
+        return self._call(self.client.request(method, url, **kwargs))
+
+    def get(self, url: str, **kwargs) -> httpx.Response:
+        return self.request("GET", url, **kwargs)
+
+    def post(self, url: str, **kwargs) -> httpx.Response:
+        return self.request("POST", url, **kwargs)
+
+    def put(self, url: str, **kwargs) -> httpx.Response:
+        return self.request("PUT", url, **kwargs)
+
+    def delete(self, url: str, **kwargs) -> httpx.Response:
+        return self.request("DELETE", url, **kwargs)
+
+    # --- helpers -------------------------------------------------------------------------------
+    def create_run(self, name: str = "run", **body) -> int:
+        response = self.post("/api/v1/runs", json={"name": name, **body})
+        assert response.status_code in (200, 201), response.text
+        return response.json()["id"]
+
+    def log(self, run_id: int, steps: list[dict], **kwargs) -> httpx.Response:
+        response = self.post(f"/api/v1/runs/{run_id}/metrics", json={"steps": steps}, **kwargs)
+        return response
+
+
+@pytest.fixture
+def app_client(tmp_path) -> Iterator:
+    """Factory: ``app_client(database_url, **settings)``; every app is stopped after the test."""
+    made: list[AppClient] = []
+
+    def _make(database_url: str, **settings) -> AppClient:
+        settings.setdefault("data_dir", tmp_path)
+        client = AppClient(Settings(database_url=database_url, **settings))
+        made.append(client)
+        return client
+
+    yield _make
+    for client in made:
+        client.close()
+
+
+@pytest.fixture
+def api(app_client, database_url) -> AppClient:
+    """An app on the parametrized database (SQLite and PostgreSQL)."""
+    return app_client(database_url)

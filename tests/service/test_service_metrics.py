@@ -1,0 +1,95 @@
+"""Metric ingest and queries: non-finite values stored, idempotent resends, spike-preserving
+downsampling; on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import math
+
+from rlvitals.service.metrics import downsample
+
+
+def _series(api, run_id, **params):
+    response = api.get(f"/api/v1/runs/{run_id}/metrics", params=params)
+    assert response.status_code == 200, response.text
+    return response.json()["series"]
+
+
+def test_ingest_stores_numbers_null_and_non_finite_spellings(api):
+    run_id = api.create_run()
+    steps = [
+        {"step": 0, "metrics": {"a": 1, "b": 0.5, "c": None}, "wall_time": 1.5},
+        {"step": 1, "metrics": {"a": "NaN", "b": "Infinity", "c": "-Infinity"}},
+    ]
+    response = api.log(run_id, steps)
+    assert response.status_code == 200
+    assert response.json() == {"accepted": 6, "steps": 2}
+    series = _series(api, run_id, max_points=0)
+    assert series["a"] == {"step": [0, 1], "value": [1.0, "NaN"]}
+    assert series["b"] == {"step": [0, 1], "value": [0.5, "Infinity"]}
+    assert series["c"] == {"step": [0, 1], "value": [None, "-Infinity"]}
+
+
+def test_resending_points_never_duplicates_them(api):
+    run_id = api.create_run()
+    steps = [{"step": s, "metrics": {"loss": float(s), "kl": 0.1}} for s in range(50)]
+    assert api.log(run_id, steps).status_code == 200
+    assert api.log(run_id, steps).status_code == 200
+    assert api.log(run_id, steps[10:20]).status_code == 200
+    series = _series(api, run_id, max_points=0)
+    assert series["loss"]["step"] == list(range(50))
+    assert series["loss"]["value"] == [float(s) for s in range(50)]
+    assert len(series["kl"]["step"]) == 50
+
+
+def test_names_select_series_and_unknown_names_are_empty(api):
+    run_id = api.create_run()
+    api.log(run_id, [{"step": 0, "metrics": {"a": 1.0, "b": 2.0, "c": 3.0}}])
+    series = _series(api, run_id, names="a, c,missing")
+    assert set(series) == {"a", "c", "missing"}
+    assert series["missing"] == {"step": [], "value": []}
+
+
+def test_downsampling_keeps_spikes_and_respects_max_points(api):
+    run_id = api.create_run()
+    n = 5000
+    values = [math.sin(i / 50.0) for i in range(n)]
+    values[1234] = 100.0  # a one-step spike
+    values[4321] = -55.0
+    for start in range(0, n, 1000):
+        chunk = [{"step": s, "metrics": {"loss": values[s]}} for s in range(start, start + 1000)]
+        assert api.log(run_id, chunk).status_code == 200
+    series = _series(api, run_id, max_points=200)["loss"]
+    assert 100 <= len(series["step"]) <= 200
+    assert series["step"] == sorted(series["step"])
+    assert 1234 in series["step"] and 4321 in series["step"]
+    assert max(series["value"]) == 100.0 and min(series["value"]) == -55.0
+    everything = _series(api, run_id, max_points=0)["loss"]
+    assert everything["step"] == list(range(n))
+
+
+def test_downsampling_keeps_non_finite_values():
+    points = [(i, float(i % 7), 0) for i in range(1000)]
+    points[500] = (500, None, 1)  # NaN
+    points[800] = (800, math.inf, 0)
+    kept = downsample(points, 50)
+    assert len(kept) <= 50
+    steps = [p[0] for p in kept]
+    assert 500 in steps and 800 in steps
+
+
+def test_downsampling_short_series_is_untouched(api):
+    run_id = api.create_run()
+    api.log(run_id, [{"step": s, "metrics": {"x": s}} for s in range(10)])
+    assert _series(api, run_id, max_points=2000)["x"]["step"] == list(range(10))
+
+
+def test_last_step_only_grows(api):
+    run_id = api.create_run()
+    api.log(run_id, [{"step": 10, "metrics": {"x": 1}}])
+    api.log(run_id, [{"step": 3, "metrics": {"x": 1}}])
+    assert api.get(f"/api/v1/runs/{run_id}").json()["last_step"] == 10
+
+
+def test_metrics_of_unknown_run_are_404(api):
+    assert api.log(9999, [{"step": 0, "metrics": {"x": 1}}]).status_code == 404
+    assert api.get("/api/v1/runs/9999/metrics").status_code == 404
