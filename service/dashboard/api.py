@@ -1,0 +1,56 @@
+"""JSON routes the dashboard needs beyond API v1, under ``/dashboard-api/`` (not part of the public API).
+
+- ``GET /dashboard-api/audits/{audit_id}/histograms``: histograms of the importance ratio and the
+  advantages of the batch behind an audit (see ``histograms.batch_histograms``). Served from the audit
+  result when the worker stored them there, else computed from the batch's tensors when the server
+  keeps batches (``RLVITALS_KEEP_BATCHES=true``); otherwise 404 saying why.
+
+Reads are open, like API v1's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.concurrency import run_in_threadpool
+from rlvitals.service.api.deps import ServicesDep
+from rlvitals.service.encoding import JSONResponse
+from rlvitals.service.errors import NotFound
+from rlvitals.service.storage import repository as repo
+from sqlalchemy import select
+
+
+def _audit_blob(session, audit_id: int) -> bytes | None:
+    # The one read of a batch's bytes outside the audit worker (repository.get_audit never loads it).
+    return session.execute(select(repo.AUDITS.c.blob).where(repo.AUDITS.c.id == audit_id)).scalar()
+
+
+def audit_histograms(ctx, audit_id: int) -> dict[str, Any]:
+    from rlvitals.service.batches import load_tensors
+    from rlvitals.service.dashboard.histograms import batch_histograms
+
+    with ctx.db.read() as session:
+        row = repo.get_audit(session=session, audit_id=audit_id)
+        if row is None:
+            raise NotFound(f"audit {audit_id} does not exist")
+        stored = (row.get("result") or {}).get("histograms")
+        if stored:
+            return stored
+        blob = _audit_blob(session, audit_id)
+    if blob is None:
+        raise NotFound(
+            f"the tensors of audit {audit_id} were dropped after its audit; start the server with "
+            "RLVITALS_KEEP_BATCHES=true to keep them for the histograms"
+        )
+    return batch_histograms(load_tensors(blob), config=row.get("config") or {})
+
+
+def build_router() -> APIRouter:
+    router = APIRouter(prefix="/dashboard-api", include_in_schema=False)
+
+    @router.get("/audits/{audit_id}/histograms")
+    async def histograms(audit_id: int, services: ServicesDep) -> JSONResponse:
+        return JSONResponse(await run_in_threadpool(audit_histograms, services, audit_id))
+
+    return router

@@ -1,0 +1,506 @@
+// rlvitals dashboard: one run. Panels for the health signals first, then every other metric; alert
+// spans and onset markers on the charts; EMA smoothing, log y, x by step or wall time; zooming fetches
+// full resolution for the visible range; new points, alerts and audits arrive over the SSE stream and
+// are appended with Plotly.extendTraces (no reload, no refetch).
+(function () {
+  "use strict";
+  const RLV = window.RLV;
+  const C = RLV.charts;
+  const pre = RLV.pre;
+  const runId = pre.runId;
+  const base = RLV.apiRun(runId);
+
+  const state = {
+    run: null,
+    maxPoints: pre.maxPoints,
+    overview: new Map(), // name -> {step, value, wall, bad}: downsampled history + live appends
+    viewData: new Map(), // name -> series for the zoomed range (full resolution)
+    view: null, // null (everything) or {start, end} in steps
+    panels: new Map(), // name -> {node, div, drawn, ema}
+    alerts: new Map(), // id -> alert
+    audits: new Map(), // id -> audit
+    latestStep: -Infinity,
+    smoothing: 0,
+    logy: false,
+    xmode: "step",
+    focusStep: null,
+    hasWall: false,
+  };
+  RLV.state = state; // for tests and the curious
+
+  // ---- series bookkeeping --------------------------------------------------------------------------
+  function seriesFor(name) {
+    return state.view ? state.viewData.get(name) || emptySeries() : state.overview.get(name);
+  }
+  function emptySeries() { return { step: [], value: [], wall: null, bad: [] }; }
+
+  function xOf(series) {
+    if (state.xmode === "wall" && series.wall) return series.wall.map(function (w) { return w === null ? null : w * 1000; });
+    return series.step;
+  }
+  // Map a step to the x axis (for shapes): in wall mode, the wall time of the nearest logged step.
+  function stepToX(name) {
+    const s = state.overview.get(name);
+    if (state.xmode !== "wall" || !s || !s.wall || !s.wall.length) return function (step) { return step; };
+    return function (step) {
+      const i = Math.min(s.step.length - 1, C.lowerBound(s.step, step));
+      return s.wall[i] * 1000;
+    };
+  }
+  function xToStep(name, x) {
+    const s = state.overview.get(name);
+    if (state.xmode !== "wall" || !s || !s.wall || !s.wall.length) return x;
+    const t = (typeof x === "number" ? x : Date.parse(String(x).replace(" ", "T") + "Z")) / 1000;
+    const i = Math.min(s.wall.length - 1, C.lowerBound(s.wall, t));
+    return s.step[i];
+  }
+
+  // ---- panels --------------------------------------------------------------------------------------
+  const panelsNode = RLV.$("panels");
+
+  function ensurePanel(name) {
+    let p = state.panels.get(name);
+    if (p) return p;
+    const signal = C.signalOf(name);
+    const title = RLV.el("div", { className: "panel-title" }, name);
+    if (signal && signal !== name) title.appendChild(RLV.el("span", { className: "signal", text: signal }));
+    const div = RLV.el("div", { className: "plot" });
+    const node = RLV.el("div", { className: "panel", dataset: { metric: name } }, title, div);
+    // keep the panel order: health signals first, then by name
+    const order = C.orderMetrics(Array.from(state.panels.keys()).concat([name]));
+    const next = order[order.indexOf(name) + 1];
+    const before = next ? state.panels.get(next).node : null;
+    panelsNode.insertBefore(node, before);
+    p = { name: name, node: node, div: div, drawn: false, ema: C.emaState(), signal: signal };
+    state.panels.set(name, p);
+    RLV.$("panels-empty").hidden = true;
+    return p;
+  }
+
+  // The alerts drawn on a panel: those on its signal (or naming its metric, like non_finite's
+  // evidence), and run-wide ones on the health-signal panels (on every panel when there are few).
+  function alertsFor(p) {
+    return Array.from(state.alerts.values()).filter(function (a) {
+      const named = a.evidence && a.evidence.non_finite && typeof a.evidence.non_finite === "object"
+        ? Object.keys(a.evidence.non_finite) : [];
+      if (named.length) return named.indexOf(p.name) >= 0;
+      const target = a.signal || C.RULE_SIGNAL[a.rule];
+      return target ? target === p.signal : !!p.signal || state.panels.size <= 6;
+    });
+  }
+
+  function shapesFor(p) {
+    const shapes = [];
+    const annotations = [];
+    if (p.signal === C.BAND.signal) shapes.push(C.bandShape(state.logy));
+    const x = stepToX(p.name);
+    for (const a of alertsFor(p)) {
+      for (const s of C.alertShapes(a, x, state.latestStep)) shapes.push(s);
+      annotations.push(C.alertAnnotation(a, x));
+    }
+    const series = state.overview.get(p.name);
+    if (series && series.bad.length) {
+      for (const step of series.bad.slice(-100)) {
+        shapes.push({
+          name: "non-finite", type: "line", xref: "x", yref: "paper", x0: x(step), x1: x(step), y0: 0, y1: 0.08,
+          line: { color: "#dc2626", width: 2 },
+        });
+      }
+    }
+    if (state.focusStep !== null) {
+      shapes.push({
+        name: "focus-step", type: "line", xref: "x", yref: "paper", x0: x(state.focusStep), x1: x(state.focusStep),
+        y0: 0, y1: 1, line: { color: "#111827", width: 1, dash: "dash" },
+      });
+    }
+    return { shapes: shapes, annotations: annotations };
+  }
+
+  function traces(p, series) {
+    const x = xOf(series);
+    p.ema = C.emaState();
+    const smooth = state.smoothing > 0;
+    return [
+      {
+        type: "scatter", mode: "lines", name: RLV.ptext(p.name), x: x, y: series.value,
+        line: { width: 1.2, color: "#2563eb" }, opacity: smooth ? 0.3 : 1, connectgaps: false,
+        hovertemplate: "%{y:.6g}<extra>" + RLV.ptext(p.name) + "</extra>",
+      },
+      {
+        type: "scatter", mode: "lines", name: "EMA", x: x,
+        y: smooth ? C.emaExtend(p.ema, series.value, state.smoothing) : [],
+        line: { width: 1.8, color: "#1e3a8a" }, visible: smooth, connectgaps: true,
+        hovertemplate: "EMA %{y:.6g}<extra></extra>",
+      },
+    ];
+  }
+
+  function layoutFor(p) {
+    const deco = shapesFor(p);
+    const layout = C.layout({
+      logy: state.logy, xdate: state.xmode === "wall" && state.hasWall, shapes: deco.shapes, annotations: deco.annotations,
+    });
+    if (state.view) {
+      const x = stepToX(p.name);
+      layout.xaxis.range = [x(state.view.start), x(state.view.end)];
+      layout.xaxis.autorange = false;
+    } else {
+      layout.xaxis.autorange = true;
+    }
+    layout.uirevision = state.xmode + (state.view ? ":" + state.view.start + "-" + state.view.end : ":all");
+    return layout;
+  }
+
+  function preview(p) {
+    const spans = alertsFor(p).map(function (a) {
+      const last = a.state === "firing" ? Math.max(Number(a.last_step), state.latestStep) : Number(a.last_step);
+      return { x0: Number(a.first_step), x1: last, color: C.SEVERITY_COLOR[a.severity] || "#d97706" };
+    });
+    C.preview(p.div, state.overview.get(p.name) || emptySeries(), { band: p.signal === C.BAND.signal, spans: spans });
+  }
+
+  function draw(p) {
+    const series = seriesFor(p.name) || emptySeries();
+    const first = !p.drawn;
+    p.drawn = true;
+    if (first) RLV.clear(p.div); // drop the preview
+    const done = Plotly.react(p.div, traces(p, series), layoutFor(p), C.PLOT_CONFIG);
+    if (first) p.div.on("plotly_relayout", function (ev) { onRelayout(p, ev); });
+    return done;
+  }
+  function redecorate(p) {
+    if (!p.drawn) return;
+    const deco = shapesFor(p);
+    Plotly.relayout(p.div, { shapes: deco.shapes, annotations: deco.annotations });
+  }
+  function redecorateAll() { for (const p of state.panels.values()) redecorate(p); }
+
+  // Draw panels one per task so the first chart shows at once and the page stays responsive.
+  function drawAll(onlyNew) {
+    const list = Array.from(state.panels.values()).filter(function (p) { return !(onlyNew && p.drawn); });
+    return new Promise(function (resolve) {
+      let i = 0;
+      function nextPanel() {
+        if (i >= list.length) { resolve(); return; }
+        const p = list[i++];
+        Promise.resolve(draw(p)).then(function () { setTimeout(nextPanel, 0); });
+      }
+      nextPanel();
+    });
+  }
+
+  // ---- zoom: full resolution for the visible range -------------------------------------------------
+  let relayoutGuard = false;
+  let zoomTimer = null;
+  function onRelayout(p, ev) {
+    if (relayoutGuard) return;
+    if (ev["xaxis.autorange"]) { setView(null); return; }
+    let r0 = ev["xaxis.range[0]"], r1 = ev["xaxis.range[1]"];
+    if (r0 === undefined && Array.isArray(ev["xaxis.range"])) { r0 = ev["xaxis.range"][0]; r1 = ev["xaxis.range"][1]; }
+    if (r0 === undefined || r1 === undefined) return;
+    const s0 = xToStep(p.name, r0), s1 = xToStep(p.name, r1);
+    setView({ start: Math.floor(Math.min(s0, s1)), end: Math.ceil(Math.max(s0, s1)) });
+  }
+
+  function setView(view) {
+    state.view = view;
+    clearTimeout(zoomTimer);
+    if (!view) {
+      state.viewData.clear();
+      RLV.$("view-info").textContent = "";
+      redrawAll();
+      return;
+    }
+    zoomTimer = setTimeout(fetchView, 120);
+  }
+
+  async function fetchView() {
+    const view = state.view;
+    if (!view) return;
+    const names = Array.from(state.panels.keys());
+    const fetched = new Map();
+    try {
+      for (let i = 0; i < names.length; i += 40) {
+        const chunk = names.slice(i, i + 40);
+        const q = "?names=" + chunk.map(encodeURIComponent).join(",") +
+          "&start=" + view.start + "&end=" + view.end + "&max_points=" + state.maxPoints;
+        const body = await RLV.api(base + "/metrics" + q);
+        for (const name of Object.keys(body.series || {})) fetched.set(name, C.fromApi(body.series[name]));
+      }
+    } catch (err) { RLV.fail(err); return; }
+    if (state.view !== view) return; // superseded by a newer zoom
+    state.viewData = fetched;
+    let shown = 0;
+    for (const s of fetched.values()) shown = Math.max(shown, s.step.length);
+    RLV.$("view-info").textContent = "steps " + view.start + "–" + view.end + " · " + shown + " points per series" +
+      (shown < state.maxPoints ? " (full resolution)" : " (downsampled, extremes kept)");
+    await redrawAll();
+  }
+
+  async function redrawAll() {
+    relayoutGuard = true;
+    try { await drawAll(); } finally { relayoutGuard = false; }
+  }
+
+  // ---- header, alerts, audits ----------------------------------------------------------------------
+  function status() {
+    let worst = "healthy";
+    for (const a of state.alerts.values()) {
+      if (a.state !== "firing") continue;
+      if ((RLV.SEVERITY_RANK[a.severity] || 0) > RLV.SEVERITY_RANK[worst]) worst = a.severity;
+    }
+    return worst;
+  }
+
+  function renderRun(run) {
+    state.run = run;
+    RLV.$("run-name").textContent = run.name;
+    document.title = run.name + " · rlvitals";
+    RLV.$("run-project").textContent = run.project || "";
+    const tags = RLV.clear(RLV.$("run-tags"));
+    for (const t of run.tags || []) tags.appendChild(RLV.el("span", { className: "tag", text: t }));
+    if (typeof run.last_step === "number") state.latestStep = Math.max(state.latestStep, run.last_step);
+    renderLastStep();
+    const tbody = RLV.clear(RLV.$("config-table").tBodies[0]);
+    const rows = [];
+    (function flatten(prefix, obj, depth) {
+      for (const k of Object.keys(obj || {})) {
+        const v = obj[k];
+        const key = prefix ? prefix + "." + k : k;
+        if (v && typeof v === "object" && !Array.isArray(v) && depth < 4) flatten(key, v, depth + 1);
+        else rows.push([key, typeof v === "string" ? v : JSON.stringify(v)]);
+      }
+    })("", run.config, 0);
+    for (const r of rows) tbody.appendChild(RLV.el("tr", {}, RLV.el("td", { text: r[0] }), RLV.el("td", { text: r[1] })));
+    RLV.$("config-box").hidden = rows.length === 0;
+  }
+  function renderLastStep() {
+    RLV.$("run-last-step").textContent = Number.isFinite(state.latestStep) ? String(state.latestStep) : "–";
+  }
+
+  function renderAlerts() {
+    RLV.setBadge(RLV.$("run-status"), status());
+    const list = RLV.clear(RLV.$("alerts-list"));
+    const firing = Array.from(state.alerts.values()).filter(function (a) { return a.state === "firing"; });
+    firing.sort(function (a, b) { return (RLV.SEVERITY_RANK[b.severity] || 0) - (RLV.SEVERITY_RANK[a.severity] || 0); });
+    for (const a of firing) {
+      const since = RLV.el("a", { href: RLV.runPath(runId) + "?step=" + Number(a.first_step), text: "since step " + a.first_step });
+      since.addEventListener("click", function (e) { e.preventDefault(); focusOn(Number(a.first_step)); });
+      list.appendChild(RLV.el("li", { dataset: { rule: a.rule } },
+        RLV.el("span", { className: "chip " + a.severity, text: a.severity }),
+        RLV.el("b", { text: a.rule }), " ", since, " — ", a.message || "", " ",
+        RLV.el("span", { className: "advice", text: a.advice || "" })));
+    }
+    RLV.$("alerts-strip").hidden = firing.length === 0;
+  }
+
+  function auditOk(a) {
+    if (a.status !== "done") return null;
+    const v = a.verdicts || {};
+    return Object.keys(v).every(function (k) { return v[k] && v[k].ok; });
+  }
+  function renderAudits() {
+    const all = Array.from(state.audits.values()).sort(function (a, b) { return b.step - a.step || b.id - a.id; });
+    const bad = all.filter(function (a) { return auditOk(a) === false; }).length;
+    RLV.$("audit-summary").textContent = all.length ? "(" + all.length + (bad ? ", " + bad + " mismatched" : "") + ")" : "";
+    const list = RLV.clear(RLV.$("audits-mini-list"));
+    for (const a of all.slice(0, 5)) {
+      const ok = auditOk(a);
+      const text = ok === null ? a.status : ok ? "reported metrics match the recomputation" : a.explanation || "mismatch";
+      list.appendChild(RLV.el("li", { className: ok === false ? "bad" : "", dataset: { auditId: String(a.id) } },
+        RLV.el("a", { href: RLV.runPath(runId) + "/audits?audit=" + encodeURIComponent(a.id), text: "step " + a.step }),
+        ": " + text));
+    }
+    RLV.$("audits-mini").hidden = all.length === 0;
+  }
+
+  function focusOn(step) {
+    state.focusStep = step;
+    const first = Math.min.apply(null, Array.from(state.overview.values()).map(function (s) { return s.step.length ? s.step[0] : Infinity; }));
+    const span = Math.max(50, Math.round(((Number.isFinite(state.latestStep) ? state.latestStep : step) - (Number.isFinite(first) ? first : 0)) / 20));
+    setView({ start: Math.max(0, step - span), end: step + span });
+  }
+
+  // ---- live events -----------------------------------------------------------------------------------
+  let decoTimer = null;
+  function scheduleRedecorate() {
+    if (decoTimer) return;
+    decoTimer = setTimeout(function () { decoTimer = null; redecorateAll(); }, 250);
+  }
+
+  function appendPoints(payload) {
+    const fresh = new Map(); // name -> {step, value, wall}
+    for (const item of payload.steps || []) {
+      const step = Number(item.step);
+      const wall = typeof item.wall_time === "number" ? item.wall_time : null;
+      const metrics = item.metrics || {};
+      for (const name of Object.keys(metrics)) {
+        let f = fresh.get(name);
+        if (!f) { f = { step: [], value: [], wall: [], bad: [] }; fresh.set(name, f); }
+        const v = RLV.num(metrics[name]);
+        f.step.push(step);
+        f.wall.push(wall);
+        if (v !== null && !Number.isFinite(v)) { f.value.push(null); f.bad.push(step); } else f.value.push(v);
+      }
+      if (step > state.latestStep) state.latestStep = step;
+    }
+    let structural = false;
+    for (const [name, f] of fresh) {
+      let s = state.overview.get(name);
+      const isNew = !s;
+      if (isNew) { s = { step: [], value: [], wall: state.hasWall ? [] : null, bad: [] }; state.overview.set(name, s); }
+      // only what the panel does not have yet (a resend or an event that raced the first fetch)
+      const last = s.step.length ? s.step[s.step.length - 1] : -Infinity;
+      const keep = [];
+      for (let i = 0; i < f.step.length; i++) if (f.step[i] > last) keep.push(i);
+      if (!keep.length) continue;
+      const add = {
+        step: keep.map(function (i) { return f.step[i]; }),
+        value: keep.map(function (i) { return f.value[i]; }),
+        wall: keep.map(function (i) { return f.wall[i]; }),
+      };
+      Array.prototype.push.apply(s.step, add.step);
+      Array.prototype.push.apply(s.value, add.value);
+      if (s.wall) Array.prototype.push.apply(s.wall, add.wall);
+      for (const b of f.bad) if (b > last) { s.bad.push(b); structural = true; }
+      const p = ensurePanel(name);
+      if (isNew || !p.drawn) { draw(p); continue; }
+      if (s.step.length > 3 * state.maxPoints) {
+        state.overview.set(name, C.decimate(s, state.maxPoints));
+        if (!state.view) draw(p);
+        continue;
+      }
+      if (state.view && add.step[0] > state.view.end) continue; // looking at the past: keep the view
+      if (state.view) {
+        const v = state.viewData.get(name);
+        if (!v) continue;
+        Array.prototype.push.apply(v.step, add.step);
+        Array.prototype.push.apply(v.value, add.value);
+        if (v.wall) Array.prototype.push.apply(v.wall, add.wall);
+      }
+      const x = state.xmode === "wall" && s.wall ? add.wall.map(function (w) { return w === null ? null : w * 1000; }) : add.step;
+      const ema = state.smoothing > 0 ? C.emaExtend(p.ema, add.value, state.smoothing) : [];
+      Plotly.extendTraces(p.div, { x: [x, state.smoothing > 0 ? x : []], y: [add.value, ema] }, [0, 1]);
+    }
+    renderLastStep();
+    const firing = Array.from(state.alerts.values()).some(function (a) { return a.state === "firing"; });
+    if (structural || firing) scheduleRedecorate();
+    RLV.timing.lastLivePoint = performance.now();
+  }
+
+  function onAlert(alert) {
+    state.alerts.set(alert.id, alert);
+    renderAlerts();
+    redecorateAll();
+  }
+  function onAudit(audit) {
+    state.audits.set(audit.id, audit);
+    renderAudits();
+  }
+
+  async function catchUp() {
+    // The stream dropped and came back: fetch what was logged meanwhile (steps after the last seen).
+    if (!Number.isFinite(state.latestStep)) return;
+    try {
+      const body = await RLV.api(base + "/metrics?start=" + (state.latestStep + 1) + "&max_points=0");
+      const steps = new Map();
+      for (const name of Object.keys(body.series || {})) {
+        const s = body.series[name];
+        (s.step || []).forEach(function (step, i) {
+          let item = steps.get(step);
+          if (!item) { item = { step: step, metrics: {}, wall_time: s.wall_time ? s.wall_time[i] : null }; steps.set(step, item); }
+          item.metrics[name] = s.value[i];
+        });
+      }
+      appendPoints({ steps: Array.from(steps.values()).sort(function (a, b) { return a.step - b.step; }) });
+      const alerts = await RLV.api(base + "/alerts");
+      for (const a of alerts.data || []) state.alerts.set(a.id, a);
+      renderAlerts();
+      redecorateAll();
+    } catch (err) { RLV.fail(err); }
+  }
+
+  function onEvent(type, data) {
+    if (type === "points") appendPoints(data);
+    else if (type === "alert") onAlert(data);
+    else if (type === "audit") onAudit(data);
+    else if (type === "_state" && data === "reopen") catchUp();
+  }
+
+  // ---- controls --------------------------------------------------------------------------------------
+  function wireControls() {
+    const slider = RLV.$("smoothing");
+    let smoothTimer = null;
+    slider.addEventListener("input", function () {
+      state.smoothing = Number(slider.value);
+      RLV.$("smoothing-value").textContent = slider.value;
+      clearTimeout(smoothTimer);
+      smoothTimer = setTimeout(redrawAll, 60);
+    });
+    RLV.$("logy").addEventListener("change", function (e) { state.logy = e.target.checked; redrawAll(); });
+    RLV.$("xmode").addEventListener("change", function (e) { state.xmode = e.target.value; redrawAll(); });
+    RLV.$("reset-zoom").addEventListener("click", function () { state.focusStep = null; setView(null); });
+    RLV.$("audits-link").setAttribute("href", RLV.safeHref(RLV.runPath(runId) + "/audits"));
+    RLV.$("compare-link").setAttribute("href", RLV.safeHref("/compare?runs=" + encodeURIComponent(runId)));
+  }
+
+  function nextFrame() {
+    return new Promise(function (resolve) { requestAnimationFrame(function () { setTimeout(resolve, 0); }); });
+  }
+
+  // ---- start -----------------------------------------------------------------------------------------
+  async function main() {
+    wireControls();
+    pre.run.then(renderRun, RLV.fail);
+    let metrics, alerts;
+    try {
+      [metrics, alerts] = await Promise.all([pre.metrics, pre.alerts]);
+    } catch (err) {
+      RLV.fail(err);
+      return;
+    }
+    for (const a of alerts.data || []) state.alerts.set(a.id, a);
+    const series = metrics.series || {};
+    for (const name of Object.keys(series)) {
+      const s = C.fromApi(series[name]);
+      if (s.wall) state.hasWall = true;
+      state.overview.set(name, s);
+      if (s.step.length) state.latestStep = Math.max(state.latestStep, s.step[s.step.length - 1]);
+    }
+    const xsel = RLV.$("xmode");
+    xsel.options[1].disabled = !state.hasWall;
+    if (!state.hasWall) xsel.title = "this server does not send wall times";
+    renderAlerts();
+    renderLastStep();
+    const names = C.orderMetrics(Array.from(state.overview.keys()));
+    for (const name of names) ensurePanel(name);
+    RLV.$("panels-empty").hidden = names.length > 0;
+
+    const focus = Number(new URLSearchParams(window.location.search).get("step"));
+    if (names.length) {
+      // The first chart, now, as a preview: this is the "open" time the tests measure.
+      preview(state.panels.get(names[0]));
+      await nextFrame();
+      RLV.timing.firstChart = performance.now();
+      for (const name of names.slice(1)) preview(state.panels.get(name));
+    }
+    // Then the interactive charts: boot plotly.js (already downloaded) and replace the previews.
+    try {
+      await RLV.loadScript(RLV.$("plotly-src").getAttribute("href"));
+    } catch (err) {
+      RLV.fail(err);
+      return;
+    }
+    RLV.timing.plotlyReady = performance.now();
+    await drawAll(true);
+    RLV.timing.allCharts = performance.now();
+    pre.events.attach(onEvent);
+    if (Number.isFinite(focus) && new URLSearchParams(window.location.search).has("step")) focusOn(focus);
+    RLV.api(base + "/audits").then(function (body) {
+      for (const a of body.data || []) if (!state.audits.has(a.id)) state.audits.set(a.id, a);
+      renderAudits();
+    }, RLV.fail);
+  }
+
+  main();
+})();
