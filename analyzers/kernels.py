@@ -169,7 +169,12 @@ class TokenBatch:
 
     def kl_rows(self, kind: KLType | str) -> Tensor:
         """Row sums ``(batch,)`` float64 of the forward value of a KL estimator (``+`` has k's value)."""
-        base = KLType(kind).base
+        kind = KLType(kind)
+        if kind.straight_through and not self._k2_finite():
+            # verl's k2 - k2.detach() + f.detach() is NaN wherever k2 is not finite, even where the
+            # clamped forward estimator is: NaN rows send the batch to the reference path
+            return torch.full((self.shape[0],), math.nan, dtype=torch.float64)
+        base = kind.base
         key = ("kl", base)
         hit = self._cache.get(key)
         if hit is not None:
@@ -187,6 +192,14 @@ class TokenBatch:
         rows = value.mul_(self.m).sum(dim=-1, dtype=torch.float64)
         self._cache[key] = rows
         return rows
+
+    def _k2_finite(self) -> bool:
+        hit = self._cache.get("k2_finite")
+        if hit is None:
+            diff = torch.sub(self._t("log_prob"), self._t("ref_log_prob")).view(-1)
+            hit = math.isfinite(float(torch.dot(diff, diff)))
+            self._cache["k2_finite"] = hit
+        return hit
 
     def entropy_rows(self) -> Tensor:
         hit = self._cache.get("entropy")

@@ -277,12 +277,15 @@ def test_token_mean_with_global_token_count_adds_up_over_micro_batches() -> None
     st.lists(st.floats(-60, 60, allow_nan=False), min_size=1, max_size=40),
 )
 def test_k3_is_never_negative(a: list[float], b: list[float]) -> None:
+    # exactly: e^d - d - 1 >= 0. In floating point the cancellation near d = 0 can leave a few ulps
+    # of 1 below zero (d = 1e-8 gives -1.1e-16 in float64), never more.
     n = min(len(a), len(b))
     logp = torch.tensor([a[:n]], dtype=torch.float64)
     ref = torch.tensor([b[:n]], dtype=torch.float64)
     for kind in ("k3", "low_var_kl", "k3+"):
-        assert bool((kl_penalty(logp, ref, kind) >= 0).all())
-    assert bool((kl_penalty(logp.float(), ref.float(), "k3") >= 0).all())
+        assert bool((kl_penalty(logp, ref, kind) >= -4 * torch.finfo(torch.float64).eps).all())
+    assert bool((kl_penalty(logp.float(), ref.float(), "k3") >= -4 * torch.finfo(torch.float32).eps).all())
+    assert bool((kl_penalty(logp, ref, "k3") <= 10).all())  # and the upper clamp holds
 
 
 @pytest.mark.parametrize("kind", ["kl+", "k1+", "abs+", "mse+", "k2+", "low_var_kl+", "k3+"])
