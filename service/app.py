@@ -27,7 +27,7 @@ from rlvitals.service.auth import Authenticator
 from rlvitals.service.context import Services
 from rlvitals.service.encoding import JSONResponse
 from rlvitals.service.errors import install_error_handlers
-from rlvitals.service.events import LocalBus, PostgresBus
+from rlvitals.service.events import EventBus, LocalBus, PostgresBus, SqliteLogBus
 from rlvitals.service.health import HealthEngine
 from rlvitals.service.settings import Settings
 from rlvitals.service.storage.database import Database
@@ -41,11 +41,13 @@ log = logging.getLogger("rlvitals.service")
 
 def build_services(settings: Settings) -> Services:
     db = Database(settings.resolved_database_url, pool_size=settings.db_pool_size)
-    bus = (
-        PostgresBus(db, queue_size=settings.sse_queue_size)
-        if db.is_postgresql
-        else LocalBus(queue_size=settings.sse_queue_size)
-    )
+    bus: EventBus
+    if db.is_postgresql:
+        bus = PostgresBus(db, queue_size=settings.sse_queue_size)
+    elif settings.workers > 1:  # worker processes share one SQLite file: tail an event table
+        bus = SqliteLogBus(db, queue_size=settings.sse_queue_size)
+    else:
+        bus = LocalBus(queue_size=settings.sse_queue_size)
     telemetry = Telemetry()
     health = HealthEngine(settings)
     return Services(

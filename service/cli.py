@@ -24,7 +24,7 @@ def register(subparsers) -> None:
         "--database-url",
         help="sqlite:///path.db (default: .rlvitals/rlvitals.db) or postgresql+psycopg://...",
     )
-    serve.add_argument("--workers", type=int, help="worker processes (needs PostgreSQL when > 1)")
+    serve.add_argument("--workers", type=int, help="worker processes sharing the port (default 1)")
     serve.add_argument(
         "--insecure",
         action="store_true",
@@ -88,7 +88,6 @@ def _serve(args: argparse.Namespace) -> int:
     db = _database(settings)
     try:
         has_keys = keys_exist(db)
-        dialect = db.dialect
     finally:
         db.dispose()
     if not settings.host_is_loopback and not has_keys and not settings.insecure:
@@ -96,13 +95,6 @@ def _serve(args: argparse.Namespace) -> int:
             f"rlvitals serve: refusing to bind {settings.host}: no API key exists, so anyone who can reach "
             "this address could write. Create one with `rlvitals keys create` (then send "
             "Authorization: Bearer <key>), bind 127.0.0.1, or pass --insecure.",
-            file=sys.stderr,
-        )
-        return 2
-    if settings.workers > 1 and dialect != "postgresql":
-        print(
-            "rlvitals serve: --workers > 1 needs PostgreSQL (live events and audit jobs are shared "
-            "between processes through it); use one worker on SQLite.",
             file=sys.stderr,
         )
         return 2

@@ -1,8 +1,10 @@
 """Live events for SSE clients: new points, alert transitions, audit results.
 
-Two buses with one interface:
+Three buses with one interface:
 
 - ``LocalBus`` (SQLite, one process): events fan out in-process to the subscribers' asyncio queues.
+- ``SqliteLogBus`` (SQLite, ``--workers N``): writers append events to the ``event_payloads`` table
+  in their transaction; every worker process tails it (every 50 ms) and fans out to its subscribers.
 - ``PostgresBus`` (scale-out): events are sent with ``pg_notify`` inside the writer's transaction
   (so they leave only on commit) and every replica LISTENs on a dedicated psycopg connection and fans
   them out to its own subscribers. Payloads over NOTIFY's 8000-byte limit travel by reference through
@@ -244,3 +246,63 @@ class PostgresBus(EventBus):
             )
         except (ValueError, KeyError, TypeError) as exc:
             log.warning("ignoring malformed event notification: %s", exc)
+
+
+class SqliteLogBus(EventBus):
+    """Events shared by the worker processes of one SQLite database through a tailed table."""
+
+    POLL = 0.05  # seconds between tails
+    KEEP = 120.0  # seconds events stay in the table
+
+    def __init__(self, db: Database, *, queue_size: int = 1000):
+        super().__init__(queue_size=queue_size)
+        self.db = db
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_id = 0
+        self._staged = 0
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().start(loop)
+        with self.db.read() as session:
+            self._last_id = repo.last_event_payload_id(session=session)
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._tail, name="rlvitals-tail", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        super().stop()
+
+    def stage(self, *, session: Session, events: list[Event]) -> None:
+        now = time.time()
+        for event in events:
+            payload = dumps({"run_id": event.run_id, "kind": event.kind, "data": event.data})
+            repo.store_event_payload(session=session, payload=payload, now=now)
+        self._staged += 1
+        if self._staged % 500 == 0:
+            repo.prune_event_payloads(session=session, before=now - self.KEEP)
+
+    def _tail(self) -> None:
+        while not self._stop.wait(self.POLL):
+            try:
+                with self._lock:
+                    wanted = set(self._subs)
+                with self.db.read() as session:
+                    rows = repo.event_payloads_after(session=session, after_id=self._last_id)
+            except Exception as exc:  # database busy or away: try again at the next tick
+                log.warning("reading the event log failed: %s", exc)
+                continue
+            for payload_id, payload in rows:
+                self._last_id = payload_id
+                if not wanted:
+                    continue
+                try:
+                    message = json.loads(payload)
+                    if int(message["run_id"]) in wanted:
+                        data = json.dumps(message["data"], separators=(",", ":"))
+                        self._deliver(int(message["run_id"]), sse_frame(message["kind"], data))
+                except (ValueError, KeyError, TypeError) as exc:
+                    log.warning("ignoring malformed event row %s: %s", payload_id, exc)

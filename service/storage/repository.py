@@ -452,3 +452,14 @@ def touch_firing_alerts(*, session: Session, run_id: int, step: int, now: float)
         .where(ALERTS.c.run_id == run_id, ALERTS.c.state == "firing", ALERTS.c.last_step < step)
         .values(last_step=step, updated_at=now)
     )
+
+
+def last_event_payload_id(*, session: Session) -> int:
+    return session.execute(select(func.coalesce(func.max(EVENTS.c.id), 0))).scalar_one()
+
+
+def event_payloads_after(*, session: Session, after_id: int, limit: int = 1000) -> list[tuple[int, str]]:
+    rows = session.execute(
+        select(EVENTS.c.id, EVENTS.c.payload).where(EVENTS.c.id > after_id).order_by(EVENTS.c.id).limit(limit)
+    ).all()
+    return [(r[0], r[1]) for r in rows]
