@@ -14,14 +14,16 @@ Feed it points in step order::
 Episodes: a rule's check is *active* or not at each point it has an opinion on. ``fire_after``
 consecutive active checks open an episode (one ``"firing"`` finding, ``onset_step`` = first of them);
 ``resolve_after`` consecutive inactive checks close it (one ``"resolved"`` finding). Points a rule has
-no opinion on (signal absent or non-finite) change nothing. Each call is O(number of metrics + rules).
+no opinion on (signal absent or non-finite) change nothing. Severity only rises within an episode: an
+escalation (warning -> critical) updates the open finding returned by ``firing()`` and is inherited by
+the resolved finding, without a new transition. Each call is O(number of metrics + rules).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from . import event_rules as _event_rules  # noqa: F401  (registers the built-in rules)
@@ -187,6 +189,7 @@ class HealthMonitor:
         if check.active:
             episode.clear_streak = 0
             if episode.open is not None:
+                self._escalate(episode, settings, rule, step, check)
                 return None
             if episode.active_streak == 0:
                 episode.streak_onset = step
@@ -233,6 +236,32 @@ class HealthMonitor:
             message=check.message or f"{rule_id} resolved",
             advice=opened.advice,
         )
+
+    @staticmethod
+    def _escalate(
+        episode: _Episode, settings: Mapping[str, Any], rule: Rule, step: int, check: Check
+    ) -> None:
+        """Severity only rises within an episode: the open finding (what ``firing()`` shows, and what the
+        resolved finding inherits) takes the new severity, message and evidence. No new transition."""
+        opened = episode.open
+        if opened is None or settings["severity"] is not None:
+            return
+        severity = Severity(check.severity or rule.severity)
+        if _RANK[severity] <= _RANK[opened.severity]:
+            return
+        evidence = dict(check.evidence)
+        evidence["escalated_at_step"] = step
+        episode.open = replace(
+            opened,
+            severity=severity,
+            value=check.value,
+            evidence=evidence,
+            message=check.message or opened.message,
+            advice=check.advice or opened.advice,
+        )
+
+
+_RANK = {Severity.WARNING: 0, Severity.CRITICAL: 1}
 
 
 def _step(step: Any) -> int:

@@ -9,10 +9,11 @@ The event rules (non_finite, zero_advantage_groups, audit_mismatch) live in :mod
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from .detectors import DETECTORS, Ewma, Hysteresis, RobustBaseline, make_detector
+from .detectors import DETECTORS, MEAN_ABS_TO_SIGMA, Ewma, Hysteresis, RobustBaseline, make_detector
 from .findings import Check, Severity
 from .registry import Rule, RuleId, register_rule, require
 from .runconfig import updates_per_batch
@@ -29,7 +30,9 @@ class PgClipfracRange(Rule):
     """pg_clipfrac (share of tokens where the PPO clip is active) outside its healthy band.
 
     The smoothed value (EWMA, ``alpha``) must leave [``low``, ``high``] to open an episode and come back
-    inside [low + margin, high − margin] to close it. With one optimizer update per rollout batch
+    inside [low + margin, high − margin] to close it, where the margin is the larger of ``margin`` and
+    ``noise_margin`` standard deviations of the smoothed value (learnt from the series), so a noisy series
+    hovering at a threshold stays one episode instead of flapping. With one optimizer update per rollout batch
     (inferred from the run config, or ``updates_per_batch``) old_log_prob equals log_prob, the ratio is 1
     and pg_clipfrac is 0 by construction: the low side does not apply, and any raw value above
     ``single_update_tol`` means the rollout's old_log_prob is not what the actor computes (mismatch).
@@ -41,12 +44,13 @@ class PgClipfracRange(Rule):
         "low": 0.1,
         "high": 0.3,
         "margin": 0.02,
-        "alpha": 0.2,
+        "noise_margin": 4.0,
+        "alpha": 0.1,
         "single_update_tol": 0.0,
         "updates_per_batch": 0,
     }
     fire_after = 5
-    resolve_after = 10
+    resolve_after = 20
     advice = (
         "Too high: each update moves the policy too far; lower the learning rate or the updates per batch "
         "(ppo_epochs, fewer/larger mini-batches) and check for rollout/actor log-prob mismatch. Too low: "
@@ -63,6 +67,7 @@ class PgClipfracRange(Rule):
             s["margin"] >= 0.0 and s["low"] + s["margin"] < s["high"] - s["margin"], rid, "margin too wide"
         )
         require(0.0 < s["alpha"] <= 1.0, rid, f"alpha must be in (0, 1], got {s['alpha']}")
+        require(s["noise_margin"] >= 0.0, rid, "noise_margin must be >= 0")
         require(s["single_update_tol"] >= 0.0, rid, "single_update_tol must be >= 0")
         require(
             s["updates_per_batch"] >= 0, rid, "updates_per_batch must be >= 0 (0 = infer from run_config)"
@@ -76,6 +81,7 @@ class PgClipfracRange(Rule):
         else:
             self.updates, self.updates_source = updates_per_batch(run_config)
         self.ewma = Ewma(alpha=settings["alpha"])
+        self.noise = Ewma(alpha=settings["alpha"])  # mean |x - smoothed| (innovation size)
         self.side: str | None = None
 
     def observe(self, step: int, signals: Mapping[str, float], metrics: Mapping[str, float]) -> Check | None:
@@ -104,8 +110,14 @@ class PgClipfracRange(Rule):
                     "compare the two log-probs per token and consider truncated importance sampling."
                 ),
             )
+        if self.ewma.value is not None:
+            self.noise.update(abs(x - self.ewma.value))
         m = self.ewma.update(x)
-        low, high, margin = s["low"], s["high"], s["margin"]
+        low, high = s["low"], s["high"]
+        # release margin: at least `margin`, and `noise_margin` standard deviations of the smoothed value
+        alpha = s["alpha"]
+        smoothed_sd = MEAN_ABS_TO_SIGMA * (self.noise.value or 0.0) * math.sqrt(alpha / (2.0 - alpha))
+        margin = min(max(s["margin"], s["noise_margin"] * smoothed_sd), 0.45 * (high - low))
         if (self.side == "high" and m < high - margin) or (self.side == "low" and m > low + margin):
             self.side = None
         if self.side is None:
@@ -140,10 +152,11 @@ class PgClipfracRange(Rule):
         )
 
     def state_dict(self) -> dict[str, Any]:
-        return {"ewma": self.ewma.state_dict(), "side": self.side}
+        return {"ewma": self.ewma.state_dict(), "noise": self.noise.state_dict(), "side": self.side}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         _load(self.ewma, state.get("ewma"))
+        _load(self.noise, state.get("noise"))
         self.side = state.get("side")
 
 
@@ -152,11 +165,15 @@ class PpoKlDrift(Rule):
     """ppo_kl (old vs new policy, the size of one update) drifting up from its own robust baseline.
 
     Baseline: :class:`RobustBaseline` (median/MAD over ``warmup`` points, then clipped EWMA updates with
-    rate ``alpha``). Residuals are standardized, clipped to ±``z_clip`` and fed to a drift detector
+    rate ``alpha``; its scale is floored at ``rel_floor``·|baseline| + ``abs_floor``, so numerically-zero
+    ppo_kl, as with one update per batch, does not turn rounding noise into drift). Residuals are standardized, clipped to ±``z_clip`` and fed to a drift detector
     (``detector``: "cusum" or "page_hinkley", slack ``k``, threshold ``h``, capped at 2h so recovery is
     prompt). Also fires when ppo_kl exceeds the absolute ``ceiling`` (critical) and when its smoothed value
     stays below −``negative_tol`` (ppo_kl estimates KL(π_old‖π_θ) on tokens sampled from π_old; it cannot
-    be persistently negative unless old_log_prob is not the sampling policy's).
+    be persistently negative unless old_log_prob is not the sampling policy's). The baseline is frozen
+    while any condition holds, so it never chases the drift; a drift that persists for
+    ``rebaseline_after`` points is accepted as the new level (the baseline is re-learnt and the episode
+    resolves, saying so).
     """
 
     signal = Signal.PPO_KL.value
@@ -168,10 +185,12 @@ class PpoKlDrift(Rule):
         "h": 14.0,
         "z_clip": 5.0,
         "rel_floor": 0.25,
+        "abs_floor": 1e-4,
         "detector": "cusum",
         "ceiling": 0.05,
         "negative_tol": 1e-4,
         "negative_alpha": 0.1,
+        "rebaseline_after": 300,
     }
     fire_after = 3
     resolve_after = 10
@@ -193,6 +212,7 @@ class PpoKlDrift(Rule):
             s["rel_floor"] >= 0.0 and s["negative_tol"] >= 0.0, rid, "rel_floor, negative_tol must be >= 0"
         )
         require(s["ceiling"] > 0.0, rid, "ceiling must be > 0 (use inf to disable)")
+        require(s["rebaseline_after"] >= 1, rid, "rebaseline_after must be >= 1")
         require(
             s["detector"] in DETECTORS,
             rid,
@@ -202,12 +222,27 @@ class PpoKlDrift(Rule):
     def __init__(self, settings: Mapping[str, Any], run_config: Mapping[str, Any]) -> None:
         super().__init__(settings, run_config)
         s = settings
-        self.baseline = RobustBaseline(alpha=s["alpha"], warmup=s["warmup"], rel_floor=s["rel_floor"])
+        self.baseline = RobustBaseline(
+            alpha=s["alpha"], warmup=s["warmup"], rel_floor=s["rel_floor"], abs_floor=s["abs_floor"]
+        )
         self.detector = make_detector(s["detector"], k=s["k"], cap=2.0 * s["h"])
         self.drift = Hysteresis(on=s["h"], off=0.5 * s["h"])
         self.ceiling = Hysteresis(on=s["ceiling"], off=0.8 * s["ceiling"])
         self.smoothed = Ewma(alpha=s["negative_alpha"])
         self.negative = Hysteresis(on=-s["negative_tol"], off=-0.5 * s["negative_tol"], upward=False)
+        self.drift_points = 0
+        self.rebaselined_at: int | None = None
+
+    def _rebaseline(self, step: int) -> None:
+        """Accept a persistent new level: learn the baseline afresh from the next points."""
+        s = self.settings
+        self.baseline = RobustBaseline(
+            alpha=s["alpha"], warmup=s["warmup"], rel_floor=s["rel_floor"], abs_floor=s["abs_floor"]
+        )
+        self.detector = make_detector(s["detector"], k=s["k"], cap=2.0 * s["h"])
+        self.drift.active = False
+        self.drift_points = 0
+        self.rebaselined_at = step
 
     def observe(self, step: int, signals: Mapping[str, float], metrics: Mapping[str, float]) -> Check | None:
         x = signals.get(self.signal)
@@ -223,6 +258,7 @@ class PpoKlDrift(Rule):
             drifting = self.drift.update(self.detector.update(z))
         else:
             drifting = False
+        self.drift_points = self.drift_points + 1 if drifting else 0
         evidence = {
             "baseline": self.baseline.center if self.baseline.ready else None,
             "scale_up": self.baseline.scale_up if self.baseline.ready else None,
@@ -234,8 +270,14 @@ class PpoKlDrift(Rule):
             "ceiling": s["ceiling"],
             "smoothed": m,
             "negative_tol": s["negative_tol"],
+            "drift_points": self.drift_points,
+            "rebaselined_at": self.rebaselined_at,
         }
-        self.baseline.update(x)
+        if self.drift_points >= s["rebaseline_after"]:
+            self._rebaseline(step)
+            drifting = False
+        elif not (drifting or above_ceiling or negative):
+            self.baseline.update(x)  # frozen during an episode, so the baseline never chases the drift
         conditions = [
             name
             for name, on in (("ceiling", above_ceiling), ("drift_up", drifting), ("negative", negative))
@@ -243,7 +285,13 @@ class PpoKlDrift(Rule):
         ]
         evidence["conditions"] = conditions
         if not conditions:
-            return Check(active=False, value=x, evidence=evidence, message="ppo_kl is back near its baseline")
+            accepted = self.rebaselined_at is not None and step - self.rebaselined_at <= 2 * s["warmup"]
+            message = (
+                f"ppo_kl stayed at its new level for {s['rebaseline_after']} points; accepted as its new baseline"
+                if accepted
+                else "ppo_kl is back near its baseline"
+            )
+            return Check(active=False, value=x, evidence=evidence, message=message)
         if "negative" in conditions and len(conditions) == 1:
             return Check(
                 active=True,
@@ -278,11 +326,15 @@ class PpoKlDrift(Rule):
             "ceiling": self.ceiling.state_dict(),
             "smoothed": self.smoothed.state_dict(),
             "negative": self.negative.state_dict(),
+            "drift_points": self.drift_points,
+            "rebaselined_at": self.rebaselined_at,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         for name in ("baseline", "detector", "drift", "ceiling", "smoothed", "negative"):
             _load(getattr(self, name), state.get(name))
+        self.drift_points = int(state.get("drift_points", 0))
+        self.rebaselined_at = state.get("rebaselined_at")
 
 
 @register_rule(RuleId.PG_CLIPFRAC_LOWER_HIGH)

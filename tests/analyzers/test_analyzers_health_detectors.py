@@ -1,0 +1,124 @@
+"""Streaming detectors: the formulas, robustness to spikes, hysteresis, and exact state round-trips."""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+
+import pytest
+from rlvitals.analyzers.health import DETECTORS, DuplicateRuleError, UnknownRuleError, register_detector
+from rlvitals.analyzers.health.detectors import (
+    Cusum,
+    Ewma,
+    Hysteresis,
+    PageHinkley,
+    RobustBaseline,
+    make_detector,
+)
+
+
+def test_ewma_follows_its_recursion():
+    ewma = Ewma(alpha=0.25)
+    assert ewma.update(4.0) == 4.0
+    assert ewma.update(8.0) == 5.0
+    assert ewma.update(1.0) == 4.0 and ewma.count == 3
+
+
+def test_cusum_matches_page_recursion_and_cap():
+    cusum = Cusum(k=0.5, cap=3.0)
+    trace = [cusum.update(z) for z in (1.0, 2.0, -5.0, 4.0, 4.0)]
+    assert trace == [0.5, 2.0, 0.0, 3.0, 3.0]
+
+
+def test_page_hinkley_equals_cumulative_minus_minimum():
+    ph = PageHinkley(k=0.1)
+    zs = [0.2, -0.1, 0.3, 2.0, 2.5, 3.0]
+    cumulative, minimum, mean = 0.0, 0.0, 0.0
+    for i, z in enumerate(zs, start=1):
+        mean += (z - mean) / i
+        cumulative += z - mean - 0.1
+        minimum = min(minimum, cumulative)
+        assert ph.update(z) == pytest.approx(cumulative - minimum)
+
+
+def test_robust_baseline_warmup_is_median_and_mad():
+    rng = random.Random(0)
+    values = [rng.gauss(5.0, 2.0) for _ in range(200)]
+    baseline = RobustBaseline(warmup=200, rel_floor=0.0)
+    for v in values:
+        baseline.update(v)
+    assert baseline.ready
+    assert baseline.center == pytest.approx(statistics.median(values))
+    assert baseline.scale == pytest.approx(2.0, rel=0.2)
+
+
+def test_robust_baseline_ignores_a_spike_and_follows_a_slow_trend():
+    baseline = RobustBaseline(alpha=0.02, warmup=20, rel_floor=0.0)
+    rng = random.Random(1)
+    for _ in range(100):
+        baseline.update(1.0 + rng.gauss(0, 0.1))
+    before = baseline.center
+    baseline.update(1000.0)
+    assert abs(baseline.center - before) < 0.01
+    for i in range(2000):
+        baseline.update(1.0 + i * 5e-4 + rng.gauss(0, 0.1))
+    assert baseline.center == pytest.approx(2.0, abs=0.15)
+
+
+def test_robust_baseline_scales_are_one_sided_for_skewed_series():
+    rng = random.Random(2)
+    baseline = RobustBaseline(alpha=0.01, warmup=50, rel_floor=0.0)
+    for _ in range(5000):
+        baseline.update(rng.lognormvariate(0, 0.5))
+    assert baseline.scale_up > 1.3 * baseline.scale_down
+
+
+def test_hysteresis_needs_to_cross_back_past_off():
+    latch = Hysteresis(on=1.0, off=0.5)
+    assert [latch.update(x) for x in (0.9, 1.1, 0.8, 0.6, 0.4, 0.9)] == [
+        False,
+        True,
+        True,
+        True,
+        False,
+        False,
+    ]
+    down = Hysteresis(on=0.2, off=0.4, upward=False)
+    assert [down.update(x) for x in (0.3, 0.1, 0.3, 0.5, 0.3)] == [False, True, True, False, False]
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: RobustBaseline(alpha=0.05, warmup=10),
+        lambda: Cusum(k=0.5, cap=10.0),
+        lambda: PageHinkley(k=0.5, cap=10.0),
+        lambda: Ewma(alpha=0.3),
+        lambda: Hysteresis(on=1.0, off=0.2),
+    ],
+)
+def test_detector_state_round_trip_continues_identically(make):
+    rng = random.Random(3)
+    xs = [rng.gauss(0.5, 1.0) for _ in range(300)]
+    original = make()
+    for x in xs[:150]:
+        original.update(x)
+    restored = make()
+    restored.load_state_dict(json.loads(json.dumps(original.state_dict())))
+    for x in xs[150:]:
+        assert original.update(x) == restored.update(x)
+    assert original.state_dict() == restored.state_dict()
+
+
+def test_detector_state_excludes_parameters():
+    assert set(Cusum(k=1.0, cap=5.0).state_dict()) == {"statistic"}
+    assert "alpha" not in RobustBaseline().state_dict()
+
+
+def test_detector_registry_rejects_unknown_and_duplicate_names():
+    assert set(DETECTORS) >= {"cusum", "page_hinkley"}
+    with pytest.raises(UnknownRuleError, match="cusum, page_hinkley"):
+        make_detector("adwin", k=1.0, cap=10.0)
+    with pytest.raises(DuplicateRuleError):
+        register_detector("cusum")(Cusum)
