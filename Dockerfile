@@ -1,0 +1,38 @@
+# rlvitals server image: CPU-only torch (the audits need no GPU), the server extra, a non-root user.
+#
+#   docker build -t rlvitals .
+#   docker run -p 127.0.0.1:8000:8000 -v rlvitals-data:/var/lib/rlvitals rlvitals serve --host 0.0.0.0 --insecure
+#
+# The image's entrypoint is the `rlvitals` command; its default command serves on 0.0.0.0:8000 with the
+# embedded SQLite database in the /var/lib/rlvitals volume. docker-compose.yml runs it on PostgreSQL.
+# The server refuses a non-loopback address while no API key exists: create one first
+# (`rlvitals keys create`, see docs/readme/deploy.md) or pass --insecure on a trusted network.
+
+FROM python:3.11-slim AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python -m venv /opt/rlvitals
+ENV PATH=/opt/rlvitals/bin:$PATH
+# CPU torch first: an unpinned torch would pull a multi-GB CUDA build.
+RUN pip install "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu
+WORKDIR /src
+COPY pyproject.toml setup.py README.md ./
+COPY src ./src
+COPY analyzers ./analyzers
+COPY client ./client
+COPY service ./service
+RUN pip install ".[server]" && rlvitals --help >/dev/null
+
+FROM python:3.11-slim
+RUN useradd --system --uid 10001 --home-dir /var/lib/rlvitals --create-home rlvitals
+COPY --from=build /opt/rlvitals /opt/rlvitals
+ENV PATH=/opt/rlvitals/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    RLVITALS_DATA_DIR=/var/lib/rlvitals
+USER rlvitals
+WORKDIR /var/lib/rlvitals
+VOLUME ["/var/lib/rlvitals"]
+EXPOSE 8000
+HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=5 \
+    CMD ["python", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=4).status != 200)"]
+ENTRYPOINT ["rlvitals"]
+CMD ["serve", "--host", "0.0.0.0", "--port", "8000"]
