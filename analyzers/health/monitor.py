@@ -72,8 +72,12 @@ class HealthMonitor:
         settings: Mapping[str, Mapping[str, Any]] | None = None,
         run_config: Mapping[str, Any] | None = None,
     ) -> None:
-        self._overrides = _copy_overrides(settings)
-        merged = resolve_settings(self._overrides)
+        merged = resolve_settings(settings)
+        # what state_dict() persists: the overrides, normalised to plain JSON types
+        self._overrides = {
+            str(rule_id): {str(key): _plain_setting(merged[str(rule_id)][str(key)]) for key in values}
+            for rule_id, values in (settings or {}).items()
+        }
         self._config = flatten_config(run_config)
         self._settings = merged
         self._rules: dict[str, Rule] = {}
@@ -135,7 +139,7 @@ class HealthMonitor:
             {
                 "version": STATE_VERSION,
                 "settings": self._overrides,
-                "run_config": self._config,
+                "run_config": self._persisted_config(),
                 "last_step": self.last_step,
                 "rules": {
                     rule_id: {"rule": rule.state_dict(), "episode": self._episodes[rule_id].state_dict()}
@@ -156,8 +160,10 @@ class HealthMonitor:
         if not isinstance(state, Mapping) or state.get("version") != STATE_VERSION:
             raise HealthError(f"unsupported health monitor state (expected version {STATE_VERSION})")
         state = decode_floats(state)
+        if settings is None:  # saved settings of rules no longer registered are dropped, not an error
+            settings = {k: v for k, v in (state.get("settings") or {}).items() if k in RULES}
         monitor = cls(
-            settings=state.get("settings") if settings is None else settings,
+            settings=settings,
             run_config=state.get("run_config") if run_config is None else run_config,
         )
         monitor.last_step = state.get("last_step")
@@ -170,6 +176,12 @@ class HealthMonitor:
         return monitor
 
     # ------------------------------------------------------------------ internals
+
+    def _persisted_config(self) -> dict[str, Any]:
+        """The run-config keys the enabled rules read (``Rule.config_keys``, prefixes ending in '.')."""
+        keys = {key for rule in self._rules.values() for key in rule.config_keys}
+        prefixes = tuple(key for key in keys if key.endswith("."))
+        return {k: v for k, v in self._config.items() if k in keys or k.startswith(prefixes)}
 
     def _dispatch(self, step: int, call: Any) -> list[Finding]:
         findings: list[Finding] = []
@@ -275,20 +287,8 @@ def _step(step: Any) -> int:
     return step
 
 
-def _copy_overrides(settings: Mapping[str, Mapping[str, Any]] | None) -> dict[str, dict[str, Any]]:
-    if settings is None:
-        return {}
-    if not isinstance(settings, Mapping):
-        # resolve_settings gives the precise error
-        resolve_settings(settings)  # type: ignore[arg-type]
-    copied: dict[str, dict[str, Any]] = {}
-    for rule_id, values in settings.items():
-        copied[str(rule_id)] = (
-            {str(k): (v.value if isinstance(v, Severity) else v) for k, v in values.items()}
-            if isinstance(values, Mapping)
-            else values
-        )
-    return copied
+def _plain_setting(value: Any) -> Any:
+    return value.value if isinstance(value, Severity) else value
 
 
 def _report_dict(report: Any) -> dict[str, Any]:

@@ -29,6 +29,7 @@ twice raises :class:`DuplicateRuleError`.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Mapping
 from enum import Enum
 from types import MappingProxyType
@@ -75,6 +76,9 @@ class Rule:
     resolve_after: ClassVar[int] = 10
     summary: ClassVar[str] = ""
     advice: ClassVar[str] = ""
+    # run-config keys (flattened, dotted; a trailing "." means the whole section) the rule reads; the
+    # monitor persists those with its state so a restored rule sees the same config
+    config_keys: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, settings: Mapping[str, Any], run_config: Mapping[str, Any]) -> None:
         self.settings = settings
@@ -199,15 +203,15 @@ def _check_type(rule_id: str, key: str, value: Any, default: Any) -> Any:
                 f"{where} must be one of {[s.value for s in Severity]}, got {value!r}"
             ) from None
     if key in ("fire_after", "resolve_after"):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
             raise SettingsError(f"{where} must be an integer >= 1, got {value!r}")
-        return value
+        return int(value)
     if isinstance(default, int):
-        if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
             raise SettingsError(f"{where} must be an integer, got {value!r}")
-        return value
+        return int(value)
     if isinstance(default, float):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or math.isnan(value):
             raise SettingsError(f"{where} must be a number, got {value!r}")
         return float(value)
     if isinstance(default, str):

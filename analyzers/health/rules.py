@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 from .detectors import DETECTORS, MEAN_ABS_TO_SIGMA, Ewma, Hysteresis, RobustBaseline, make_detector
 from .findings import Check, Severity
 from .registry import Rule, RuleId, register_rule, require
-from .runconfig import updates_per_batch
+from .runconfig import CONFIG_KEYS, updates_per_batch
 from .signals import Signal
 
 
@@ -51,6 +51,7 @@ class PgClipfracRange(Rule):
     }
     fire_after = 5
     resolve_after = 20
+    config_keys = CONFIG_KEYS
     advice = (
         "Too high: each update moves the policy too far; lower the learning rate or the updates per batch "
         "(ppo_epochs, fewer/larger mini-batches) and check for rollout/actor log-prob mismatch. Too low: "

@@ -13,6 +13,20 @@ from collections.abc import Mapping
 from typing import Any
 
 EXPLICIT_KEY = "rlvitals.updates_per_batch"
+# every flattened key updates_per_batch() reads, plus the whole rlvitals section
+CONFIG_KEYS: tuple[str, ...] = (
+    "rlvitals.",
+    "data.train_batch_size",
+    "actor_rollout_ref.actor.ppo_mini_batch_size",
+    "actor_rollout_ref.actor.ppo_epochs",
+    "num_iterations",
+    "steps_per_generation",
+    "gradient_accumulation_steps",
+    "rollout_batch_size",
+    "n_samples_per_prompt",
+    "train_batch_size",
+    "max_epochs",
+)
 
 
 def flatten_config(config: Mapping[str, Any] | None, prefix: str = "") -> dict[str, Any]:

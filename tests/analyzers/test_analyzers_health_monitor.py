@@ -306,3 +306,52 @@ def test_unregister_unknown_rule_raises():
 def test_step_must_be_an_integer():
     with pytest.raises(HealthError, match="step must be an integer"):
         HealthMonitor().observe("x", {})
+
+
+def test_state_keeps_only_the_config_keys_rules_read_and_restores_single_update_mode():
+    config = {
+        "data": {"train_batch_size": 32, "max_prompt_length": 512, "train_files": "/data/gsm8k.parquet"},
+        "actor_rollout_ref": {
+            "actor": {"ppo_mini_batch_size": 32, "optim": {"lr": 1e-6}},
+            "model": {"path": "x"},
+        },
+        "trainer": {f"option_{i}": i for i in range(200)},
+        "rlvitals": {"rules": {"entropy_collapse": {"enabled": False}}},
+    }
+    monitor = HealthMonitor(run_config=config)
+    saved = monitor.state_dict()["run_config"]
+    assert saved == {
+        "data.train_batch_size": 32,
+        "actor_rollout_ref.actor.ppo_mini_batch_size": 32,
+        "rlvitals.rules.entropy_collapse.enabled": False,
+    }
+    restored = HealthMonitor.from_state(json.loads(json.dumps(monitor.state_dict())))
+    findings = [f for step in range(10) for f in restored.observe(step, {"actor/pg_clipfrac": 0.01})]
+    assert [(f.rule, f.severity, f.evidence["mode"]) for f in findings] == [
+        ("pg_clipfrac_range", Severity.CRITICAL, "single_update")
+    ]
+
+
+def test_saved_settings_of_an_unregistered_rule_are_dropped_on_restore(user_rule):
+    monitor = HealthMonitor(
+        settings={"grad_norm_high": {"threshold": 3.0}, "non_finite": {"resolve_after": 2}}
+    )
+    state = json.loads(json.dumps(monitor.state_dict()))
+    assert state["settings"] == {"grad_norm_high": {"threshold": 3.0}, "non_finite": {"resolve_after": 2}}
+    unregister_rule("grad_norm_high")
+    try:
+        restored = HealthMonitor.from_state(state)
+    finally:
+        register_rule("grad_norm_high")(user_rule)
+    assert "grad_norm_high" not in restored.rules
+    assert restored.state_dict()["settings"] == {"non_finite": {"resolve_after": 2}}
+
+
+def test_settings_are_normalised_in_the_state():
+    monitor = HealthMonitor(
+        settings={"non_finite": {"severity": Severity.WARNING}, "ppo_kl_drift": {"h": 20}}
+    )
+    assert monitor.state_dict()["settings"] == {
+        "non_finite": {"severity": "warning"},
+        "ppo_kl_drift": {"h": 20.0},
+    }
