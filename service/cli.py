@@ -73,6 +73,17 @@ def _database(settings):
     return db
 
 
+def bind_refusal(settings, *, has_keys: bool) -> str | None:
+    """Why ``serve`` must not bind (``None``: go ahead): a non-loopback address with open writes."""
+    if settings.host_is_loopback or has_keys or settings.insecure:
+        return None
+    return (
+        f"refusing to bind {settings.host}: no API key exists, so anyone who can reach this address "
+        "could write. Create one with `rlvitals keys create` (clients then send "
+        "Authorization: Bearer <key>), bind 127.0.0.1, or pass --insecure."
+    )
+
+
 def _serve(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
@@ -90,13 +101,9 @@ def _serve(args: argparse.Namespace) -> int:
         has_keys = keys_exist(db)
     finally:
         db.dispose()
-    if not settings.host_is_loopback and not has_keys and not settings.insecure:
-        print(
-            f"rlvitals serve: refusing to bind {settings.host}: no API key exists, so anyone who can reach "
-            "this address could write. Create one with `rlvitals keys create` (then send "
-            "Authorization: Bearer <key>), bind 127.0.0.1, or pass --insecure.",
-            file=sys.stderr,
-        )
+    refusal = bind_refusal(settings, has_keys=has_keys)
+    if refusal:
+        print(f"rlvitals serve: {refusal}", file=sys.stderr)
         return 2
     common = {
         "host": settings.host,

@@ -463,3 +463,8 @@ def event_payloads_after(*, session: Session, after_id: int, limit: int = 1000) 
         select(EVENTS.c.id, EVENTS.c.payload).where(EVENTS.c.id > after_id).order_by(EVENTS.c.id).limit(limit)
     ).all()
     return [(r[0], r[1]) for r in rows]
+
+
+def get_audit_blob(*, session: Session, audit_id: int) -> bytes | None:
+    """The uploaded safetensors bytes of an audit (``None`` once dropped; see ``keep_batches``)."""
+    return session.execute(select(AUDITS.c.blob).where(AUDITS.c.id == audit_id)).scalar()
