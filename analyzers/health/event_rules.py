@@ -238,8 +238,16 @@ class AuditMismatch(Rule):
             }
             for name in failing
         }
-        errors = [d["rel_err"] for d in details.values() if isinstance(d["rel_err"], (int, float))]
-        what = ", ".join(failing) if failing else "the audit"
+        errors = [
+            float(d["rel_err"])
+            for d in details.values()
+            if isinstance(d["rel_err"], (int, float)) and math.isfinite(d["rel_err"])
+        ]
+        if failing:
+            verb = "disagrees" if len(failing) == 1 else "disagree"
+            message = f"reported {', '.join(failing)} {verb} with recomputation"
+        else:
+            message = "the audit failed"
         return Check(
             active=True,
             value=max(errors) if errors else None,
@@ -250,6 +258,5 @@ class AuditMismatch(Rule):
                 "explanation": explanation,
                 "on_policy_gap": report.get("on_policy_gap"),
             },
-            message=f"reported {what} disagree{'s' if len(failing) == 1 else ''} with recomputation"
-            + (f": {explanation}" if explanation else ""),
+            message=message + (f": {explanation}" if explanation else ""),
         )

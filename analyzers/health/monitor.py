@@ -134,7 +134,7 @@ class HealthMonitor:
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue identically: settings, config facts, detector and episode state.
-        Strict JSON (non-finite floats spelled as strings)."""
+        Strict JSON (non-finite floats tagged as ``{"$float": "NaN"}``)."""
         return encode_floats(
             {
                 "version": STATE_VERSION,

@@ -8,10 +8,12 @@ must raise exactly its rule, once, within a bounded number of steps of onset, an
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -409,3 +411,32 @@ def test_severity_setting_overrides_the_rule():
         ("firing", Severity.WARNING, ONSET),
         ("resolved", Severity.WARNING, ONSET + 4),
     ]
+
+
+def test_audit_report_object_with_multiple_failures_is_accepted():
+    report = SimpleNamespace(  # the AuditReport attribute shape
+        ok=False,
+        empty=False,
+        verdicts={
+            "pg_loss": {"ok": False, "abs_err": 0.1, "rel_err": 0.05},
+            "ppo_kl": {"ok": False, "abs_err": math.nan, "rel_err": math.nan},
+            "pg_clipfrac": {"ok": True, "abs_err": 0.0, "rel_err": 0.0},
+        },
+        reported={"pg_loss": 2.1, "ppo_kl": math.nan},
+        recomputed={"pg_loss": 2.0, "ppo_kl": 0.001},
+        explanation="reported ppo_kl is NaN",
+        on_policy_gap=0.0,
+    )
+
+    monitor = HealthMonitor()
+    (fired,) = monitor.observe_audit(3, report)
+    assert fired.message == "reported pg_loss, ppo_kl disagree with recomputation: reported ppo_kl is NaN"
+    assert fired.value == 0.05 and fired.evidence["on_policy_gap"] == 0.0
+    restored = HealthMonitor.from_state(json.loads(json.dumps(monitor.state_dict(), allow_nan=False)))
+    assert math.isnan(restored.firing()[0].evidence["verdicts"]["ppo_kl"]["reported"])
+
+
+def test_failed_audit_without_failing_verdicts_still_fires():
+    monitor = HealthMonitor()
+    (fired,) = monitor.observe_audit(0, {"ok": False, "verdicts": {}, "explanation": "on-policy gap 0.3"})
+    assert fired.message == "the audit failed: on-policy gap 0.3" and fired.signal == "audit"
