@@ -28,6 +28,7 @@ from .findings import DuplicateRuleError, UnknownRuleError
 
 MAD_TO_SIGMA = 1.482602218505602  # 1 / Φ⁻¹(3/4): σ of a normal from its median absolute deviation
 MEAN_ABS_TO_SIGMA = math.sqrt(math.pi / 2)  # σ of a normal from its mean absolute deviation
+_TINY = 1e-300
 
 
 class _State:
@@ -56,9 +57,12 @@ class Ewma(_State):
     count: int = 0
 
     def update(self, x: float) -> float:
-        self.value = x if self.value is None else self.value + self.alpha * (x - self.value)
-        self.count += 1
-        return self.value
+        # convex-combination form: cannot overflow for finite inputs; a non-finite input is skipped
+        new = x if self.value is None else (1.0 - self.alpha) * self.value + self.alpha * x
+        if math.isfinite(new):
+            self.value = new
+            self.count += 1
+        return x if self.value is None else self.value
 
 
 @dataclass
@@ -105,14 +109,16 @@ class RobustBaseline(_State):
         return 0.5 * (self.scale_up + self.scale_down)
 
     def z(self, x: float) -> float:
-        residual = x - self.center
-        return residual / (self.scale_up if residual > 0 else self.scale_down)
+        residual = x - self.center  # may be ±inf for absurd inputs; callers clip z
+        return residual / max(self.scale_up if residual > 0 else self.scale_down, _TINY)
 
     def update(self, x: float) -> None:
         self.count += 1
         if self.count <= self.warmup:
             self.buffer.append(x)
             if self.count == self.warmup:
+                finite = [v for v in self.buffer if abs(v) < 1e300]  # keep |v - center| finite
+                self.buffer = finite or [0.0]
                 self.center = _median(self.buffer)
                 above = [v - self.center for v in self.buffer if v > self.center]
                 below = [self.center - v for v in self.buffer if v < self.center]
@@ -123,13 +129,16 @@ class RobustBaseline(_State):
                 self.buffer = []
             return
         residual = x - self.center
+        dev_up, dev_down = self.dev_up, self.dev_down
         if residual > 0:
             residual = min(residual, self.clip * self.scale_up)
-            self.dev_up += self.alpha * (residual - self.dev_up)
+            dev_up = (1.0 - self.alpha) * dev_up + self.alpha * residual
         else:
             residual = max(residual, -self.clip * self.scale_down)
-            self.dev_down += self.alpha * (-residual - self.dev_down)
-        self.center += self.alpha * residual
+            dev_down = (1.0 - self.alpha) * dev_down - self.alpha * residual
+        center = self.center + self.alpha * residual
+        if math.isfinite(center) and math.isfinite(dev_up) and math.isfinite(dev_down):  # else skip the point
+            self.center, self.dev_up, self.dev_down = center, dev_up, dev_down
 
 
 def _median(values: list[float]) -> float:
