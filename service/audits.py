@@ -38,6 +38,8 @@ from rlvitals.service.telemetry import Telemetry
 log = logging.getLogger("rlvitals.service.audits")
 
 _SPELLED = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+ADVANTAGE_ATOL = 1e-4  # float32 advantages recomputed in float64
+ADVANTAGE_RTOL = 1e-4
 
 
 def audit_public(row: dict[str, Any]) -> dict[str, Any]:
@@ -85,25 +87,59 @@ def _decode_reported(reported: dict[str, Any]) -> dict[str, float | None]:
     return {k: (_SPELLED[v] if isinstance(v, str) else v) for k, v in (reported or {}).items()}
 
 
-def run_audit(config: dict[str, Any], tensors: dict[str, torch.Tensor], reported: dict[str, Any]):
-    """The analyzers' audit of one batch -> (JSON-safe result, AuditReport, group diagnostics or None)."""
-    from rlvitals.analyzers import LossConfig, audit, group_diagnostics, grpo_advantages
+def _grpo_norm_by_std(config: dict[str, Any]) -> bool:
+    """verl's ``algorithm.norm_adv_by_std_in_grpo`` (False: Dr.GRPO), read from the batch config."""
+    for section in (config, config.get("algorithm") if isinstance(config.get("algorithm"), dict) else {}):
+        if "norm_adv_by_std_in_grpo" in section:
+            return bool(section["norm_adv_by_std_in_grpo"])
+    return True
 
-    loss_config = LossConfig.from_verl(config)
-    report = audit(loss_config, tensors, _decode_reported(reported))
+
+def check_grpo_advantages(config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """Recompute GRPO advantages from ``token_level_rewards`` ``(batch, len)`` and ``group_index``
+    ``(batch,)`` and compare with the sent ``advantages`` on valid tokens."""
+    from rlvitals.analyzers import grpo_advantages
+
+    norm = _grpo_norm_by_std(config)
+    mask = tensors["response_mask"]
+    expected, _ = grpo_advantages(
+        tensors["token_level_rewards"], mask, tensors["group_index"], norm_adv_by_std_in_grpo=norm
+    )
+    sent = tensors["advantages"].to(torch.float64)
+    valid = mask.bool()
+    diff = (expected.to(torch.float64) - sent).abs()[valid]
+    max_err = float(diff.max()) if diff.numel() else 0.0
+    scale = float(expected.to(torch.float64).abs()[valid].max()) if diff.numel() else 0.0
+    ok = max_err <= ADVANTAGE_ATOL + ADVANTAGE_RTOL * scale
+    return {"ok": bool(ok), "max_abs_err": max_err, "norm_adv_by_std_in_grpo": norm}
+
+
+def run_audit(config: dict[str, Any], tensors: dict[str, torch.Tensor], reported: dict[str, Any]):
+    """Audit one batch -> (JSON-safe result, the result as the monitor reads it, group diagnostics).
+
+    ``rlvitals.analyzers.audit`` checks the reported loss metrics; with ``token_level_rewards`` and
+    ``group_index`` the GRPO advantages are recomputed too, and a mismatch there fails the audit.
+    """
+    from rlvitals.analyzers import LossConfig, audit, group_diagnostics
+
+    report = audit(LossConfig.from_verl(config), tensors, _decode_reported(reported))
     result = report.to_dict()
     groups = None
     if "token_level_rewards" in tensors and "group_index" in tensors:
-        mask = tensors["response_mask"]
-        groups = group_diagnostics(tensors["token_level_rewards"], mask, tensors["group_index"]).to_dict()
+        groups = group_diagnostics(
+            tensors["token_level_rewards"], tensors["response_mask"], tensors["group_index"]
+        ).to_dict()
         result["groups"] = groups
-        expected, _ = grpo_advantages(tensors["token_level_rewards"], mask, tensors["group_index"])
-        sent = tensors["advantages"].to(expected.dtype)
-        on = mask.bool()
-        diff = (expected - sent).abs()[on]
-        max_err = float(diff.max()) if diff.numel() else 0.0
-        result["advantages"] = {"grpo_max_abs_err": max_err, "ok": bool(max_err <= 1e-3)}
-    return jsonable(result), report, groups
+        advantages = check_grpo_advantages(config, tensors)
+        result["advantages"] = advantages
+        if not advantages["ok"]:
+            result["ok"] = False
+            result["explanation"] = (
+                f"{result['explanation']} The sent advantages differ from GRPO advantages recomputed from "
+                f"token_level_rewards and group_index by up to {advantages['max_abs_err']:.3g} "
+                f"(norm_adv_by_std_in_grpo={advantages['norm_adv_by_std_in_grpo']})."
+            ).strip()
+    return jsonable(result), result, groups
 
 
 class _Superseded(Exception):

@@ -103,7 +103,10 @@ class AuditPublic(BaseModel):
     verdicts: dict[str, Verdict] | None
     explanation: str | None
     counterfactuals: dict[str, Any] | None
-    groups: dict[str, Any] | None = None
+    groups: dict[str, Any] | None = Field(None, description="GRPO group diagnostics (with group_index).")
+    advantages: dict[str, Any] | None = Field(
+        None, description="GRPO advantages recomputed from token_level_rewards/group_index vs the sent ones."
+    )
     ok: bool | None = None
     error: str | None = None
     created_at: float

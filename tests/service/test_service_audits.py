@@ -1,0 +1,136 @@
+"""Batch uploads and their audits: off the request path, results within a second for 64x4096,
+mismatches raise audit_mismatch, GRPO advantages checked; on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from rlvitals.analyzers import LossConfig, grpo_advantages, recompute
+
+from tests.service.batchdata import OCTET, make_batch, make_tensors
+
+CORE = ("log_prob", "old_log_prob", "advantages", "response_mask")
+
+
+def _upload(api, run_id, body):
+    response = api.post(f"/api/v1/runs/{run_id}/batches", content=body, headers=OCTET)
+    assert response.status_code == 202, response.text
+    assert response.json()["status"] == "pending"
+    return response.json()["id"]
+
+
+def _wait_done(api, audit_id, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        audit = api.get(f"/api/v1/audits/{audit_id}").json()
+        if audit["status"] != "pending":
+            return audit
+        time.sleep(0.01)
+    raise AssertionError(f"audit {audit_id} still pending after {timeout}s")
+
+
+def _honest(tensors, config=None):
+    return recompute(config or LossConfig(), **{k: tensors[k] for k in CORE})
+
+
+def test_a_64x4096_batch_is_audited_within_a_second(api):
+    run_id = api.create_run()
+    tensors = make_tensors(64, 4096)
+    body = make_batch(5, tensors=tensors, reported=_honest(tensors))
+    started = time.monotonic()
+    audit_id = _upload(api, run_id, body)
+    audit = _wait_done(api, audit_id, timeout=5)
+    elapsed = time.monotonic() - started
+    assert elapsed < 1.0, f"audit result visible after {elapsed:.2f}s"
+    assert audit["status"] == "done" and audit["ok"] is True and audit["step"] == 5
+    assert set(audit["verdicts"]) >= {"pg_loss", "pg_clipfrac", "ppo_kl"}
+    assert all(v["ok"] for v in audit["verdicts"].values())
+    assert audit["recomputed"]["pg_loss"] == audit["reported"]["pg_loss"]
+    assert audit["explanation"] and isinstance(audit["counterfactuals"], dict)
+
+
+def test_a_wrong_reported_loss_fails_the_audit_and_raises_an_alert(api):
+    run_id = api.create_run()
+    tensors = make_tensors(8, 64, seed=1)
+    reported = _honest(tensors)
+    reported["pg_loss"] = reported["pg_loss"] * 3 + 0.5  # e.g. a different aggregation
+    audit = _wait_done(api, _upload(api, run_id, make_batch(1, tensors=tensors, reported=reported)))
+    assert audit["status"] == "done" and audit["ok"] is False
+    assert audit["verdicts"]["pg_loss"]["ok"] is False and audit["verdicts"]["pg_loss"]["abs_err"] > 0
+    alerts = api.get(f"/api/v1/runs/{run_id}/alerts", params={"state": "firing"}).json()["data"]
+    assert [a["rule"] for a in alerts] == ["audit_mismatch"]
+
+
+def test_verl_prefixed_reported_names_and_config(api):
+    run_id = api.create_run()
+    tensors = make_tensors(4, 32, seed=2)
+    config = LossConfig(clip_ratio_low=0.2, clip_ratio_high=0.28, loss_agg_mode="seq-mean-token-mean")
+    reported = {f"actor/{k}": v for k, v in _honest(tensors, config).items()}
+    body = make_batch(2, tensors=tensors, reported=reported, config=config.to_dict(),
+                      metadata={"rank": "3", "micro_batch": "1"})  # fmt: skip
+    audit = _wait_done(api, _upload(api, run_id, body))
+    assert audit["ok"] is True, audit["explanation"]
+    assert audit["rank"] == 3 and audit["micro_batch"] == 1
+
+
+def test_grpo_advantages_are_recomputed_and_checked(api):
+    run_id = api.create_run()
+    tensors = make_tensors(16, 32, grpo=True)
+    tensors["advantages"], _ = grpo_advantages(tensors["token_level_rewards"], tensors["response_mask"],
+                                               tensors["group_index"])  # fmt: skip
+    good = _wait_done(api, _upload(api, run_id, make_batch(0, tensors=tensors, reported=_honest(tensors))))
+    assert good["ok"] is True and good["advantages"]["ok"] is True
+    assert good["groups"]["num_groups"] == 4
+    tensors["advantages"] = tensors["advantages"] * 2  # e.g. normalised twice
+    bad = _wait_done(api, _upload(api, run_id, make_batch(1, tensors=tensors, reported=_honest(tensors))))
+    assert bad["ok"] is False and bad["advantages"]["ok"] is False
+    assert "GRPO" in bad["explanation"]
+
+
+def test_audits_list_filters_by_step_and_shows_pending(app_client, database_url):
+    api = app_client(database_url, audit_workers=0)  # an ingest-only replica: jobs wait
+    run_id = api.create_run()
+    ids = [_upload(api, run_id, make_batch(step)) for step in (1, 2, 2)]
+    listing = api.get(f"/api/v1/runs/{run_id}/audits").json()
+    assert listing["count"] == 3 and [a["status"] for a in listing["data"]] == ["pending"] * 3
+    at_two = api.get(f"/api/v1/runs/{run_id}/audits", params={"step": 2}).json()
+    assert at_two["count"] == 2 and {a["id"] for a in at_two["data"]} == set(ids[1:])
+    assert at_two["data"][0]["recomputed"] is None and at_two["data"][0]["verdicts"] is None
+
+
+def test_a_job_that_cannot_be_audited_is_marked_error_and_the_worker_survives(api):
+    from rlvitals.service.storage import repository as repo
+
+    run_id = api.create_run()
+    with api.services.db.write() as session:  # a stored job whose tensors became unreadable
+        broken = repo.insert_audit(session=session, values={
+            "run_id": run_id, "step": 0, "status": "pending", "config": {}, "reported": {},
+            "blob": b"garbage", "nbytes": 7, "created_at": time.time()})  # fmt: skip
+    api.services.audits.wake()
+    audit = _wait_done(api, broken)
+    assert audit["status"] == "error" and "safetensors" in audit["error"]
+    tensors = make_tensors(4, 16)
+    follow = _wait_done(api, _upload(api, run_id, make_batch(1, tensors=tensors, reported=_honest(tensors))))
+    assert follow["status"] == "done"
+
+
+def test_tensors_are_dropped_after_the_audit_unless_kept(app_client, database_url):
+    from rlvitals.service.storage import repository as repo
+
+    for keep in (False, True):
+        api = app_client(database_url, keep_batches=keep)
+        run_id = api.create_run(f"keep-{keep}")
+        audit_id = _upload(api, run_id, make_batch(0))
+        _wait_done(api, audit_id)
+        with api.services.db.read() as session:
+            blob = repo.get_audit_blob(session=session, audit_id=audit_id)
+        assert (blob is not None) is keep
+
+
+def test_bool_and_integer_masks_are_accepted(api):
+    run_id = api.create_run()
+    for dtype in (torch.bool, torch.int64, torch.uint8):
+        tensors = make_tensors(4, 16)
+        tensors["response_mask"] = tensors["response_mask"].to(dtype)
+        _wait_done(api, _upload(api, run_id, make_batch(0, tensors=tensors)))

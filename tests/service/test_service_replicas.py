@@ -1,0 +1,94 @@
+"""Scale-out: two real ``rlvitals serve`` processes on one PostgreSQL database act as one service.
+Audit jobs are claimed exactly once, tensors stored in the database are audited by whichever replica
+is free, and live events reach SSE clients of the other replica (LISTEN/NOTIFY)."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import httpx
+
+from tests.service.batchdata import make_batch
+from tests.service.sse import SSEClient
+
+FAST = {"RLVITALS_SSE_HEARTBEAT": "1"}
+
+
+def _done_count(server) -> int:
+    text = httpx.get(f"{server.url}/metrics").text
+    match = re.search(r'^rlvitals_audits_total\{status="done"\} (\d+)$', text, re.M)
+    return int(match.group(1)) if match else 0
+
+
+def _wait_all_done(server, run_id, count, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        audits = httpx.get(f"{server.url}/api/v1/runs/{run_id}/audits").json()
+        if audits["count"] == count and all(a["status"] == "done" for a in audits["data"]):
+            return audits["data"]
+        time.sleep(0.1)
+    raise AssertionError(f"audits not done after {timeout}s: {audits}")
+
+
+def test_two_replicas_share_jobs_and_live_events(serve, pg_url):
+    a = serve(database_url=pg_url, env={**FAST, "RLVITALS_AUDIT_WORKERS": "2"})
+    b = serve(database_url=pg_url, env={**FAST, "RLVITALS_AUDIT_WORKERS": "2"})
+    run_id = httpx.post(f"{a.url}/api/v1/runs", json={"name": "scaled"}).json()["id"]
+    assert httpx.post(f"{b.url}/api/v1/runs", json={"name": "scaled"}).json()["id"] == run_id
+
+    # live events: ingest on A, watch on B (and the other way round)
+    on_b = SSEClient(f"{b.url}/api/v1/runs/{run_id}/events")
+    on_a = SSEClient(f"{a.url}/api/v1/runs/{run_id}/events")
+    try:
+        steps = [{"step": 0, "metrics": {"actor/pg_loss": 0.25}}]
+        assert httpx.post(f"{a.url}/api/v1/runs/{run_id}/metrics", json={"steps": steps}).status_code == 200
+        _, data = on_b.wait_for(lambda k, d: k == "points", timeout=5)
+        assert data["steps"][0]["metrics"] == {"actor/pg_loss": 0.25}
+        big = [{"step": s, "metrics": {f"metric/{i:03d}": 0.5 for i in range(40)}} for s in range(1, 40)]
+        assert httpx.post(f"{b.url}/api/v1/runs/{run_id}/metrics", json={"steps": big}).status_code == 200
+        _, data = on_a.wait_for(lambda k, d: k == "points" and d["steps"][0]["step"] == 1, timeout=5)
+        assert len(data["steps"]) == 39  # over NOTIFY's 8000-byte limit: sent by reference
+        httpx.post(
+            f"{a.url}/api/v1/runs/{run_id}/metrics", json={"steps": [{"step": 50, "metrics": {"x": "NaN"}}]}
+        )
+        _, alert = on_b.wait_for(lambda k, d: k == "alert", timeout=5)
+        assert alert["rule"] == "non_finite"
+
+        # jobs: 24 batches uploaded to both replicas, each audited exactly once
+        for i in range(24):
+            target = a if i % 2 else b
+            response = httpx.post(f"{target.url}/api/v1/runs/{run_id}/batches", content=make_batch(i, seed=i),
+                                  headers={"content-type": "application/octet-stream"})  # fmt: skip
+            assert response.status_code == 202, response.text
+        audits = _wait_all_done(a, run_id, 24)
+        assert sorted(x["step"] for x in audits) == list(range(24))
+        time.sleep(0.5)
+        assert _done_count(a) + _done_count(b) == 24  # no job ran twice
+        _, audit = on_a.wait_for(lambda k, d: k == "audit", timeout=5)
+        assert audit["run_id"] == run_id and audit["status"] == "done"
+    finally:
+        on_a.close()
+        on_b.close()
+
+
+def test_an_ingest_only_replica_hands_its_jobs_to_the_other(serve, pg_url):
+    front = serve(database_url=pg_url, env={**FAST, "RLVITALS_AUDIT_WORKERS": "0"})
+    back = serve(database_url=pg_url, env={**FAST, "RLVITALS_AUDIT_WORKERS": "1",
+                                           "RLVITALS_AUDIT_POLL_INTERVAL": "30"})  # fmt: skip
+    run_id = httpx.post(f"{front.url}/api/v1/runs", json={"name": "front"}).json()["id"]
+    time.sleep(0.5)  # let the back worker settle into its (long) idle wait
+    started = time.monotonic()
+    response = httpx.post(f"{front.url}/api/v1/runs/{run_id}/batches", content=make_batch(0, batch=64, length=4096),
+                          headers={"content-type": "application/octet-stream"})  # fmt: skip
+    assert response.status_code == 202
+    audit_id = response.json()["id"]
+    while True:
+        audit = httpx.get(f"{front.url}/api/v1/audits/{audit_id}").json()
+        if audit["status"] != "pending" or time.monotonic() - started > 10:
+            break
+        time.sleep(0.02)
+    elapsed = time.monotonic() - started
+    assert audit["status"] == "done"
+    assert elapsed < 2.0, f"NOTIFY should wake the other replica at once; took {elapsed:.2f}s"
+    assert _done_count(back) == 1 and _done_count(front) == 0
