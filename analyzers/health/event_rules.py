@@ -95,7 +95,9 @@ class ZeroAdvantageGroups(Rule):
     Fed by ``observe_groups`` (``zero_std_frac`` plus the split ``all_max_frac`` = all solved,
     ``all_min_frac`` = all failed) and by TRL's scalar ``frac_reward_zero_std`` through ``observe`` (ignored
     for a step that group diagnostics already covered). The smoothed share (EWMA ``alpha``) above
-    ``threshold`` opens an episode, below ``release`` closes it. The advice follows the dominant cause.
+    ``threshold`` opens an episode, below ``release`` closes it. The advice follows the dominant cause
+    (``all_solved`` / ``all_failed`` when one is at least twice the other, else ``mixed``; ``unknown``
+    without the split).
     """
 
     signal = Signal.ZERO_STD_FRAC.value
@@ -145,10 +147,12 @@ class ZeroAdvantageGroups(Rule):
         solved, failed = self.solved.value, self.failed.value
         if solved is None or failed is None:
             cause, advice = "unknown", ""
-        elif solved >= failed:
+        elif solved >= 2.0 * failed:
             cause, advice = "all_solved", ADVICE_SOLVED
-        else:
+        elif failed >= 2.0 * solved:
             cause, advice = "all_failed", ADVICE_FAILED
+        else:
+            cause, advice = "mixed", ""
         evidence = {
             "zero_std_frac": x,
             "smoothed": m,
@@ -167,6 +171,7 @@ class ZeroAdvantageGroups(Rule):
         why = {
             "all_solved": "mostly all-solved groups",
             "all_failed": "mostly all-failed groups",
+            "mixed": "both all-solved and all-failed groups",
             "unknown": "cause unknown: no all-solved/all-failed split was reported",
         }[cause]
         return Check(
