@@ -5,8 +5,8 @@
 - :func:`canonical_signals` — trainer metric names (verl, TRL, OpenRLHF, bare) -> canonical signals.
 - :mod:`.detectors` — robust baseline, CUSUM / Page–Hinkley, EWMA, hysteresis.
 
-Layout: findings (value objects, errors) <- signals, detectors, runconfig <- registry <- rules,
-event_rules <- monitor.
+Layout: findings (value objects, errors) <- signals, detectors, runconfig <- registry <- rules
+(update size), trend_rules (kl_loss, entropy), event_rules (NaN, groups, audits) <- monitor.
 """
 
 from __future__ import annotations

@@ -27,7 +27,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from . import event_rules as _event_rules  # noqa: F401  (registers the built-in rules)
-from . import rules as _policy_rules  # noqa: F401
+from . import rules as _update_rules  # noqa: F401
+from . import trend_rules as _trend_rules  # noqa: F401
 from .findings import FIRING, RESOLVED, Check, Finding, HealthError, Severity, decode_floats, encode_floats
 from .registry import RULES, Rule, resolve_settings
 from .runconfig import flatten_config
