@@ -22,10 +22,10 @@ _EXPORTS: dict[str, str] = {
     "grpo_advantages": "advantages",
     "group_diagnostics": "advantages",
     "GroupDiagnostics": "advantages",
-    # audit.py
-    "audit": "audit",
-    "counterfactuals": "audit",
-    "AuditReport": "audit",
+    # auditing.py (not audit.py: a submodule named like an export would shadow it once imported)
+    "audit": "auditing",
+    "counterfactuals": "auditing",
+    "AuditReport": "auditing",
     # health/
     "HealthMonitor": "health",
     "Finding": "health",

@@ -12,8 +12,8 @@ How the token pass stays exact (the same per-token floats verl computes, in fewe
   ``min(-A c, ...)`` equal ``l = A- clamp(r, 1 - eps_low, c) - A+ min(r, 1 + eps_high)`` bit for bit.
 - both clip fractions come from one tensor ``z = (A m) r + l``: ``z > 0`` exactly where verl's
   ``pg_losses2 > pg_losses1`` (clipped on either side), ``z < 0`` exactly where the dual clip bound won
-  (``A < 0``, ``(-A) r > (-A) c``), comparing the same rounded products verl compares. Counted with
-  ``count_nonzero`` (no bool tensors, no ``where``).
+  (``A < 0``, ``(-A) r > (-A) c``), comparing the same rounded products verl compares. Counted from
+  the sums of ``sign(z)`` and ``|sign(z)|`` (no bool tensors, no ``where``, no ``count_nonzero``).
 - masked sums are sums of products with ``m`` (or dots): identical to verl's ``masked_sum`` whenever
   every value is finite. A non-finite value anywhere (even under the mask) makes some sum non-finite;
   the batch then falls back to the op-for-op reference in :mod:`.losses`, which is what verl does with
@@ -23,6 +23,8 @@ How the token pass stays exact (the same per-token floats verl computes, in fewe
 from __future__ import annotations
 
 import math
+import threading
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,6 +35,39 @@ from .config import AggMode, KLType, LossConfig
 Tensor = torch.Tensor
 _FAST_DTYPES = (torch.float32, torch.float64)
 TENSOR_NAMES = ("log_prob", "old_log_prob", "advantages", "response_mask", "ref_log_prob", "entropy")
+
+
+class _Workspace(threading.local):
+    """Per-thread free lists of token-sized buffers, keyed by (shape, dtype).
+
+    Fresh multi-megabyte tensors cost more in first-touch page faults than the arithmetic done in
+    them; reusing a few buffers across audits of same-shaped batches removes that cost. Bounded by
+    ``POOL_BYTES`` per thread; buffers never escape a :class:`TokenBatch`.
+    """
+
+    def __init__(self) -> None:
+        self.free: dict[tuple, list[Tensor]] = {}
+        self.nbytes = 0
+
+
+POOL_BYTES = 256 << 20
+_WORKSPACE = _Workspace()
+
+
+def _take(shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+    free = _WORKSPACE.free.get((shape, dtype))
+    if free:
+        buf = free.pop()
+        _WORKSPACE.nbytes -= buf.nbytes
+        return buf
+    return torch.empty(shape, dtype=dtype)
+
+
+def _give(*buffers: Tensor) -> None:
+    for buf in buffers:
+        if _WORKSPACE.nbytes + buf.nbytes <= POOL_BYTES:
+            _WORKSPACE.free.setdefault((tuple(buf.shape), buf.dtype), []).append(buf)
+            _WORKSPACE.nbytes += buf.nbytes
 
 
 def ieee_div(a: float, b: float) -> float:
@@ -55,11 +90,21 @@ def _fraction(hits: int, count: int) -> float:
 
 
 @dataclass(frozen=True)
-class PolicyStats:
-    """Token-pass result for one clip setting: per-row sums of the clipped loss ``(batch,)`` float64
-    and the clip counts over valid tokens."""
+class RowSums:
+    """Per-row masked sums ``(batch,)`` float64 of a per-token quantity, with the two totals every
+    aggregation mode is made of: ``total = sum_i rows_i`` and ``seq_mean_total = sum_i rows_i / (T_i +
+    1e-8)`` (T_i in float32, as verl computes it; empty rows contribute 0)."""
 
     rows: Tensor
+    total: float
+    seq_mean_total: float
+
+
+@dataclass(frozen=True)
+class PolicyStats:
+    """Token-pass result for one clip setting: row sums of the clipped loss and the clip counts."""
+
+    rows: RowSums
     n_clipped: int
     n_dual_clipped: int
 
@@ -119,6 +164,7 @@ class TokenBatch:
         self.n_seqs = int((self.n_row > 0).sum())
         self.fast = dtype in _FAST_DTYPES
         self._cache: dict = {}
+        self._lengths: Tensor | None = None
         if self.fast:
             self._prepare()
 
@@ -128,21 +174,35 @@ class TokenBatch:
 
     # -- fast path -------------------------------------------------------------------------------
     def _t(self, name: str) -> Tensor:
-        return self.tensors[name].to(self.dtype).contiguous()
+        value = self.tensors[name]
+        return value if value.dtype == self.dtype else value.to(self.dtype)
+
+    def _buffer(self) -> Tensor:
+        return _take(self.shape, self.dtype)
 
     def _prepare(self) -> None:
         """Mask-folded advantages, the ratio and ppo_kl: the shared first half of the token pass."""
-        m = self.mask.to(self.dtype)
-        adv_m = self._t("advantages").mul(m)  # A on valid tokens, 0 elsewhere
-        a_pos = adv_m.clamp(min=0.0)  # A+  (A > 0)
-        a_neg = adv_m.clamp(max=0.0).neg_()  # -A  (A < 0): verl's -advantages, exactly
+        m, adv_m, a_pos, a_neg, ratio = (self._buffer() for _ in range(5))
+        weakref.finalize(self, _give, m, adv_m, a_pos, a_neg, ratio)
+        m.copy_(self.mask)
+        torch.mul(self._t("advantages"), m, out=adv_m)  # A on valid tokens, 0 elsewhere
+        torch.clamp(adv_m, min=0.0, out=a_pos)  # A+  (A > 0)
+        torch.clamp(adv_m, max=0.0, out=a_neg).neg_()  # -A  (A < 0): verl's -advantages, exactly
         # log-ratio, clamped to +-20 as verl does before exp; ppo_kl = masked mean of (old - new)
-        ratio = torch.sub(self._t("log_prob"), self._t("old_log_prob")).clamp_(-20.0, 20.0)
+        torch.sub(self._t("log_prob"), self._t("old_log_prob"), out=ratio).clamp_(-20.0, 20.0)
         kl_sum = float(torch.dot(ratio.view(-1), m.view(-1)))
         ratio.exp_()
-        self.m, self.adv_m, self.a_pos, self.a_neg, self.ratio = m, adv_m, a_pos, a_neg, ratio
+        self._m, self._adv_m, self._a_pos, self._a_neg, self._ratio = m, adv_m, a_pos, a_neg, ratio
         self.ppo_kl = -kl_sum / _eps_count(self.n_tokens)
         self.finite = math.isfinite(kl_sum)
+
+    def _row_sums(self, values: Tensor) -> RowSums:
+        """Row sums, summed in the token dtype (float32 cascade sums are good to ~1e-7 relative;
+        converting first would cost a float64 copy of the batch), totals in float64."""
+        rows = values.sum(dim=-1).to(torch.float64)
+        if self._lengths is None:
+            self._lengths = (self.n_row.to(torch.float32) + 1e-8).to(torch.float64)
+        return RowSums(rows, float(rows.sum()), float((rows / self._lengths).sum()))
 
     def policy(self, low: float, high: float, c: float) -> PolicyStats:
         """Row sums of the clipped per-token loss and the clip counts for ratio bounds
@@ -152,65 +212,78 @@ class TokenBatch:
         if hit is not None:
             return hit
         lo, hi = 1 - low, 1 + high  # python floats, rounded to the tensor dtype like verl's clamp
-        r = self.ratio
+        r = self._ratio
+        loss, work = self._buffer(), self._buffer()
         # l = (-A) clamp(r, lo, c) for A < 0,  -(A min(r, hi)) for A > 0   (one of the terms is 0)
-        loss = torch.clamp(r, lo, c).mul_(self.a_neg)
-        work = torch.clamp(r, max=hi).mul_(self.a_pos)
+        torch.clamp(r, lo, c, out=loss).mul_(self._a_neg)
+        torch.clamp(r, max=hi, out=work).mul_(self._a_pos)
         loss.sub_(work)
-        rows = loss.sum(dim=-1, dtype=torch.float64)
+        rows = self._row_sums(loss)
         # z = A r + l:  z > 0 <=> verl's pg_losses2 > pg_losses1 (clipped, either side);
         #               z < 0 <=> A < 0 and (-A) r > (-A) c (dual clip), compared on the rounded products
-        z = torch.mul(self.adv_m, r, out=work).add_(loss)
-        nonzero = int(torch.count_nonzero(z))
-        n_clipped = int(torch.count_nonzero(z.clamp_(min=0.0)))
+        z = torch.mul(self._adv_m, r, out=work).add_(loss).sign_()
+        # sign sums are exact small integers: (n+ - n-) and (n+ + n-), float64 past 2^24 tokens
+        acc = torch.float64 if z.numel() >= 2**24 else None
+        balance = int(z.sum(dtype=acc))
+        nonzero = int(z.abs_().sum(dtype=acc))
+        _give(loss, work)
+        n_clipped = (nonzero + balance) // 2
         stats = PolicyStats(rows=rows, n_clipped=n_clipped, n_dual_clipped=nonzero - n_clipped)
         self._cache[key] = stats
         return stats
 
-    def kl_rows(self, kind: KLType | str) -> Tensor:
+    def kl_rows(self, kind: KLType | str) -> RowSums:
         """Row sums ``(batch,)`` float64 of the forward value of a KL estimator (``+`` has k's value)."""
         kind = KLType(kind)
         if kind.straight_through and not self._k2_finite():
             # verl's k2 - k2.detach() + f.detach() is NaN wherever k2 is not finite, even where the
             # clamped forward estimator is: NaN rows send the batch to the reference path
-            return torch.full((self.shape[0],), math.nan, dtype=torch.float64)
+            return RowSums(torch.full((self.shape[0],), math.nan, dtype=torch.float64), math.nan, math.nan)
         base = kind.base
         key = ("kl", base)
         hit = self._cache.get(key)
         if hit is not None:
             return hit
         lp, ref = self._t("log_prob"), self._t("ref_log_prob")
+        value = self._buffer()
         if base == "k3":
-            delta = torch.sub(ref, lp).clamp_(-20.0, 20.0)
-            value = torch.exp(delta).sub_(delta).sub_(1.0).clamp_(-10.0, 10.0)
+            # delta = clamp(ref - logp, +-20); k3 = clamp(e^delta - delta - 1, +-10)
+            delta = torch.sub(ref, lp, out=self._buffer()).clamp_(-20.0, 20.0)
+            torch.exp(delta, out=value).sub_(delta).sub_(1.0).clamp_(-10.0, 10.0)
+            _give(delta)
         else:
-            value = torch.sub(lp, ref)
+            torch.sub(lp, ref, out=value)
             if base == "abs":
                 value.abs_()
             elif base == "k2":
                 value.square_().mul_(0.5)
-        rows = value.mul_(self.m).sum(dim=-1, dtype=torch.float64)
+        rows = self._row_sums(value.mul_(self._m))
+        _give(value)
         self._cache[key] = rows
         return rows
 
     def _k2_finite(self) -> bool:
         hit = self._cache.get("k2_finite")
         if hit is None:
-            diff = torch.sub(self._t("log_prob"), self._t("ref_log_prob")).view(-1)
-            hit = math.isfinite(float(torch.dot(diff, diff)))
+            diff = torch.sub(self._t("log_prob"), self._t("ref_log_prob"), out=self._buffer())
+            flat = diff.view(-1)
+            hit = math.isfinite(float(torch.dot(flat, flat)))
+            _give(diff)
             self._cache["k2_finite"] = hit
         return hit
 
-    def entropy_rows(self) -> Tensor:
+    def entropy_rows(self) -> RowSums:
         hit = self._cache.get("entropy")
         if hit is None:
-            hit = torch.mul(self._t("entropy"), self.m).sum(dim=-1, dtype=torch.float64)
+            buf = torch.mul(self._t("entropy"), self._m, out=self._buffer())
+            hit = self._row_sums(buf)
+            _give(buf)
             self._cache["entropy"] = hit
         return hit
 
     def aggregate(
         self,
-        rows: Tensor,
+        rows: RowSums,
         mode: AggMode | str,
         *,
         dp_size: int = 1,
@@ -218,7 +291,7 @@ class TokenBatch:
         global_batch_size: int | None = None,
         loss_scale_factor: float | None = None,
     ) -> float:
-        """verl's ``agg_loss`` from per-row sums (finite rows: masked-out rows are exactly 0)."""
+        """verl's ``agg_loss`` from row sums: scalar arithmetic, no token pass."""
         mode = AggMode(mode)
         if mode is AggMode.TOKEN_MEAN:
             if batch_num_tokens is None:
@@ -227,21 +300,16 @@ class TokenBatch:
                         "batch_num_tokens (global, across data-parallel ranks) is required when dp_size > 1"
                     )
                 batch_num_tokens = self.n_tokens
-            return ieee_div(float(rows.sum()), batch_num_tokens) * dp_size
+            return ieee_div(rows.total, batch_num_tokens) * dp_size
         if mode is AggMode.TOKEN_SUM:
-            return float(rows.sum()) * dp_size
+            return rows.total * dp_size
         if global_batch_size is None:
             if dp_size > 1:
                 raise ValueError(
                     "global_batch_size (global, across data-parallel ranks) is required when dp_size > 1"
                 )
             global_batch_size = self.n_seqs
-        if mode is AggMode.SEQ_MEAN_TOKEN_MEAN:
-            # per-row mean over (T_i + 1e-8) computed in float32 as verl does; empty rows contribute 0
-            lengths = self.n_row.to(torch.float32) + 1e-8
-            total = float((rows / lengths.to(torch.float64)).sum())
-        else:
-            total = float(rows.sum())
+        total = rows.seq_mean_total if mode is AggMode.SEQ_MEAN_TOKEN_MEAN else rows.total
         loss = ieee_div(total, global_batch_size) * dp_size
         if mode is AggMode.SEQ_MEAN_TOKEN_SUM_NORM:
             loss = ieee_div(loss, self.width if loss_scale_factor is None else loss_scale_factor)
@@ -262,7 +330,7 @@ class TokenBatch:
         info = config.global_batch_info
         pol = self.policy(config.clip_low, config.clip_high, config.clip_ratio_c)
         pg_loss = self.aggregate(pol.rows, config.loss_agg_mode, **info)
-        sums = [float(pol.rows.sum())]
+        sums = [pol.rows.total]
         out = {
             "pg_loss": pg_loss,
             "pg_clipfrac": _fraction(pol.n_clipped, self.n_tokens),
@@ -272,12 +340,12 @@ class TokenBatch:
         policy_loss = pg_loss
         if "entropy" in self.tensors:
             rows = self.entropy_rows()
-            sums.append(float(rows.sum()))
+            sums.append(rows.total)
             out["entropy_loss"] = self.aggregate(rows, config.loss_agg_mode, **info)
             policy_loss = policy_loss - config.entropy_coeff * out["entropy_loss"]
         if "ref_log_prob" in self.tensors:
             rows = self.kl_rows(config.kl_loss_type)
-            sums.append(float(rows.sum()))
+            sums.append(rows.total)
             out["kl_loss"] = self.aggregate(rows, config.loss_agg_mode, **info)
             if config.use_kl_loss:
                 policy_loss = policy_loss + out["kl_loss"] * config.kl_loss_coef
