@@ -26,6 +26,8 @@ _EXPORTS: dict[str, str] = {
     "audit": "auditing",
     "counterfactuals": "auditing",
     "AuditReport": "auditing",
+    # trl.py
+    "trl_loss_config": "trl",
     # health/
     "HealthMonitor": "health",
     "Finding": "health",

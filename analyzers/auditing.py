@@ -33,8 +33,18 @@ DEFAULT_ON_POLICY_TOL = 1e-3
 _BATCH_KEYS = ("log_prob", "old_log_prob", "advantages", "response_mask", "ref_log_prob", "entropy")
 
 
+_ALIASES = {
+    "clip_ratio/region_mean": "pg_clipfrac",  # TRL
+    "ppo_clip_ratio": "pg_clipfrac",  # OpenRLHF
+}
+
+
 def _canonical(name: str) -> str:
-    """``actor/pg_loss`` -> ``pg_loss`` (verl prefixes most metrics, not ``kl_loss``)."""
+    """``actor/pg_loss`` -> ``pg_loss`` (verl prefixes most metrics, not ``kl_loss``); TRL and
+    OpenRLHF spellings of the clip fraction -> ``pg_clipfrac``."""
+    for alias, canonical in _ALIASES.items():
+        if name == alias or name.endswith("/" + alias):
+            return canonical
     return name.rsplit("/", 1)[-1]
 
 
