@@ -462,3 +462,46 @@ def test_from_verl_accepts_structured_config_objects() -> None:
     assert cfg.loss_agg_mode is AggMode.SEQ_MEAN_TOKEN_SUM_NORM and cfg.loss_scale_factor == 4096
     with pytest.raises(ValueError, match="config must be a mapping"):
         LossConfig.from_verl(42)
+
+
+def test_live_batches_never_share_workspace_buffers() -> None:
+    first, second = _batch(30, b=5, t=64), _batch(31, b=5, t=64)
+    cfg = LossConfig(use_kl_loss=True, entropy_coeff=0.01)
+    expected = (recompute(cfg, **first), recompute(cfg, **second))
+    a, b = TokenBatch(**first), TokenBatch(**second)  # both alive: each owns its buffers
+    assert a.metrics(cfg) == expected[0]
+    assert b.metrics(cfg) == expected[1]
+    assert a.metrics(LossConfig(loss_agg_mode="token-sum")) == recompute(
+        LossConfig(loss_agg_mode="token-sum"), **first
+    )
+
+
+def test_concurrent_recomputes_in_threads_agree_with_sequential() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    batches = [_batch(40 + i, b=6, t=128) for i in range(8)]
+    cfg = LossConfig(use_kl_loss=True, kl_loss_type="k3+", loss_agg_mode="seq-mean-token-mean")
+    sequential = [recompute(cfg, **t) for t in batches]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        for _ in range(3):
+            assert list(pool.map(lambda t: recompute(cfg, **t), batches)) == sequential
+
+
+def test_non_contiguous_inputs_are_accepted() -> None:
+    tensors = _batch(50, b=6, t=40)
+    wide = {k: torch.stack([v, torch.zeros_like(v)], dim=-1).flatten(1)[:, ::2] for k, v in tensors.items()}
+    assert not wide["log_prob"].is_contiguous()
+    cfg = LossConfig(use_kl_loss=True)
+    assert recompute(cfg, **wide) == pytest.approx(recompute(cfg, **tensors), rel=1e-6)
+
+
+def test_bad_inputs_raise_clear_errors() -> None:
+    tensors = _batch(51)
+    with pytest.raises(ValueError, match="advantages has shape"):
+        recompute(LossConfig(), **dict(tensors, advantages=tensors["advantages"][:, :-1]))
+    with pytest.raises(ValueError, match="must be 2-D"):
+        recompute(LossConfig(), **{k: v[0] for k, v in tensors.items()})
+    with pytest.raises(ValueError, match="log_prob must be float16, bfloat16, float32 or float64"):
+        recompute(LossConfig(), **dict(tensors, log_prob=tensors["log_prob"].long()))
+    with pytest.raises(ValueError, match=r"must be a torch\.Tensor"):
+        recompute(LossConfig(), **dict(tensors, entropy=[1.0]))
