@@ -1,5 +1,7 @@
 """JSON routes the dashboard needs beyond API v1, under ``/dashboard-api/`` (not part of the public API).
 
+- ``GET /dashboard-api/runs/{run_id}/series?names=a,b&start=&end=&max_points=``: metric series with a
+  step range and wall times (see ``series``); the charts' only data source besides the SSE stream.
 - ``GET /dashboard-api/audits/{audit_id}/histograms``: histograms of the importance ratio and the
   advantages of the batch behind an audit (see ``histograms.batch_histograms``). Served from the audit
   result when the worker stored them there, else computed from the batch's tensors when the server
@@ -10,13 +12,13 @@ Reads are open, like API v1's.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 from fastapi.concurrency import run_in_threadpool
 from rlvitals.service.api.deps import ServicesDep
 from rlvitals.service.encoding import JSONResponse
-from rlvitals.service.errors import NotFound
+from rlvitals.service.errors import BadRequest, NotFound
 from rlvitals.service.storage import repository as repo
 from sqlalchemy import select
 
@@ -46,8 +48,42 @@ def audit_histograms(ctx, audit_id: int) -> dict[str, Any]:
     return batch_histograms(load_tensors(blob), config=row.get("config") or {})
 
 
+def run_series(ctx, run_id: int, *, names, start, end, max_points) -> dict[str, Any]:
+    from rlvitals.service.dashboard.series import read_series
+
+    with ctx.db.read() as session:
+        if not repo.run_exists(session=session, run_id=run_id):
+            raise NotFound(f"run {run_id} does not exist")
+        return read_series(session, run_id=run_id, names=names, start=start, end=end, max_points=max_points)
+
+
 def build_router() -> APIRouter:
     router = APIRouter(prefix="/dashboard-api", include_in_schema=False)
+
+    @router.get("/runs/{run_id}/series")
+    async def series(
+        run_id: int,
+        services: ServicesDep,
+        names: Annotated[
+            str | None, Query(description="Comma-separated metric names (default: all).")
+        ] = None,
+        start: Annotated[int | None, Query(ge=0, description="First step (inclusive).")] = None,
+        end: Annotated[int | None, Query(ge=0, description="Last step (inclusive).")] = None,
+        max_points: Annotated[
+            int, Query(ge=0, le=100_000_000, description="Most points per series; 0: all.")
+        ] = 2000,
+    ) -> JSONResponse:
+        wanted = None
+        if names is not None:
+            wanted = [n for n in (part.strip() for part in names.split(",")) if n]
+            if not wanted:
+                raise BadRequest("names must list at least one metric name (comma-separated)")
+        if start is not None and end is not None and end < start:
+            raise BadRequest(f"end ({end}) must not be before start ({start})")
+        result = await run_in_threadpool(
+            run_series, services, run_id, names=wanted, start=start, end=end, max_points=max_points
+        )
+        return JSONResponse(result)
 
     @router.get("/audits/{audit_id}/histograms")
     async def histograms(audit_id: int, services: ServicesDep) -> JSONResponse:

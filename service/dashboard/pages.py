@@ -48,8 +48,8 @@ ASSET_CACHE = "public, max-age=31536000, immutable"
 # page name -> (template, <title>, the scripts it loads after common.js, prefetch mode)
 PAGES: dict[str, tuple[str, str, tuple[str, ...], str]] = {
     "runs": ("runs.html", "Runs", ("js/runs.js",), "runs"),
-    "run": ("run.html", "Run", ("js/signals.js", "js/charts.js", "js/run.js"), "run"),
-    "audits": ("audits.html", "Audits", ("js/signals.js", "js/charts.js", "js/audits.js"), "audits"),
+    "run": ("run.html", "Run", ("js/charts.js", "js/run.js"), "run"),
+    "audits": ("audits.html", "Audits", ("js/charts.js", "js/audits.js"), "audits"),
     "alerts": ("alerts.html", "Alerts", ("js/alerts.js",), "alerts"),
     "compare": (
         "compare.html",
@@ -132,7 +132,9 @@ def render_page(page: str) -> bytes:
     body = (TEMPLATE_DIR / template).read_text(encoding="utf-8")
     head = [f'<link rel="stylesheet" href="{asset_url("dashboard.css")}">']
     # common.js runs first and synchronously: it starts the page's data requests (and the event
-    # stream) while the browser is still parsing plotly.js.
+    # stream) at once. signals.js (the alias tables) comes before it: the run page's first request
+    # asks for the first panel's metric by its aliases.
+    head.append(f'<script src="{asset_url(SIGNALS_ROUTE)}"></script>')
     head.append(f'<script src="{asset_url("js/common.js")}" data-prefetch="{prefetch}"></script>')
     tail = []
     if page in LAZY_PLOTLY_PAGES:

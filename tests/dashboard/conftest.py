@@ -140,10 +140,23 @@ class Tab:
     page_errors: list[str] = field(default_factory=list)
     dialogs: list[str] = field(default_factory=list)
 
-    def open(self, path: str, *, ready: str) -> None:
+    def open(self, path: str, *, ready: str, timeout: float = 30.0) -> None:
         """Navigate and wait until the page's script says it rendered (``ready``: a JS expression)."""
         self.page.goto(self.base + path)
-        self.page.wait_for_function(ready, timeout=20_000)
+        self.wait(ready, timeout=timeout)
+
+    def wait(self, expression: str, arg: Any = None, *, timeout: float = 10.0, interval: float = 0.02) -> Any:
+        """Poll a JS expression (or a function of ``arg``) until it is truthy; its value. (Polled from
+        Python: the pages' CSP forbids the eval that playwright's wait_for_function needs.)"""
+        deadline = time.monotonic() + timeout
+        while True:
+            value = self.page.evaluate(expression, arg)
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                self.assert_clean()
+                raise AssertionError(f"timed out after {timeout}s waiting for: {expression}")
+            time.sleep(interval)
 
     def js(self, expression: str, arg: Any = None) -> Any:
         return self.page.evaluate(expression, arg)

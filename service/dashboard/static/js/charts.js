@@ -105,6 +105,17 @@
     return out;
   };
 
+  // The part of a series with start <= step <= end.
+  C.slice = function (series, start, end) {
+    const i = C.lowerBound(series.step, start);
+    let j = C.lowerBound(series.step, end + 1);
+    if (i === 0 && j === series.step.length) return series;
+    return {
+      step: series.step.slice(i, j), value: series.value.slice(i, j), wall: series.wall ? series.wall.slice(i, j) : null,
+      bad: series.bad.filter(function (s) { return s >= start && s <= end; }),
+    };
+  };
+
   // First index with step >= target (steps ascending).
   C.lowerBound = function (arr, target) {
     let lo = 0, hi = arr.length;

@@ -151,6 +151,16 @@
   };
   RLV.runPath = function (id) { return "/runs/" + encodeURIComponent(id); };
   RLV.apiRun = function (id) { return "/api/v1/runs/" + encodeURIComponent(id); };
+  // Metric series: API v1's shape plus wall_time, with a step range (start/end) for zooming.
+  RLV.seriesUrl = function (id, params) {
+    const q = [];
+    for (const k of Object.keys(params)) {
+      const v = params[k];
+      if (v === undefined || v === null) continue;
+      q.push(k + "=" + (Array.isArray(v) ? v.map(encodeURIComponent).join(",") : encodeURIComponent(v)));
+    }
+    return "/dashboard-api/runs/" + encodeURIComponent(id) + "/series" + (q.length ? "?" + q.join("&") : "");
+  };
 
   // Points per series the server should send for an overview: about two per horizontal pixel of a
   // panel (the server keeps each bucket's minimum and maximum).
@@ -300,8 +310,18 @@
     RLV.pre.runId = id;
     RLV.pre.maxPoints = RLV.overviewPoints();
     RLV.pre.run = guard(RLV.api(base));
+    // Two requests: the first panel's metric alone (asked for by the aliases of the first health
+    // signal; it comes back fast even for a long run), and every series.
+    const table = window.RLV_SIGNALS || { order: [], aliases: {}, prefixes: [] };
+    const first = (table.aliases[table.order[0]] || []).slice();
+    for (const p of table.prefixes) first.push.apply(first, (table.aliases[table.order[0]] || []).map(function (a) { return p + a; }));
+    RLV.pre.firstMetrics = first.length
+      ? guard(RLV.api(RLV.seriesUrl(id, { names: first, max_points: RLV.pre.maxPoints })))
+      : Promise.resolve({ series: {} });
+    // (the second waits for the first: on a busy server they would only slow each other down)
+    const settled = RLV.pre.firstMetrics.catch(function () { return null; });
     RLV.pre.metrics = guard(
-      RLV.api(base + "/metrics?max_points=" + RLV.pre.maxPoints).then(function (body) {
+      settled.then(function () { return RLV.api(RLV.seriesUrl(id, { max_points: RLV.pre.maxPoints })); }).then(function (body) {
         RLV.timing.dataFetched = performance.now();
         return body;
       })

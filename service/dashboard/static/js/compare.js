@@ -162,7 +162,7 @@
     const maxPoints = RLV.overviewPoints();
     try {
       await Promise.all(state.chosen.filter(function (id) { return !state.data.has(id); }).map(async function (id) {
-        const body = await RLV.api(RLV.apiRun(id) + "/metrics?max_points=" + maxPoints);
+        const body = await RLV.api(RLV.seriesUrl(id, { max_points: maxPoints }));
         const m = new Map();
         for (const name of C.orderMetrics(Object.keys(body.series || {}))) {
           const key = keyOf(name);

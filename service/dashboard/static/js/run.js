@@ -34,9 +34,11 @@
   }
   function emptySeries() { return { step: [], value: [], wall: null, bad: [] }; }
 
+  // A fresh array: plotly's traces must never share arrays with our series (extendTraces appends
+  // to the trace's arrays in place).
   function xOf(series) {
     if (state.xmode === "wall" && series.wall) return series.wall.map(function (w) { return w === null ? null : w * 1000; });
-    return series.step;
+    return series.step.slice();
   }
   // Map a step to the x axis (for shapes): in wall mode, the wall time of the nearest logged step.
   function stepToX(name) {
@@ -122,12 +124,12 @@
     const smooth = state.smoothing > 0;
     return [
       {
-        type: "scatter", mode: "lines", name: RLV.ptext(p.name), x: x, y: series.value,
+        type: "scatter", mode: "lines", name: RLV.ptext(p.name), x: x, y: series.value.slice(),
         line: { width: 1.2, color: "#2563eb" }, opacity: smooth ? 0.3 : 1, connectgaps: false,
         hovertemplate: "%{y:.6g}<extra>" + RLV.ptext(p.name) + "</extra>",
       },
       {
-        type: "scatter", mode: "lines", name: "EMA", x: x,
+        type: "scatter", mode: "lines", name: "EMA", x: x.slice(),
         y: smooth ? C.emaExtend(p.ema, series.value, state.smoothing) : [],
         line: { width: 1.8, color: "#1e3a8a" }, visible: smooth, connectgaps: true,
         hovertemplate: "EMA %{y:.6g}<extra></extra>",
@@ -190,10 +192,10 @@
   }
 
   // ---- zoom: full resolution for the visible range -------------------------------------------------
-  let relayoutGuard = false;
+  // (Plotly.react never emits plotly_relayout, and our own Plotly.relayout calls carry no axis
+  // range, so only the user's zooms and double-clicks get here.)
   let zoomTimer = null;
   function onRelayout(p, ev) {
-    if (relayoutGuard) return;
     if (ev["xaxis.autorange"]) { setView(null); return; }
     let r0 = ev["xaxis.range[0]"], r1 = ev["xaxis.range[1]"];
     if (r0 === undefined && Array.isArray(ev["xaxis.range"])) { r0 = ev["xaxis.range"][0]; r1 = ev["xaxis.range"][1]; }
@@ -222,10 +224,9 @@
     try {
       for (let i = 0; i < names.length; i += 40) {
         const chunk = names.slice(i, i + 40);
-        const q = "?names=" + chunk.map(encodeURIComponent).join(",") +
-          "&start=" + view.start + "&end=" + view.end + "&max_points=" + state.maxPoints;
-        const body = await RLV.api(base + "/metrics" + q);
-        for (const name of Object.keys(body.series || {})) fetched.set(name, C.fromApi(body.series[name]));
+        const body = await RLV.api(RLV.seriesUrl(runId, { names: chunk, start: view.start, end: view.end, max_points: state.maxPoints }));
+        // (kept to the range here too, in case a server ignores start/end)
+        for (const name of Object.keys(body.series || {})) fetched.set(name, C.slice(C.fromApi(body.series[name]), view.start, view.end));
       }
     } catch (err) { RLV.fail(err); return; }
     if (state.view !== view) return; // superseded by a newer zoom
@@ -237,9 +238,25 @@
     await redrawAll();
   }
 
-  async function redrawAll() {
-    relayoutGuard = true;
-    try { await drawAll(); } finally { relayoutGuard = false; }
+  // Redraw every panel; calls during a redraw coalesce into one more pass.
+  let redrawing = null;
+  let redrawAgain = false;
+  function redrawAll() {
+    if (redrawing) {
+      redrawAgain = true;
+      return redrawing;
+    }
+    redrawing = (async function () {
+      try {
+        do {
+          redrawAgain = false;
+          await drawAll();
+        } while (redrawAgain);
+      } finally {
+        redrawing = null;
+      }
+    })();
+    return redrawing;
   }
 
   // ---- header, alerts, audits ----------------------------------------------------------------------
@@ -402,7 +419,7 @@
     // The stream dropped and came back: fetch what was logged meanwhile (steps after the last seen).
     if (!Number.isFinite(state.latestStep)) return;
     try {
-      const body = await RLV.api(base + "/metrics?start=" + (state.latestStep + 1) + "&max_points=0");
+      const body = await RLV.api(RLV.seriesUrl(runId, { start: state.latestStep + 1, max_points: 0 }));
       const steps = new Map();
       for (const name of Object.keys(body.series || {})) {
         const s = body.series[name];
@@ -449,44 +466,72 @@
   }
 
   // ---- start -----------------------------------------------------------------------------------------
+  // Series from the API into the overview; the names taken (empty series skipped when asked).
+  function acceptSeries(series, skipEmpty) {
+    const taken = [];
+    for (const name of Object.keys(series || {})) {
+      const s = C.fromApi(series[name]);
+      if (skipEmpty && !s.step.length) continue;
+      if (s.wall) state.hasWall = true;
+      state.overview.set(name, s);
+      if (s.step.length) state.latestStep = Math.max(state.latestStep, s.step[s.step.length - 1]);
+      taken.push(name);
+    }
+    return taken;
+  }
+
+  async function firstChartDrawn() {
+    if (RLV.timing.firstChart) return;
+    await nextFrame();
+    RLV.timing.firstChart = performance.now();
+  }
+
   async function main() {
     wireControls();
     pre.run.then(renderRun, RLV.fail);
-    let metrics, alerts;
     try {
-      [metrics, alerts] = await Promise.all([pre.metrics, pre.alerts]);
+      for (const a of (await pre.alerts).data || []) state.alerts.set(a.id, a);
     } catch (err) {
       RLV.fail(err);
       return;
     }
-    for (const a of alerts.data || []) state.alerts.set(a.id, a);
-    const series = metrics.series || {};
-    for (const name of Object.keys(series)) {
-      const s = C.fromApi(series[name]);
-      if (s.wall) state.hasWall = true;
-      state.overview.set(name, s);
-      if (s.step.length) state.latestStep = Math.max(state.latestStep, s.step[s.step.length - 1]);
+    renderAlerts();
+    // The first panel as soon as its own series is here: this is the "open" time the tests measure.
+    const firstBody = await pre.firstMetrics.catch(function () { return null; });
+    const early = firstBody ? C.orderMetrics(acceptSeries(firstBody.series, true)) : [];
+    if (early.length) {
+      preview(ensurePanel(early[0]));
+      await firstChartDrawn();
     }
+    // plotly.js boots (1-2 s of main thread when the machine is busy) while the server reads the rest
+    const plotly = RLV.loadScript(RLV.$("plotly-src").getAttribute("href"));
+    plotly.catch(function () { /* reported below */ });
+    let metrics;
+    try {
+      metrics = await pre.metrics;
+    } catch (err) {
+      RLV.fail(err);
+      return;
+    }
+    acceptSeries(metrics.series, false);
     const xsel = RLV.$("xmode");
     xsel.options[1].disabled = !state.hasWall;
     if (!state.hasWall) xsel.title = "this server does not send wall times";
-    renderAlerts();
     renderLastStep();
     const names = C.orderMetrics(Array.from(state.overview.keys()));
     for (const name of names) ensurePanel(name);
     RLV.$("panels-empty").hidden = names.length > 0;
-
     const focus = Number(new URLSearchParams(window.location.search).get("step"));
     if (names.length) {
-      // The first chart, now, as a preview: this is the "open" time the tests measure.
+      // every panel as a preview (cheap SVG), the first one painted before the rest
       preview(state.panels.get(names[0]));
-      await nextFrame();
-      RLV.timing.firstChart = performance.now();
+      await firstChartDrawn();
       for (const name of names.slice(1)) preview(state.panels.get(name));
     }
+    RLV.timing.allPreviews = performance.now();
     // Then the interactive charts: boot plotly.js (already downloaded) and replace the previews.
     try {
-      await RLV.loadScript(RLV.$("plotly-src").getAttribute("href"));
+      await plotly;
     } catch (err) {
       RLV.fail(err);
       return;
