@@ -124,17 +124,20 @@ class Target:
 class Rlvitals(Target):
     python: str
     workers: int | None = None
+    postgres: bool = False  # False: an embedded SQLite file in the work dir
+    database_url: str | None = None  # the PostgreSQL database, set by the caller when postgres
     kind: str = "rlvitals"
 
     @property
     def label(self) -> str:  # type: ignore[override]
-        return "rlvitals" if self.workers is None else f"rlvitals --workers {self.workers}"
+        label = "rlvitals" if self.workers is None else f"rlvitals --workers {self.workers}"
+        return f"{label} (PostgreSQL)" if self.postgres else label
 
     def server(self, workdir: Path, port: int) -> Server:
         argv = [
             self.python, "-m", "rlvitals.cli", "serve",
             "--host", "127.0.0.1", "--port", str(port),
-            "--database-url", f"sqlite:///{workdir / 'rlvitals.db'}",
+            "--database-url", self.database_url if self.postgres else f"sqlite:///{workdir / 'rlvitals.db'}",
         ]  # fmt: skip
         if self.workers is not None:
             argv += ["--workers", str(self.workers)]

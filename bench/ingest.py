@@ -10,12 +10,19 @@ gets the same workload in the same run (one run, 12 metrics per step, PPO/GRPO-l
                ``--repeats``; every answer is counted and must hold all 20,000 points);
 5. memory:     peak RSS summed over the server's process tree (supervisor + workers), and PSS.
 
-Ingest throughput is the median over five equal time windows of the phase (robust to a neighbour
-stealing the CPU for a second); p50/p99 are per logical request (MLflow's 1,200-metric batches go out
-as two log-batch calls, as its client splits them). Each phase stops at ``--max-seconds``; the ``n``
-column says how many requests ran. A keep-alive probe (100 small GETs on one connection) shows
-whether a server pays the ~40 ms Nagle/delayed-ACK stall of uvicorn#3149 (``--workers N`` listeners
-without TCP_NODELAY).
+All servers are started first and stay up; each phase then runs in ``--rounds`` interleaved rounds
+(each a slice of the phase's requests, the servers taking turns in a rotating order), so a
+neighbour stealing the CPU for a while costs every server alike. Throughput is the median over the
+rounds; p50/p99 are per logical request over all rounds (MLflow's 1,200-metric batches go out as
+two log-batch calls, as its client splits them). A phase stops at ``--max-seconds`` (batched: 4×),
+marked ``*``. Server CPU (user + system over its process tree, from /proc) is reported per request:
+unlike wall-clock rates it does not move with other load on the machine. A keep-alive probe (100
+small GETs on one connection) shows whether a server pays the ~40 ms Nagle/delayed-ACK stall of
+uvicorn#3149 (``--workers N`` listeners without TCP_NODELAY).
+
+Targets: rlvitals (1 process and ``--workers 2``, embedded SQLite), MLflow (its default 4 workers
+and ``--workers 1``), trackio; opt-in ``rlvitals-pg`` and ``rlvitals-pg-workers`` run rlvitals on a
+private database of the PostgreSQL at ``--pg-url``.
 
 Peers live in their own virtual environments, outside this repository, found by flag, environment
 variable or the default ``<checkout>/../peer-venvs/{mlflow,trackio}/bin/python``; a peer that is not
@@ -24,11 +31,13 @@ installed is skipped with a line saying how to install it (or run ``--install-pe
     .venv/bin/python bench/ingest.py                 # full run, a few minutes on 2 cores
     .venv/bin/python bench/ingest.py --quick         # smaller workload, about a minute
     .venv/bin/python bench/ingest.py --only rlvitals,trackio --json /tmp/bench.json
+    .venv/bin/python bench/ingest.py --only rlvitals,rlvitals-pg,rlvitals-pg-workers
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -38,18 +47,22 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Sequence
+import uuid
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _peers import BenchError, Conn, Mlflow, Req, Rlvitals, Step, Target, Trackio, check_bulk_reply
-from _servers import RssSampler, free_port, tree_pids, tree_pss, wait_idle
+from _peers import Conn, Mlflow, Rlvitals, RunRef, Step, Target, Trackio
+from _phases import Phase, Round, chunks, keepalive_probe, run_concurrent, run_sequential, send, timed_history
+from _report import render
+from _servers import RssSampler, Server, free_port, tree_cpu_seconds, tree_pids, tree_pss, wait_idle
+from sqlalchemy.engine import make_url
 
 REPO = Path(__file__).resolve().parent.parent
+DEFAULT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 METRIC_NAMES = (
     "actor/pg_loss",
     "actor/pg_clipfrac",
@@ -64,7 +77,16 @@ METRIC_NAMES = (
     "response_length/mean",
     "timing_s/step",
 )
-TARGET_NAMES = ("rlvitals", "rlvitals-workers", "mlflow", "mlflow-1", "trackio")
+TARGET_NAMES = (
+    "rlvitals",
+    "rlvitals-workers",
+    "rlvitals-pg",
+    "rlvitals-pg-workers",
+    "mlflow",
+    "mlflow-1",
+    "trackio",
+)
+DEFAULT_TARGETS = ("rlvitals", "rlvitals-workers", "mlflow", "mlflow-1", "trackio")
 
 
 # ----------------------------------------------------------------------------------------- workload
@@ -103,6 +125,7 @@ class Workload:
     trainers: int = 8
     trainer_steps: int = 250
     repeats: int = 5
+    rounds: int = 3
     warmup: int = 50
     max_seconds: float = 30.0
     batched_max_seconds: float = 120.0
@@ -113,235 +136,176 @@ class Workload:
                    batched_max_seconds=40.0)  # fmt: skip
 
 
-# ------------------------------------------------------------------------------------------ phases
+# ------------------------------------------------------------------------------------------ servers
 
 
 @dataclass
-class Phase:
-    """One ingest phase: per-request latencies and (completion time, points) per request."""
+class Live:
+    """One started server with its connection, its runs, its prepared requests and its results."""
 
-    name: str
-    requests: int = 0
-    points: int = 0
-    seconds: float = 0.0
-    capped: bool = False
-    latencies: list[float] = field(default_factory=list)
-    completions: list[tuple[float, int]] = field(default_factory=list)
-    start: float = 0.0
-
-    def rate(self, windows: int = 5) -> float:
-        """Median points/s over ``windows`` equal time slices of the phase (total rate if too short)."""
-        if not self.completions or self.seconds <= 0:
-            return 0.0
-        k = min(windows, max(1, len(self.completions) // 10))
-        if k == 1:
-            return self.points / self.seconds
-        width = self.seconds / k
-        bins = [0] * k
-        for t, pts in self.completions:
-            bins[min(int((t - self.start) / width), k - 1)] += pts
-        return statistics.median(b / width for b in bins)
-
-    def pct(self, q: float) -> float:
-        if not self.latencies:
-            return math.nan
-        ordered = sorted(self.latencies)
-        return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
-
-    def summary(self) -> dict:
-        return {
-            "requests": self.requests,
-            "points": self.points,
-            "seconds": round(self.seconds, 3),
-            "capped": self.capped,
-            "points_per_s_median": round(self.rate(), 1),
-            "points_per_s_total": round(self.points / self.seconds, 1) if self.seconds else 0.0,
-            "p50_ms": round(self.pct(0.5) * 1e3, 2),
-            "p99_ms": round(self.pct(0.99) * 1e3, 2),
-        }
+    target: Target
+    server: Server
+    conn: Conn
+    sampler: RssSampler
+    startup: float
+    settled: float
+    probe: float = math.nan
+    rss_idle: int = 0
+    plans: dict[str, list] = field(default_factory=dict)  # phase -> per-round op lists
+    phases: dict[str, Phase] = field(default_factory=dict)
+    history: dict[str, list[float]] = field(default_factory=lambda: {"1": [], "12": []})
+    history_cpu: dict[str, float] = field(default_factory=lambda: {"1": 0.0, "12": 0.0})
+    batched_run: RunRef | None = None
 
 
-def _send(conn: Conn, target: Target, reqs: Sequence[Req]) -> None:
-    for req in reqs:
-        check_bulk_reply(target, conn.call(req))
-
-
-def run_sequential(name: str, conn: Conn, target: Target, ops: Sequence[tuple[list[Req], int]],
-                   max_seconds: float) -> Phase:  # fmt: skip
-    phase = Phase(name, start=time.perf_counter())
-    deadline = phase.start + max_seconds
-    for reqs, points in ops:
-        t = time.perf_counter()
-        _send(conn, target, reqs)
-        done = time.perf_counter()
-        phase.latencies.append(done - t)
-        phase.completions.append((done, points))
-        phase.requests += 1
-        phase.points += points
-        if done > deadline:
-            phase.capped = phase.requests < len(ops)
-            break
-    phase.seconds = time.perf_counter() - phase.start
-    return phase
-
-
-def run_concurrent(name: str, port: int, target: Target, per_worker: Sequence[Sequence[tuple[list[Req], int]]],
-                   max_seconds: float) -> Phase:  # fmt: skip
-    """Each worker thread is one trainer with its own keep-alive connection."""
-    phase = Phase(name)
-    lock = threading.Lock()
-    barrier = threading.Barrier(len(per_worker) + 1)
-    errors: list[BaseException] = []
-    stop = threading.Event()
-
-    def worker(ops: Sequence[tuple[list[Req], int]]) -> None:
-        conn = Conn(port)
-        try:
-            barrier.wait()
-            deadline = time.perf_counter() + max_seconds
-            for reqs, points in ops:
-                if stop.is_set():
-                    return
-                t = time.perf_counter()
-                _send(conn, target, reqs)
-                done = time.perf_counter()
-                with lock:
-                    phase.latencies.append(done - t)
-                    phase.completions.append((done, points))
-                    phase.requests += 1
-                    phase.points += points
-                if done > deadline:
-                    return
-        except BaseException as exc:  # reported by the main thread; the other trainers stop
-            errors.append(exc)
-            stop.set()
-        finally:
-            conn.close()
-
-    threads = [threading.Thread(target=worker, args=(ops,), daemon=True) for ops in per_worker]
-    for th in threads:
-        th.start()
-    barrier.wait()
-    phase.start = time.perf_counter()
-    for th in threads:
-        th.join()
-    phase.seconds = time.perf_counter() - phase.start
-    phase.capped = phase.requests < sum(len(ops) for ops in per_worker)
-    if errors:
-        raise errors[0]
-    return phase
-
-
-def keepalive_probe(conn: Conn, path: str, n: int = 100) -> float:
-    """Median seconds of ``n`` small GETs on one keep-alive connection (after a warm-up)."""
-    conn.call(Req("GET", path))
-    times = []
-    for _ in range(n):
-        t = time.perf_counter()
-        conn.call(Req("GET", path))
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
-
-
-def timed_history(conn: Conn, target: Target, run, names: Sequence[str], expect: int, repeats: int,
-                  budget: float) -> dict:  # fmt: skip
-    times = []
-    end = time.perf_counter() + budget
-    for _ in range(repeats):
-        t = time.perf_counter()
-        counts = target.history(conn, run, names)
-        times.append(time.perf_counter() - t)
-        short = {k: v for k, v in counts.items() if v != expect}
-        if short:
-            raise BenchError(f"{target.label}: history returned {short} points, expected {expect} each")
-        if time.perf_counter() > end:
-            break
-    return {"seconds_median": statistics.median(times), "repeats": len(times), "points": expect * len(names)}
-
-
-# ------------------------------------------------------------------------------------------ a target
-
-
-def bench_target(target: Target, work: Workload, workdir: Path, log) -> dict:
+@contextlib.contextmanager
+def started(target: Target, workdir: Path, log) -> Iterator[Live]:
     port = free_port()
     server = target.server(workdir, port)
-    t_start = time.perf_counter()
+    t0 = time.perf_counter()
     with server.start(timeout=180):
-        startup = time.perf_counter() - t_start
+        startup = time.perf_counter() - t0
         settled = wait_idle(server.pid)
         log(
             f"  {target.label}: up in {startup:.1f}s on port {port} (pid {server.pid}), idle after {settled:.1f}s"
         )
-        with RssSampler(server.pid) as rss:
-            rss_idle = rss.sample()
-            conn = Conn(port)
-            try:
-                probe = keepalive_probe(conn, target.probe_path())
-                log(f"  keep-alive GET p50 {probe * 1e3:.2f} ms")
-                # Warm-up on a run of its own: first-request work (imports, caches, prepared
-                # statements) is start-up cost, not ingest throughput.
-                warm = target.create_run(conn, "warm-up")
-                for step in make_steps(work.warmup, seed=0):
-                    _send(conn, target, target.log_requests(warm, [step]))
-                target.history(conn, warm, METRIC_NAMES[:1])
+        conn = Conn(port)
+        try:
+            with RssSampler(server.pid) as sampler:
+                yield Live(target, server, conn, sampler, startup, settled)
+        finally:
+            conn.close()
 
-                run = target.create_run(conn, "per-step")
-                ops = [(target.log_requests(run, [s]), len(METRIC_NAMES))
-                       for s in make_steps(work.per_step, seed=1)]  # fmt: skip
-                per_step = run_sequential("per_step", conn, target, ops, work.max_seconds)
-                log(f"  per step:   {per_step.rate():10.0f} points/s  p50 {per_step.pct(0.5) * 1e3:.2f} ms")
 
-                run_b = target.create_run(conn, "batched")
-                data = make_steps(work.batched_steps, seed=2)
-                ops = [(target.log_requests(run_b, data[i : i + work.batch]), len(METRIC_NAMES) * len(data[i : i + work.batch]))
-                       for i in range(0, len(data), work.batch)]  # fmt: skip
-                batched = run_sequential("batched", conn, target, ops, work.batched_max_seconds)
-                log(f"  batched:    {batched.rate():10.0f} points/s  p50 {batched.pct(0.5) * 1e3:.2f} ms")
+def prepare(live: Live, work: Workload) -> None:
+    """Probe, warm up, create the runs and build every request before anything is timed."""
+    target, conn, rounds = live.target, live.conn, work.rounds
+    live.rss_idle = live.sampler.sample()
+    live.probe = keepalive_probe(conn, target.probe_path())
+    # Warm-up on a run of its own: first-request work (imports, caches, prepared statements) is
+    # start-up cost, not ingest throughput.
+    warm = target.create_run(conn, "warm-up")
+    for step in make_steps(work.warmup, seed=0):
+        send(conn, target, target.log_requests(warm, [step]))
+    target.history(conn, warm, METRIC_NAMES[:1])
 
-                per_worker = []
-                for i in range(work.trainers):
-                    run_t = target.create_run(conn, f"trainer-{i}")
-                    per_worker.append([(target.log_requests(run_t, [s]), len(METRIC_NAMES))
-                                       for s in make_steps(work.trainer_steps, seed=10 + i)])  # fmt: skip
-                trainers = run_concurrent("trainers", port, target, per_worker, work.max_seconds)
-                log(
-                    f"  {work.trainers} trainers: {trainers.rate():10.0f} points/s  p50 {trainers.pct(0.5) * 1e3:.2f} ms"
-                )
+    k = len(METRIC_NAMES)
+    run = target.create_run(conn, "per-step")
+    live.plans["per_step"] = chunks(
+        [(target.log_requests(run, [s]), k) for s in make_steps(work.per_step, seed=1)], rounds
+    )
+    live.batched_run = target.create_run(conn, "batched")
+    data = make_steps(work.batched_steps, seed=2)
+    batches = [data[i : i + work.batch] for i in range(0, len(data), work.batch)]
+    live.plans["batched"] = chunks(
+        [(target.log_requests(live.batched_run, b), k * len(b)) for b in batches], rounds
+    )
+    per_worker = []
+    for i in range(work.trainers):
+        run_t = target.create_run(conn, f"trainer-{i}")
+        per_worker.append(chunks([(target.log_requests(run_t, [s]), k)
+                                  for s in make_steps(work.trainer_steps, seed=10 + i)], rounds))  # fmt: skip
+    live.plans["trainers"] = [[worker[r] for worker in per_worker] for r in range(rounds)]
+    live.phases = {name: Phase(name) for name in live.plans}
 
-                steps_b = batched.points // len(METRIC_NAMES)
-                budget = max(work.max_seconds, 10.0)
-                hist1 = timed_history(conn, target, run_b, METRIC_NAMES[:1], steps_b, work.repeats, budget)
-                hist12 = timed_history(conn, target, run_b, METRIC_NAMES, steps_b, work.repeats, budget)
-                log(f"  history:    1 metric {hist1['seconds_median'] * 1e3:.1f} ms, "
-                    f"12 metrics {hist12['seconds_median'] * 1e3:.1f} ms over {steps_b} steps")  # fmt: skip
-            finally:
-                conn.close()
-            rss_end = rss.sample()
-            pss_end = tree_pss(server.pid)
-            processes = len(tree_pids(server.pid))
-        rss_peak = rss.peak
+
+def run_round(live: Live, phase: str, r: int, work: Workload) -> Round:
+    pid = live.server.pid
+    cap = (work.batched_max_seconds if phase == "batched" else work.max_seconds) / work.rounds
+    cpu0 = tree_cpu_seconds(pid)
+    if phase == "trainers":
+        result = run_concurrent(live.phases[phase], live.server.port, live.target, live.plans[phase][r], cap)
+    else:
+        result = run_sequential(live.phases[phase], live.conn, live.target, live.plans[phase][r], cap)
+    live.phases[phase].cpu_seconds += tree_cpu_seconds(pid) - cpu0
+    return result
+
+
+def history_round(live: Live) -> None:
+    steps = live.phases["batched"].points // len(METRIC_NAMES)
+    pid = live.server.pid
+    for key, names in (("1", METRIC_NAMES[:1]), ("12", METRIC_NAMES)):
+        cpu0 = tree_cpu_seconds(pid)
+        live.history[key].append(timed_history(live.conn, live.target, live.batched_run, names, steps))
+        live.history_cpu[key] += tree_cpu_seconds(pid) - cpu0
+
+
+def result_of(live: Live, workdir: Path) -> dict:
+    pid = live.server.pid
+    rss_end = live.sampler.sample()
+    steps = live.phases["batched"].points // len(METRIC_NAMES)
+
+    def hist(key: str, names: int) -> dict:
+        times = live.history[key]
+        return {
+            "seconds_median": statistics.median(times) if times else math.nan,
+            "repeats": len(times),
+            "points": steps * names,
+            "server_cpu_s_per_query": round(live.history_cpu[key] / len(times), 4) if times else math.nan,
+        }
+
     db_bytes = sum(
         p.stat().st_size for p in workdir.rglob("*") if p.is_file() and not p.name.endswith(".log")
     )
     return {
-        "label": target.label,
-        "kind": target.kind,
-        "startup_s": round(startup, 2),
-        "idle_after_s": round(settled, 1),
-        "keepalive_get_p50_ms": round(probe * 1e3, 3),
-        "per_step": per_step.summary(),
-        "batched": batched.summary(),
-        "trainers": trainers.summary(),
-        "history_1": hist1,
-        "history_12": hist12,
-        "history_steps": steps_b,
-        "rss_idle_mib": round(rss_idle / 2**20, 1),
-        "rss_peak_mib": round(rss_peak / 2**20, 1),
+        "label": live.target.label,
+        "kind": live.target.kind,
+        "startup_s": round(live.startup, 2),
+        "idle_after_s": round(live.settled, 1),
+        "keepalive_get_p50_ms": round(live.probe * 1e3, 3),
+        **{name: phase.summary() for name, phase in live.phases.items()},
+        "history_1": hist("1", 1),
+        "history_12": hist("12", len(METRIC_NAMES)),
+        "history_steps": steps,
+        "rss_idle_mib": round(live.rss_idle / 2**20, 1),
+        "rss_peak_mib": round(live.sampler.peak / 2**20, 1),
         "rss_end_mib": round(rss_end / 2**20, 1),
-        "pss_end_mib": round(pss_end / 2**20, 1),
-        "processes": processes,
+        "pss_end_mib": round(tree_pss(pid) / 2**20, 1),
+        "processes": len(tree_pids(pid)),
         "disk_mib": round(db_bytes / 2**20, 1),
     }
+
+
+def rotated(items: list, r: int) -> list:
+    """Round ``r``'s running order: nobody always goes first (or right after the heaviest peer)."""
+    k = r % len(items)
+    return items[k:] + items[:k]
+
+
+def run_all(targets: list[Target], work: Workload, root: Path, args: argparse.Namespace, log) -> list[dict]:
+    """Start every server, then run each phase in interleaved rounds across them."""
+    t_start = time.monotonic()
+    with contextlib.ExitStack() as stack:
+        lives: list[Live] = []
+        workdirs: dict[int, Path] = {}
+        for i, target in enumerate(targets):
+            log(f"[{i + 1}/{len(targets)}] starting {target.label}")
+            if isinstance(target, Rlvitals) and target.postgres:
+                target.database_url = stack.enter_context(private_pg_database(args.pg_url))
+            workdir = root / f"{i}-{target.kind}"
+            live = stack.enter_context(started(target, workdir, log))
+            prepare(live, work)
+            log(f"  keep-alive GET p50 {live.probe * 1e3:.2f} ms")
+            workdirs[id(live)] = workdir
+            lives.append(live)
+        for phase in ("per_step", "batched", "trainers"):
+            for r in range(work.rounds):
+                if time.monotonic() - t_start > args.deadline:
+                    log(f"past --deadline {args.deadline:.0f}s: no more rounds")
+                    break
+                for live in rotated(lives, r):
+                    res = run_round(live, phase, r, work)
+                    log(f"  {phase:9s} round {r + 1}/{work.rounds}  {live.target.label:34s} "
+                        f"{res.rate:10,.0f} points/s  ({res.requests} requests in {res.seconds:.1f}s)")  # fmt: skip
+        for rep in range(work.repeats):
+            if rep and time.monotonic() - t_start > args.deadline:
+                break
+            for live in rotated(lives, rep):
+                history_round(live)
+        for live in lives:
+            log(f"  history   {live.target.label:34s} 1 metric {statistics.median(live.history['1']) * 1e3:9.1f} ms"
+                f"   12 metrics {statistics.median(live.history['12']) * 1e3:9.1f} ms")  # fmt: skip
+        return [result_of(live, workdirs[id(live)]) for live in lives]
 
 
 # ------------------------------------------------------------------------------------------- peers
@@ -370,6 +334,36 @@ def _serve_supports_workers(python: str) -> bool:
     return "--workers" in out.stdout
 
 
+def _pg_connect(admin_url: str, dbname: str | None = None):
+    import psycopg
+
+    url = make_url(admin_url).set(drivername="postgresql")
+    if dbname is not None:
+        url = url.set(database=dbname)
+    return psycopg.connect(url.render_as_string(hide_password=False), autocommit=True, connect_timeout=5)
+
+
+def _pg_problem(admin_url: str) -> str | None:
+    try:
+        with _pg_connect(admin_url):
+            return None
+    except Exception as exc:  # any failure means: skip the PostgreSQL targets, saying why
+        return f"{type(exc).__name__}: {exc}".splitlines()[0]
+
+
+@contextlib.contextmanager
+def private_pg_database(admin_url: str) -> Iterator[str]:
+    """A fresh database on the server of ``admin_url`` (dropped afterwards), as a SQLAlchemy URL."""
+    name = f"rlvitals_bench_{uuid.uuid4().hex[:12]}"
+    with _pg_connect(admin_url) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield make_url(admin_url).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with _pg_connect(admin_url) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 def install_peers(venvs: Path) -> None:
     """Create ``venvs/mlflow`` and ``venvs/trackio`` with the peers from PyPI (no torch needed)."""
     for name in ("mlflow", "trackio"):
@@ -380,7 +374,7 @@ def install_peers(venvs: Path) -> None:
 
 
 def select_targets(args: argparse.Namespace, log) -> list[Target]:
-    only = set(args.only.split(",")) if args.only else set(TARGET_NAMES)
+    only = set(args.only.split(",")) if args.only else set(DEFAULT_TARGETS)
     unknown = only - set(TARGET_NAMES)
     if unknown:
         raise SystemExit(f"--only: unknown {sorted(unknown)}; choose from {', '.join(TARGET_NAMES)}")
@@ -392,6 +386,18 @@ def select_targets(args: argparse.Namespace, log) -> list[Target]:
             targets.append(Rlvitals(args.rlvitals_python, workers=args.rlvitals_workers))
         else:
             log("skip rlvitals --workers: this `rlvitals serve` has no --workers option")
+    pg_wanted = [name for name in ("rlvitals-pg", "rlvitals-pg-workers") if name in only]
+    if pg_wanted:
+        problem = _pg_problem(args.pg_url)
+        if problem:
+            log(
+                f"skip {', '.join(pg_wanted)}: PostgreSQL at {args.pg_url} unusable ({problem}); pass --pg-url"
+            )
+        else:
+            if "rlvitals-pg" in only:
+                targets.append(Rlvitals(args.rlvitals_python, postgres=True))
+            if "rlvitals-pg-workers" in only and args.rlvitals_workers > 1:
+                targets.append(Rlvitals(args.rlvitals_python, workers=args.rlvitals_workers, postgres=True))
     mlflow_py, trackio_py = args.mlflow_python, args.trackio_python
     if {"mlflow", "mlflow-1"} & only:
         if _has_module(mlflow_py, "mlflow"):
@@ -409,113 +415,6 @@ def select_targets(args: argparse.Namespace, log) -> list[Target]:
             log(f"skip trackio: no interpreter with trackio at {trackio_py} (pass --trackio-python, set "
                 f"RLVITALS_BENCH_TRACKIO_PYTHON, or run --install-peers)")  # fmt: skip
     return targets
-
-
-# ------------------------------------------------------------------------------------------ report
-
-
-def _fmt_rate(x: float) -> str:
-    return f"{x:,.0f}"
-
-
-def _fmt_ms(x: float) -> str:
-    return f"{x:,.1f}" if x >= 10 else f"{x:.2f}"
-
-
-def _fmt_ratio(x: float) -> str:
-    if not math.isfinite(x):
-        return "—"
-    return f"{x:,.0f}×" if x >= 10 else f"{x:.1f}×"
-
-
-def render(results: list[dict], work: Workload) -> str:
-    lines = []
-    lines.append(
-        f"Ingest ({len(METRIC_NAMES)} metrics/step; points/s = median of 5 time windows; ms per request)"
-    )
-    lines.append("")
-    lines.append("| server | per step pts/s | p50 | p99 | batched ×100 pts/s | p50 | p99 | "
-                 f"{work.trainers} trainers pts/s | p50 | p99 |")  # fmt: skip
-    lines.append("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
-    for r in results:
-        cells = [r["label"]]
-        for key in ("per_step", "batched", "trainers"):
-            p = r[key]
-            mark = "*" if p["capped"] else ""
-            cells += [_fmt_rate(p["points_per_s_median"]) + mark, _fmt_ms(p["p50_ms"]), _fmt_ms(p["p99_ms"])]
-        lines.append("| " + " | ".join(cells) + " |")
-    lines.append("")
-    steps = {r["history_steps"] for r in results}
-    lines.append(
-        f"Queries over {', '.join(map(str, sorted(steps)))} steps (median), memory, keep-alive probe"
-    )
-    lines.append("")
-    lines.append("| server | 1 metric ms | 12 metrics ms | RSS peak MiB | PSS end MiB | processes | "
-                 "keep-alive GET p50 ms | startup s |")  # fmt: skip
-    lines.append("|---|--:|--:|--:|--:|--:|--:|--:|")
-    for r in results:
-        lines.append(
-            f"| {r['label']} | {_fmt_ms(r['history_1']['seconds_median'] * 1e3)} | "
-            f"{_fmt_ms(r['history_12']['seconds_median'] * 1e3)} | {r['rss_peak_mib']:,.0f} | "
-            f"{r['pss_end_mib']:,.0f} | {r['processes']} | {_fmt_ms(r['keepalive_get_p50_ms'])} | {r['startup_s']} |"
-        )
-    if any(r[k]["capped"] for r in results for k in ("per_step", "batched", "trainers")):
-        lines.append("")
-        lines.append(f"* stopped at the time cap ({work.max_seconds:.0f}s; batched {work.batched_max_seconds:.0f}s):"
-                     " the rate is over the requests that ran.")  # fmt: skip
-    ours = [r for r in results if r["kind"] == "rlvitals"]
-    peers = [r for r in results if r["kind"] != "rlvitals"]
-    if ours and peers:
-        lines.append("")
-        lines.append("Ratios (rlvitals ÷ peer for throughput; peer ÷ rlvitals for time and memory)")
-        lines.append("")
-        lines.append(
-            "| rlvitals vs | per step | batched | trainers | 1-metric history | 12-metric history | RSS |"
-        )
-        lines.append("|---|--:|--:|--:|--:|--:|--:|")
-        for o in ours:
-            for p in peers:
-                lines.append(
-                    "| "
-                    + " | ".join([f"{o['label']} vs {p['label']}", *map(_fmt_ratio, ratios(o, p))])
-                    + " |"
-                )
-        lines.append("")
-        lines.extend(target_lines(ours, peers))
-    return "\n".join(lines)
-
-
-def ratios(o: dict, p: dict) -> list[float]:
-    def div(a: float, b: float) -> float:
-        return a / b if b > 0 else math.inf
-
-    return [
-        div(o["per_step"]["points_per_s_median"], p["per_step"]["points_per_s_median"]),
-        div(o["batched"]["points_per_s_median"], p["batched"]["points_per_s_median"]),
-        div(o["trainers"]["points_per_s_median"], p["trainers"]["points_per_s_median"]),
-        div(p["history_1"]["seconds_median"], o["history_1"]["seconds_median"]),
-        div(p["history_12"]["seconds_median"], o["history_12"]["seconds_median"]),
-        div(p["rss_peak_mib"], o["rss_peak_mib"]),
-    ]
-
-
-TARGETS = (("per step", 20), ("batched", 30), ("trainers", 20), ("1-metric history", 50),
-           ("12-metric history", 50), ("RSS", 10))  # fmt: skip
-
-
-def target_lines(ours: list[dict], peers: list[dict]) -> list[str]:
-    out = []
-    for o in ours:
-        for p in peers:
-            got = ratios(o, p)
-            if p["kind"] == "mlflow":
-                checks = [f"{name} {_fmt_ratio(x)} {'ok' if x >= goal else f'MISS (<{goal}×)'}"
-                          for (name, goal), x in zip(TARGETS, got, strict=True)]  # fmt: skip
-            else:
-                checks = [f"{name} {'beats' if x > 1 else 'LOSES'} ({_fmt_ratio(x)})"
-                          for (name, _), x in zip(TARGETS, got, strict=True)]  # fmt: skip
-            out.append(f"- {o['label']} vs {p['label']}: " + "; ".join(checks))
-    return out
 
 
 # -------------------------------------------------------------------------------------------- main
@@ -536,9 +435,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--rlvitals-python", default=sys.executable, help="interpreter with rlvitals[server]")
     ap.add_argument("--rlvitals-workers", type=int, default=2,
                     help="also run `rlvitals serve --workers N` when serve supports it (0: don't)")  # fmt: skip
+    ap.add_argument("--pg-url", default=os.environ.get("RLVITALS_BENCH_PG_URL", DEFAULT_PG_URL),
+                    help="PostgreSQL server for the rlvitals-pg targets; a private database is created and "
+                         "dropped (default %(default)s; env RLVITALS_BENCH_PG_URL)")  # fmt: skip
     ap.add_argument("--install-peers", action="store_true", help="create the peer venvs with pip, then run")
     ap.add_argument("--max-seconds", type=float, help="time cap per ingest phase (batched gets 4×)")
-    ap.add_argument("--deadline", type=float, default=900.0, help="skip targets not started by then (s)")
+    ap.add_argument("--rounds", type=int, help="interleaved rounds per phase (default 3)")
+    ap.add_argument(
+        "--deadline", type=float, default=900.0, help="start no new round after this many seconds"
+    )
     ap.add_argument("--json", type=Path, help="write every number to this file")
     ap.add_argument("--keep", action="store_true", help="keep the databases and server logs")
     args = ap.parse_args(argv)
@@ -556,34 +461,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.install_peers:
         install_peers(args.peer_venvs)
     work = Workload.quick() if args.quick else Workload()
+    if args.rounds:
+        work.rounds = args.rounds
     if args.max_seconds:
         work.max_seconds, work.batched_max_seconds = args.max_seconds, 4 * args.max_seconds
     targets = select_targets(args, log)
     if not targets:
         log("nothing to run")
         return 1
-    started = time.monotonic()
+    started_at = time.monotonic()
+    load_before = os.getloadavg()
     root = Path(tempfile.mkdtemp(prefix="rlvitals-bench-"))
-    results = []
     try:
-        for i, target in enumerate(targets):
-            if time.monotonic() - started > args.deadline:
-                log(f"skip {target.label}: past --deadline {args.deadline:.0f}s")
-                continue
-            log(f"[{i + 1}/{len(targets)}] {target.label}")
-            results.append(bench_target(target, work, root / f"{i}-{target.kind}", log))
+        results = run_all(targets, work, root, args, log)
     finally:
         if args.keep:
             log(f"kept databases and logs in {root}")
         else:
             shutil.rmtree(root, ignore_errors=True)
-    report = render(results, work)
+    load_after = os.getloadavg()
+    report = render(results, work, len(METRIC_NAMES))
     print(report)
+    print(f"\nMachine: {os.cpu_count()} CPUs; load average (1 min) {load_before[0]:.1f} before, "
+          f"{load_after[0]:.1f} after.")  # fmt: skip
     if args.json:
         meta = {"workload": asdict(work), "metrics": METRIC_NAMES, "cpus": os.cpu_count(),
-                "python": sys.version.split()[0], "seconds": round(time.monotonic() - started, 1)}  # fmt: skip
+                "python": sys.version.split()[0], "seconds": round(time.monotonic() - started_at, 1),
+                "loadavg_before": load_before, "loadavg_after": load_after}  # fmt: skip
         args.json.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
-    log(f"done in {time.monotonic() - started:.0f}s")
+    log(f"done in {time.monotonic() - started_at:.0f}s")
     return 0
 
 
