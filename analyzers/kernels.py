@@ -187,7 +187,7 @@ class TokenBatch:
         m.copy_(self.mask)
         torch.mul(self._t("advantages"), m, out=adv_m)  # A on valid tokens, 0 elsewhere
         torch.clamp(adv_m, min=0.0, out=a_pos)  # A+  (A > 0)
-        torch.clamp(adv_m, max=0.0, out=a_neg).neg_()  # -A  (A < 0): verl's -advantages, exactly
+        torch.sub(a_pos, adv_m, out=a_neg)  # -A  (A < 0), exactly: A+ - A is 0 or -A
         # log-ratio, clamped to +-20 as verl does before exp; ppo_kl = masked mean of (old - new)
         torch.sub(self._t("log_prob"), self._t("old_log_prob"), out=ratio).clamp_(-20.0, 20.0)
         kl_sum = float(torch.dot(ratio.view(-1), m.view(-1)))
@@ -216,8 +216,8 @@ class TokenBatch:
         loss, work = self._buffer(), self._buffer()
         # l = (-A) clamp(r, lo, c) for A < 0,  -(A min(r, hi)) for A > 0   (one of the terms is 0)
         torch.clamp(r, lo, c, out=loss).mul_(self._a_neg)
-        torch.clamp(r, max=hi, out=work).mul_(self._a_pos)
-        loss.sub_(work)
+        # one of the two terms is exactly 0 per token, so a fused multiply-add rounds like verl
+        loss.addcmul_(torch.clamp(r, max=hi, out=work), self._a_pos, value=-1.0)
         rows = self._row_sums(loss)
         # z = A r + l:  z > 0 <=> verl's pg_losses2 > pg_losses1 (clipped, either side);
         #               z < 0 <=> A < 0 and (-A) r > (-A) c (dual clip), compared on the rounded products
