@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -43,24 +44,76 @@ class CapturedBatch:
         self.reported = reported
         self.nbytes = sum(int(t.nbytes) for t in tensors.values())
 
-    def serialize(self) -> bytes:
-        """safetensors bytes with string metadata ``step``, ``config``, ``reported``, ``rank``, ``micro_batch``."""
+    def serialize(self) -> list[bytes]:
+        """safetensors bytes (in chunks of at most 1 MiB) with string metadata ``step``, ``config``,
+        ``reported``, ``rank``, ``micro_batch``, ``record_id``.
+        """
         for event in self.events:
             event.synchronize()
         reported = {name: encode_value(value) for name, value in self.reported.items()}
         metadata = {**self.metadata, "reported": json.dumps(reported, allow_nan=False)}
-        torch = sys.modules.get("torch")
-        if torch is not None and any(isinstance(t, torch.Tensor) for t in self.tensors.values()):
-            from safetensors.torch import save
+        return encode_safetensors(self.tensors, metadata)
 
-            tensors = {
-                name: (t if isinstance(t, torch.Tensor) else torch.from_numpy(t)).contiguous()
-                for name, t in self.tensors.items()
-            }
-            return save(tensors, metadata=metadata)
-        from safetensors.numpy import save as save_numpy
 
-        return save_numpy(dict(self.tensors), metadata=metadata)
+CHUNK_BYTES = 1 << 20
+_CODES = {
+    "float64": "F64",
+    "float32": "F32",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "int64": "I64",
+    "int32": "I32",
+    "int16": "I16",
+    "int8": "I8",
+    "uint8": "U8",
+    "bool": "BOOL",
+}
+
+
+def _flat_bytes(value: Any) -> tuple[str, list[int], Any]:
+    """(safetensors dtype code, shape, flat uint8 numpy view) of a CPU tensor or array."""
+    if _is_tensor(value):
+        import torch
+
+        tensor = value.contiguous()
+        code = _CODES.get(str(tensor.dtype).removeprefix("torch."))
+        flat = tensor.reshape(-1).view(torch.uint8).numpy() if tensor.numel() else b""
+    else:
+        import numpy as np
+
+        array = np.ascontiguousarray(value)
+        if array.dtype.byteorder == ">":
+            array = array.astype(array.dtype.newbyteorder("<"))
+        code = _CODES.get(array.dtype.name)
+        flat = array.reshape(-1).view(np.uint8)
+    if code is None:
+        raise TypeError(f"dtype {value.dtype} cannot be sent as safetensors")
+    return code, list(value.shape), flat
+
+
+def encode_safetensors(tensors: Mapping[str, Any], metadata: Mapping[str, str]) -> list[bytes]:
+    """The safetensors file format (8-byte header length, JSON header, raw little-endian data), as a
+    list of chunks. Written here rather than with ``safetensors.torch.save`` because that holds the GIL
+    for the whole copy (~7 ms for 6 MB), which would stall the trainer thread; each chunk here is one
+    short copy. The official parser reads it back (tests check).
+    """
+    header: dict[str, Any] = {"__metadata__": dict(metadata)}
+    flats = []
+    offset = 0
+    for name in sorted(tensors):
+        code, shape, flat = _flat_bytes(tensors[name])
+        size = len(flat)
+        header[name] = {"dtype": code, "shape": shape, "data_offsets": [offset, offset + size]}
+        flats.append(flat)
+        offset += size
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)
+    chunks = [struct.pack("<Q", len(head)) + head]
+    for flat in flats:
+        view = memoryview(flat)
+        for start in range(0, len(view), CHUNK_BYTES):
+            chunks.append(view[start : start + CHUNK_BYTES].tobytes())
+    return chunks
 
 
 def _is_tensor(value: Any) -> bool:
@@ -151,6 +204,10 @@ def capture(
             raise ValueError(f"log_batch: {name} has shape {tuple(value.shape)}, log_prob has {shape}")
         host[name] = _copy_to_host(value, pending_cuda)
     if tensors.get("group_index") is not None:
+        if "token_level_rewards" not in host:
+            raise TypeError(
+                "log_batch: group_index needs token_level_rewards (the GRPO advantage audit uses both)"
+            )
         host["group_index"] = _group_ids(tensors["group_index"], shape[0], pending_cuda)
     events = []
     if pending_cuda:

@@ -14,7 +14,6 @@ only rank 0 sends scalars and every rank sends its sampled audit batches (rank i
 from __future__ import annotations
 
 import atexit
-import contextlib
 import os
 import sys
 import threading
@@ -31,7 +30,7 @@ from rlvitals.client.capture import capture
 from rlvitals.client.problems import Problems
 from rlvitals.client.sender import Stats, Worker
 from rlvitals.client.settings import DEFAULT_FINISH_TIMEOUT, DEFAULT_URL, ClientSettings, default_spool_dir
-from rlvitals.client.spool import RunInfo, Spool, count_points, read_segment
+from rlvitals.client.spool import RunInfo, Spool
 from rlvitals.client.transport import HttpApi, RejectedError, RetryableError
 from rlvitals.client.values import check_metrics, check_step, copy_device_scalars
 
@@ -165,6 +164,9 @@ class Run:
             max_bytes=self.settings.max_spool_bytes,
         )
         self._fresh_process_state()
+        interval = self.settings.gil_switch_interval
+        if interval is not None and sys.getswitchinterval() > interval:
+            sys.setswitchinterval(interval)
         if mode == "online":
             self._connect()
         self._start_worker()
@@ -343,10 +345,7 @@ class Run:
 
     def _make_report(self) -> FinishReport:
         spool = self._spool
-        pending_points = 0
-        for path in spool.sealed:
-            with contextlib.suppress(OSError):
-                pending_points += count_points(read_segment(path))
+        pending_points = sum(points for _, points in spool.sealed)
         stats = self._stats
         return FinishReport(
             run_id=self.id if self._worker is None else (self._worker.run_id or self.id),

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import deque
@@ -25,9 +26,19 @@ from dataclasses import dataclass
 from rlvitals.client.capture import CapturedBatch
 from rlvitals.client.problems import Problems
 from rlvitals.client.settings import ClientSettings
-from rlvitals.client.spool import Spool, count_points, read_segment
+from rlvitals.client.spool import Spool, read_lines
 from rlvitals.client.transport import HttpApi, RejectedError, RetryableError, RunNotFoundError
 from rlvitals.client.values import encode_value
+
+
+def encode_step(step: int, values: dict, wall_time: float, device: dict | None) -> tuple[bytes, int]:
+    """One API step record as a JSON line (bytes are not tracked by the GC: less collector work while the
+    trainer runs), and its point count."""
+    if device is not None:
+        values.update(device)
+    metrics = {name: encode_value(value) for name, value in values.items()}
+    body = json.dumps(metrics, allow_nan=False, separators=(",", ":"))
+    return f'{{"step":{step},"metrics":{body},"wall_time":{wall_time!r}}}'.encode(), len(metrics)
 
 
 @dataclass
@@ -75,9 +86,9 @@ class Worker:
         self.online = online and api is not None
         self.healthy = self.online and run_id is not None
         self._lock = threading.Lock()
-        self._mem_steps: deque[dict] = deque()
+        self._mem_steps: deque[tuple[bytes, int]] = deque()  # (JSON line, points)
         self._mem_points = 0
-        self._mem_batches: deque[bytes] = deque()
+        self._mem_batches: deque[list[bytes]] = deque()
         self._mem_batch_bytes = 0
         self._closing = threading.Event()
         self._stop = threading.Event()
@@ -114,7 +125,7 @@ class Worker:
         self._send_wake.set()
 
     def _drain(self) -> None:
-        steps: list[dict] = []
+        items: list[tuple[bytes, int]] = []
         points = 0
         batches: list[CapturedBatch] = []
         queue = self.queue
@@ -124,21 +135,18 @@ class Worker:
             except IndexError:
                 break
             if type(item) is tuple:
-                step, values, wall_time, device = item
-                if device is not None:
-                    values.update(device)
-                metrics = {name: encode_value(value) for name, value in values.items()}
-                steps.append({"step": step, "metrics": metrics, "wall_time": wall_time})
-                points += len(metrics)
-                if len(steps) >= 10_000:
+                line, count = encode_step(*item)
+                items.append((line, count))
+                points += count
+                if len(items) >= 10_000:
                     self.stats.points_logged += points
-                    self._route_steps(steps, points)
-                    steps, points = [], 0
+                    self._route_steps(items, points)
+                    items, points = [], 0
             else:
                 batches.append(item)
-        if steps:
+        if items:
             self.stats.points_logged += points
-            self._route_steps(steps, points)
+            self._route_steps(items, points)
         for batch in batches:
             try:
                 payload = batch.serialize()
@@ -149,32 +157,32 @@ class Worker:
             self.stats.batches_logged += 1
             self._route_batch(payload)
 
-    def _route_steps(self, steps: list[dict], points: int) -> None:
+    def _route_steps(self, items: list[tuple[bytes, int]], points: int) -> None:
         soft = self.settings.max_memory_points
         with self._lock:
             if self.healthy and self._mem_points + points <= soft:
-                self._mem_steps.extend(steps)
+                self._mem_steps.extend(items)
                 self._mem_points += points
-                steps = []
-        if steps:
-            self._park_steps(steps, points, from_memory=False)
+                items = []
+        if items:
+            self._park_steps(items, points, from_memory=False)
         if self._mem_points >= self.settings.max_steps_per_request:
             self._send_wake.set()
 
-    def _park_steps(self, steps: list[dict], points: int, *, from_memory: bool) -> None:
+    def _park_steps(self, items: list[tuple[bytes, int]], points: int, *, from_memory: bool) -> None:
         """Spool records; if the disk refuses, keep them in memory (up to 2x the bound) or count the drop."""
         try:
-            self.spool.append_steps(steps)
+            self.spool.append(items)
         except OSError as exc:
-            where = "resend from memory"
+            where = "keeping them in memory and resending from there"
             with self._lock:
                 hard = 2 * self.settings.max_memory_points
                 if from_memory or self._mem_points + points <= hard:
-                    self._mem_steps.extendleft(reversed(steps))
+                    self._mem_steps.extendleft(reversed(items))
                     if not from_memory:
                         self._mem_points += points
-                    steps = []
-            if steps:
+                    items = []
+            if items:
                 self.stats.points_dropped += points
                 where = f"{points} points dropped (memory also full; counted, reported at finish)"
             self.problems.report("spool", f"write spool {self.spool.directory}", _os_cause(exc), where)
@@ -185,17 +193,18 @@ class Worker:
         self.stats.points_spooled += points
         self._send_wake.set()
 
-    def _route_batch(self, payload: bytes) -> None:
+    def _route_batch(self, payload: list[bytes]) -> None:
+        size = _size(payload)
         with self._lock:
-            if self.healthy and self._mem_batch_bytes + len(payload) <= self.settings.max_memory_batch_bytes:
+            if self.healthy and self._mem_batch_bytes + size <= self.settings.max_memory_batch_bytes:
                 self._mem_batches.append(payload)
-                self._mem_batch_bytes += len(payload)
-                payload = b""
+                self._mem_batch_bytes += size
+                payload = []
         if payload:
             self._park_batch(payload)
         self._send_wake.set()
 
-    def _park_batch(self, payload: bytes) -> None:
+    def _park_batch(self, payload: list[bytes]) -> None:
         try:
             self.spool.write_batch(payload)
         except OSError as exc:
@@ -269,7 +278,7 @@ class Worker:
             self._mem_batches.clear()
             self._mem_batch_bytes = 0
         if steps:
-            self._park_steps(steps, count_points(steps), from_memory=True)
+            self._park_steps(steps, sum(points for _, points in steps), from_memory=True)
         for payload in batches:
             self._park_batch(payload)
 
@@ -307,33 +316,34 @@ class Worker:
     def _send_steps(self, remaining: float | None) -> bool:
         """Send one request of step records, if any; True if one was attempted."""
         path = None
+        steps: list[tuple[bytes, int]] = []
         if self.spool.sealed:
-            path = self.spool.sealed[0]
+            path, points = self.spool.sealed[0]
             try:
-                steps = read_segment(path)
+                lines = read_lines(path)
             except OSError as exc:
                 self.problems.report("spool", f"read spool segment {path}", _os_cause(exc), "skipping it")
                 self.spool.sealed.popleft()
                 return True
-            points = count_points(steps)
         elif self.spool.open_records:
             self.spool.seal()
             return True
         else:
             with self._lock:
-                steps = []
+                lines = []
                 points = 0
                 limit = self.settings.max_steps_per_request
                 while self._mem_steps and len(steps) < limit:
-                    record = self._mem_steps.popleft()
-                    steps.append(record)
-                    points += len(record["metrics"])
+                    item = self._mem_steps.popleft()
+                    steps.append(item)
+                    lines.append(item[0])
+                    points += item[1]
                 self._mem_points -= points
             if not steps:
                 return False
         try:
             self.stats.requests += 1
-            self.api.post_metrics(self.run_id, steps, timeout=self._request_timeout(remaining))
+            self.api.post_metrics(self.run_id, lines, timeout=self._request_timeout(remaining))
         except RunNotFoundError:
             self._requeue(path, steps, points)
             self.run_id = None
@@ -360,7 +370,7 @@ class Worker:
             path.unlink(missing_ok=True)
         return True
 
-    def _requeue(self, path, steps: list[dict], points: int) -> None:
+    def _requeue(self, path, steps: list[tuple[bytes, int]], points: int) -> None:
         if path is None:
             with self._lock:
                 self._mem_steps.extendleft(reversed(steps))
@@ -371,7 +381,7 @@ class Worker:
         if self.spool.batch_files:
             path = self.spool.batch_files[0]
             try:
-                payload = path.read_bytes()
+                payload = [path.read_bytes()]
             except OSError as exc:
                 self.problems.report("spool", f"read spooled batch {path}", _os_cause(exc), "skipping it")
                 self.spool.batch_files.popleft()
@@ -381,7 +391,7 @@ class Worker:
                 if not self._mem_batches:
                     return False
                 payload = self._mem_batches.popleft()
-                self._mem_batch_bytes -= len(payload)
+                self._mem_batch_bytes -= _size(payload)
         try:
             self.stats.requests += 1
             self.api.post_batch(self.run_id, payload, timeout=self._request_timeout(remaining))
@@ -408,11 +418,11 @@ class Worker:
             path.unlink(missing_ok=True)
         return True
 
-    def _requeue_batch(self, path, payload: bytes) -> None:
+    def _requeue_batch(self, path, payload: list[bytes]) -> None:
         if path is None:
             with self._lock:
                 self._mem_batches.appendleft(payload)
-                self._mem_batch_bytes += len(payload)
+                self._mem_batch_bytes += _size(payload)
 
     # -- lifecycle ----------------------------------------------------------------------------
     def close(self, timeout: float) -> None:
@@ -430,6 +440,20 @@ class Worker:
         if self._sender is not None:
             self._sender.join(2.0)
         self._spill_memory()
+        with self._lock:  # the spool refused these too (disk full): they end with this process
+            lost_points, lost_batches = self._mem_points, len(self._mem_batches)
+            self._mem_steps.clear()
+            self._mem_batches.clear()
+            self._mem_points = self._mem_batch_bytes = 0
+        if lost_points or lost_batches:
+            self.stats.points_dropped += lost_points
+            self.stats.batches_dropped += lost_batches
+            self.problems.report(
+                "spool",
+                f"write spool {self.spool.directory}",
+                "no space left at finish",
+                f"{lost_points} points and {lost_batches} batches dropped (counted)",
+            )
         self.spool.close()
         if self.api is not None:
             self.api.close()
@@ -442,6 +466,10 @@ class _Retry(Exception):
     def __init__(self, outcome: str) -> None:
         super().__init__(outcome)
         self.outcome = outcome
+
+
+def _size(payload: list[bytes]) -> int:
+    return sum(len(chunk) for chunk in payload)
 
 
 def _os_cause(exc: OSError) -> str:

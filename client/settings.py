@@ -71,6 +71,9 @@ class ClientSettings:
     - ``batch_micro_batches``: ``"first"`` (first ``log_batch`` call of a sampled step) or ``"all"``.
     - ``scalars_all_ranks`` / ``batches_all_ranks``: which ranks send (default: scalars from rank 0 only,
       audit batches from every rank).
+    - ``gil_switch_interval``: while a run is open, ``sys.setswitchinterval`` is lowered to this (if it is
+      higher; CPython's default is 5 ms) so the client's background threads can never keep the trainer's
+      thread waiting for the GIL longer than that. ``None`` leaves the interpreter alone.
     """
 
     timeout: float = DEFAULT_TIMEOUT
@@ -85,6 +88,7 @@ class ClientSettings:
     batch_micro_batches: str = "first"
     scalars_all_ranks: bool = False
     batches_all_ranks: bool = True
+    gil_switch_interval: float | None = 0.0005
     retry: RetryPolicy = field(default_factory=RetryPolicy)
 
     def __post_init__(self) -> None:
@@ -101,6 +105,10 @@ class ClientSettings:
         if self.batch_micro_batches not in ("first", "all"):
             raise ValueError(
                 f"batch_micro_batches must be 'first' or 'all', got {self.batch_micro_batches!r}"
+            )
+        if self.gil_switch_interval is not None and not 0 < self.gil_switch_interval <= 0.1:
+            raise ValueError(
+                f"gil_switch_interval must be in (0, 0.1] s or None, got {self.gil_switch_interval}"
             )
         if not isinstance(self.retry, RetryPolicy):
             raise TypeError(f"retry must be a RetryPolicy, got {type(self.retry).__name__}")

@@ -5,7 +5,7 @@ Layout (one directory per run under ``RLVITALS_SPOOL_DIR``, default ``~/.rlvital
     <spool>/<project>--<name>-<hash>/
         run.json                                   project, name, config, tags (to create/resume the run)
         seg-<pid>-<token>-<n>.jsonl.part           the segment a live process is appending to
-        seg-<pid>-<token>-<n>.jsonl                sealed: one HTTP request's worth of step records
+        seg-<pid>-<token>-<n>-<points>.jsonl       sealed: one HTTP request's worth of step records
         batch-<pid>-<token>-<n>.safetensors        one tensor batch, exactly the bytes POSTed
 
 Each JSONL line is one API step record (``{"step", "metrics", "wall_time"}``, non-finite values already
@@ -57,6 +57,19 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def read_lines(path: Path) -> list[bytes]:
+    """The whole JSON lines of a segment this process wrote (a torn tail is dropped), unparsed."""
+    lines = path.read_bytes().split(b"\n")
+    return [line for line in lines[:-1] if line]
+
+
+def segment_points(path: Path) -> int | None:
+    """The point count a sealed segment's name records (None for a ``.part`` segment)."""
+    stem = path.name[: -len(SEGMENT_SUFFIX)] if path.name.endswith(SEGMENT_SUFFIX) else ""
+    tail = stem.rsplit("-", 1)[-1]
+    return int(tail) if stem.count("-") >= 4 and tail.isdigit() else None
 
 
 def read_segment(path: Path) -> list[dict]:
@@ -113,9 +126,10 @@ class Spool:
         self._handle = None
         self._open_path: Path | None = None
         self._open_records = 0
+        self._open_points = 0
         self._offset = 0
         self._prepared = False
-        self.sealed: deque[Path] = deque()  # own sealed segments, oldest first, not yet acknowledged
+        self.sealed: deque[tuple[Path, int]] = deque()  # own sealed (segment, points), oldest first
         self.batch_files: deque[Path] = deque()  # own spooled batches, oldest first
 
     # -- writing ------------------------------------------------------------------------------
@@ -140,24 +154,25 @@ class Spool:
         self._seq += 1
         return self.directory / f"{kind}-{self.prefix}-{self._seq:06d}{suffix}"
 
-    def append_steps(self, records: list[dict]) -> None:
-        """Append step records; raises ``OSError`` (disk full, read-only, ...) with nothing half-written."""
-        if not records:
+    def append(self, items: list[tuple[bytes, int]]) -> None:
+        """Append (JSON line, point count) records; raises ``OSError`` (disk full, ...) with nothing
+        half-written: a failed write is cut back to the last whole line.
+        """
+        if not items:
             return
         with self._lock:
             self._prepare()
             start = 0
-            while start < len(records):
+            while start < len(items):
                 if self._handle is None:
                     self._open_path = self._next_path("seg", SEGMENT_SUFFIX + PART_SUFFIX)
                     self._handle = open(self._open_path, "ab")  # noqa: SIM115 - kept open across appends
                     self._open_records = 0
+                    self._open_points = 0
                     self._offset = 0
                 room = self.segment_records - self._open_records
-                chunk = records[start : start + room]
-                data = b"".join(
-                    json.dumps(r, allow_nan=False, separators=(",", ":")).encode() + b"\n" for r in chunk
-                )
+                chunk = items[start : start + room]
+                data = b"\n".join(line for line, _ in chunk) + b"\n"
                 try:
                     self._handle.write(data)
                     self._handle.flush()
@@ -166,6 +181,7 @@ class Spool:
                     raise
                 self._offset += len(data)
                 self._open_records += len(chunk)
+                self._open_points += sum(points for _, points in chunk)
                 start += len(chunk)
                 if self._open_records >= self.segment_records:
                     self._seal_locked()
@@ -200,10 +216,12 @@ class Spool:
         if self._open_records == 0:
             path.unlink(missing_ok=True)
         else:
-            sealed = path.with_name(path.name[: -len(PART_SUFFIX)])
+            base = path.name[: -len(SEGMENT_SUFFIX + PART_SUFFIX)]
+            sealed = path.with_name(f"{base}-{self._open_points}{SEGMENT_SUFFIX}")
             os.replace(path, sealed)
-            self.sealed.append(sealed)
+            self.sealed.append((sealed, self._open_points))
         self._open_records = 0
+        self._open_points = 0
 
     def seal(self) -> bool:
         """Close the open segment so the sender can send it; True if it held records."""
@@ -216,17 +234,19 @@ class Spool:
     def open_records(self) -> int:
         return self._open_records
 
-    def write_batch(self, payload: bytes) -> Path:
-        """Store one batch's safetensors bytes; raises ``OSError`` if the disk (or ``max_bytes``) is full."""
+    def write_batch(self, payload: list[bytes]) -> Path:
+        """Store one batch's safetensors bytes (chunks); raises ``OSError`` if the disk or ``max_bytes`` is full."""
+        size = sum(len(chunk) for chunk in payload)
         with self._lock:
             self._prepare()
-            if self.max_bytes and self.size_bytes() + len(payload) > self.max_bytes:
+            if self.max_bytes and self.size_bytes() + size > self.max_bytes:
                 raise OSError(28, f"spool limit of {self.max_bytes} bytes reached")
             path = self._next_path("batch", BATCH_SUFFIX)
             tmp = path.with_name(path.name + PART_SUFFIX)
             try:
                 with open(tmp, "wb") as handle:
-                    handle.write(payload)
+                    for chunk in payload:
+                        handle.write(chunk)
                     handle.flush()
                     os.fsync(handle.fileno())
             except OSError:

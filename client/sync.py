@@ -16,7 +16,7 @@ from typing import Any
 
 from rlvitals.client.settings import DEFAULT_URL, ClientSettings, default_spool_dir
 from rlvitals.client.spool import RunInfo, count_points, pending_files, read_segment
-from rlvitals.client.transport import HttpApi, RejectedError, RetryableError, TransportError
+from rlvitals.client.transport import HttpApi, RejectedError, RetryableError, TransportError, encode_record
 
 
 @dataclass
@@ -110,7 +110,7 @@ def _sync_run(api: HttpApi, run_dir: Path, settings: ClientSettings, result: Syn
         records = read_segment(path)
         try:
             for start in range(0, len(records), limit):
-                api.post_metrics(run_id, records[start : start + limit])
+                api.post_metrics(run_id, [encode_record(r) for r in records[start : start + limit]])
         except RejectedError as exc:
             result.points_rejected += count_points(records)
             result.errors.append(f"{path.name}: {exc} (kept as {path.name}.rejected)")
@@ -124,7 +124,7 @@ def _sync_run(api: HttpApi, run_dir: Path, settings: ClientSettings, result: Syn
         path.unlink(missing_ok=True)
     for index, path in enumerate(batches):
         try:
-            api.post_batch(run_id, path.read_bytes())
+            api.post_batch(run_id, [path.read_bytes()])
         except RejectedError as exc:
             result.batches_rejected += 1
             result.errors.append(f"{path.name}: {exc} (kept as {path.name}.rejected)")

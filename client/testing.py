@@ -4,12 +4,16 @@
 (run, step, name) with insert-or-ignore semantics like the real server, stores batches, and can be told
 to fail: ``fail_next(n, status=503, retry_after=None)`` answers the next ``n`` requests with an error,
 ``down = True`` refuses connections. Integration and fault tests use real ``rlvitals serve`` processes.
+
+Also here: ``DelayProxy`` (a real loopback proxy that answers slowly) and ``LatencyProbe`` (times calls,
+separating the callee's own blocking from OS preemption), shared by the fault tests and bench/client.py.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import deque
 
 import httpx
@@ -42,6 +46,7 @@ class FakeServer:
 
     def _handle(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
+        request.read()
         with self._lock:
             self.requests.append((request.method, path))
             if self.down:
@@ -73,3 +78,124 @@ class FakeServer:
                     self.batches[run_id].append(request.content)
                     return httpx.Response(202, json={"id": str(len(self.batches[run_id]))})
             return self._error(404, f"no route {request.method} {path}")
+
+
+class DelayProxy:
+    """A loopback HTTP/1.1 proxy in a thread that waits ``delay`` seconds before forwarding each request.
+
+    Used by the fault tests and the benchmark to make a real server "answer slowly". ``url`` is where
+    clients connect; ``upstream`` is the real server.
+    """
+
+    def __init__(self, upstream: str, delay: float) -> None:
+        self.upstream = upstream.rstrip("/")
+        self.delay = delay
+        self._server = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> DelayProxy:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _forward(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                time.sleep(proxy.delay)
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_HEADERS}
+                try:
+                    with httpx.Client(timeout=60.0) as client:
+                        upstream = client.request(
+                            self.command, proxy.upstream + self.path, content=body, headers=headers
+                        )
+                    status, content = upstream.status_code, upstream.content
+                    reply_headers = [
+                        (k, v) for k, v in upstream.headers.items() if k.lower() not in _HOP_HEADERS
+                    ]
+                except httpx.HTTPError:
+                    status, content, reply_headers = 502, b'{"error":{"code":"bad_gateway"}}', []
+                self.send_response(status)
+                for key, value in reply_headers:
+                    self.send_header(key, value)
+                self.send_header("Content-Length", str(len(content)))
+                self.end_headers()
+                self.wfile.write(content)
+
+            do_GET = do_POST = do_PUT = do_DELETE = _forward
+
+            def log_message(self, *args) -> None:
+                return
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="delay-proxy", daemon=True)
+        self._thread.start()
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+
+    def __enter__(self) -> DelayProxy:
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+
+_HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "content-encoding"}
+
+
+class LatencyProbe:
+    """Times calls in the calling thread, telling the callee's own waiting from OS preemption.
+
+    A call slower than ``limit_s`` during which the kernel involuntarily switched the thread out
+    (``ru_nivcsw`` of ``RUSAGE_THREAD`` grew) is counted as ``preempted``: another process took the CPU,
+    which no library can prevent on a shared machine. ``max_unpreempted_us`` is the worst call that was
+    not preempted — the client's own blocking.
+    """
+
+    def __init__(self, limit_s: float = 0.001) -> None:
+        self.limit_ns = int(limit_s * 1e9)
+        self.samples: list[int] = []
+        self.preempted: list[int] = []
+        self.max_unpreempted = 0
+
+    def __call__(self, fn, *args, **kwargs):
+        import resource
+
+        before = resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw
+        start = time.perf_counter_ns()
+        result = fn(*args, **kwargs)
+        elapsed = time.perf_counter_ns() - start
+        self.samples.append(elapsed)
+        if elapsed > self.limit_ns and resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw > before:
+            self.preempted.append(elapsed)
+        elif elapsed > self.max_unpreempted:
+            self.max_unpreempted = elapsed
+        return result
+
+    def summary(self) -> dict:
+        ordered = sorted(self.samples)
+        if not ordered:
+            return {"n": 0}
+
+        def pct(q: float) -> float:
+            return ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1000
+
+        return {
+            "n": len(ordered),
+            "p50_us": pct(0.50),
+            "p99_us": pct(0.99),
+            "max_us": ordered[-1] / 1000,
+            "max_unpreempted_us": self.max_unpreempted / 1000,
+            "preempted_over_limit": len(self.preempted),
+        }

@@ -62,6 +62,11 @@ def _message(response: httpx.Response) -> str:
         return response.text[:200] or response.reason_phrase
 
 
+def encode_record(record: dict) -> bytes:
+    """A step record (``{"step", "metrics", "wall_time"}``, values already API-encoded) as JSON bytes."""
+    return json.dumps(record, allow_nan=False, separators=(",", ":")).encode()
+
+
 def _timeout(seconds: float | None) -> dict:
     if seconds is None:
         return {}
@@ -130,9 +135,11 @@ class HttpApi:
         )
         return str(response.json()["id"])
 
-    def post_metrics(self, run_id: str, steps: list[dict], timeout: float | None = None) -> int:
-        """``POST /api/v1/runs/{id}/metrics`` with pre-encoded step records; returns ``accepted``."""
-        content = json.dumps({"steps": steps}, allow_nan=False, separators=(",", ":")).encode()
+    def post_metrics(self, run_id: str, lines: list[bytes], timeout: float | None = None) -> int:
+        """``POST /api/v1/runs/{id}/metrics`` with step records already encoded as JSON objects (bytes);
+        returns ``accepted``.
+        """
+        content = b'{"steps":[' + b",".join(lines) + b"]}"
         response = self._request(
             "send metrics",
             "POST",
@@ -146,14 +153,15 @@ class HttpApi:
         except (ValueError, AttributeError):
             return 0
 
-    def post_batch(self, run_id: str, payload: bytes, timeout: float | None = None) -> str:
-        """``POST /api/v1/runs/{id}/batches`` with safetensors bytes; returns the batch id."""
+    def post_batch(self, run_id: str, payload: list[bytes], timeout: float | None = None) -> str:
+        """``POST /api/v1/runs/{id}/batches`` with safetensors bytes (given as chunks); returns the batch id."""
+        size = sum(len(chunk) for chunk in payload)
         response = self._request(
             "send tensor batch",
             "POST",
             f"{API}/runs/{run_id}/batches",
             content=payload,
-            headers={"Content-Type": "application/octet-stream"},
+            headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)},
             **_timeout(timeout),
         )
         try:

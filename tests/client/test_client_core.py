@@ -218,7 +218,12 @@ def test_log_batch_torch_tensors_and_uid_groups(fake, tmp_path):
     tensors = {k: torch.from_numpy(v) for k, v in batch_arrays().items()}
     uids = np.array(["b", "a", "b", "a"], dtype=object)
     run.log_batch(
-        0, **tensors, entropy=torch.zeros(4, 8), group_index=uids, reported={"kl": torch.tensor(math.inf)}
+        0,
+        **tensors,
+        entropy=torch.zeros(4, 8),
+        token_level_rewards=torch.zeros(4, 8),
+        group_index=uids,
+        reported={"kl": torch.tensor(math.inf)},
     )
     tensors["log_prob"].add_(100.0)  # the trainer reuses its buffer: the captured copy must not change
     run.finish(timeout=5)
@@ -236,7 +241,11 @@ def test_log_batch_torch_tensors_and_uid_groups(fake, tmp_path):
         ({"log_prob": [[0.0]]}, TypeError),
         ({"advantages": np.zeros((4, 9), np.float32)}, ValueError),
         ({"response_mask": np.zeros(4, np.float32)}, ValueError),
-        ({"group_index": np.zeros(3, np.int64)}, ValueError),
+        ({"group_index": np.zeros(4, np.int64)}, TypeError),
+        (
+            {"group_index": np.zeros(3, np.int64), "token_level_rewards": np.zeros((4, 8), np.float32)},
+            ValueError,
+        ),
         ({"config": 3}, TypeError),
         ({"reported": [1.0]}, TypeError),
     ],
