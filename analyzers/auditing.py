@@ -150,7 +150,12 @@ def audit(
     for name, value in reported.items():
         key = _canonical(name)
         if key in METRICS and value is not None:
-            given[key] = float(value)
+            try:
+                given[key] = float(value)
+            except (TypeError, ValueError):
+                raise ValueError(
+                    f"reported[{name!r}] must be a number (or 'NaN'/'Infinity'); got {value!r}"
+                ) from None
     notes: list[str] = []
     effective = config
     if config.use_kl_loss and batch.tensors.get("ref_log_prob") is None:

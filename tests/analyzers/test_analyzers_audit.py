@@ -281,3 +281,10 @@ def test_full_audit_of_a_64x4096_batch_takes_under_half_a_second() -> None:
         torch.set_num_threads(threads)
     assert not report.ok and report.counterfactuals and report.alternatives["policy_loss"]
     assert min(timings) < 0.5, timings
+
+
+def test_reported_values_must_be_numbers() -> None:
+    tensors = _tensors()
+    assert audit(BASE, tensors, {"pg_loss": "NaN"}).reported["pg_loss"] != 0.0  # NaN spelled as text is fine
+    with pytest.raises(ValueError, match=r"reported\['actor/pg_loss'\] must be a number"):
+        audit(BASE, tensors, {"actor/pg_loss": "high"})
