@@ -363,12 +363,19 @@ class JsonlTailer:
     """Follow verl's ``file`` logger JSONL into a run, from a separate process or thread.
 
     ``poll()`` reads the lines completed since the last call (a half-written last line waits for its
-    newline) and logs them; ``start()`` polls every ``interval`` seconds in a daemon thread until
+    newline) and logs them, starting at byte ``offset``; ``start()`` polls every ``interval`` seconds in a daemon thread until
     ``stop()``. verl opens the file with ``"wb"``, so a file that shrank is read again from the start.
     A malformed line is skipped and counted in ``skipped``.
     """
 
-    def __init__(self, path: str | os.PathLike[str] | None = None, run: Any = None, *, interval: float = 1.0):
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        run: Any = None,
+        *,
+        interval: float = 1.0,
+        offset: int = 0,
+    ) -> None:
         path = path or os.environ.get("VERL_FILE_LOGGER_PATH")
         if not path:
             raise ValueError("JsonlTailer needs a path (or VERL_FILE_LOGGER_PATH)")
@@ -379,7 +386,7 @@ class JsonlTailer:
         self.interval = interval
         self.lines = 0
         self.skipped = 0
-        self._offset = 0
+        self._offset = offset  # bytes already read (e.g. by an import that came before)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
