@@ -159,14 +159,18 @@ class TokenBatch:
         for value in floats.values():
             dtype = torch.promote_types(dtype, value.dtype)
         self.dtype = dtype
-        self.n_row = self.mask.sum(dim=-1)  # (batch,) int64
-        self.n_tokens = int(self.n_row.sum())
-        self.n_seqs = int((self.n_row > 0).sum())
         self.fast = dtype in _FAST_DTYPES
         self._cache: dict = {}
         self._lengths: Tensor | None = None
         if self.fast:
             self._prepare()
+        else:
+            self._count(self.mask.sum(dim=-1))
+
+    def _count(self, n_row: Tensor) -> None:
+        self.n_row = n_row  # (batch,) int64: valid tokens per row
+        self.n_tokens = int(n_row.sum())
+        self.n_seqs = int(torch.count_nonzero(n_row))
 
     @property
     def empty(self) -> bool:
@@ -185,6 +189,8 @@ class TokenBatch:
         m, adv_m, a_pos, a_neg, ratio = (self._buffer() for _ in range(5))
         weakref.finalize(self, _give, m, adv_m, a_pos, a_neg, ratio)
         m.copy_(self.mask)
+        # valid tokens per row; a float sum of 0/1 is exact below 2^24 (and skips bool -> int64 copies)
+        self._count(m.sum(dim=-1).to(torch.int64) if self.width < 2**24 else self.mask.sum(dim=-1))
         torch.mul(self._t("advantages"), m, out=adv_m)  # A on valid tokens, 0 elsewhere
         torch.clamp(adv_m, min=0.0, out=a_pos)  # A+  (A > 0)
         torch.sub(a_pos, adv_m, out=a_neg)  # -A  (A < 0), exactly: A+ - A is 0 or -A

@@ -3,8 +3,8 @@
 Both sides compute the same numbers from the same float32 tensors in the same process: the clipped
 policy loss with dual clip (pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower), the entropy term and the
 low_var_kl KL term, token-mean, ending in python floats. verl's side is ``compute_policy_loss_vanilla``
-+ ``agg_loss`` + ``kl_penalty`` exactly as its ``ppo_loss`` calls them. Runs are interleaved so both
-see the same machine load; the table reports medians. Also times a full ``audit`` (with
++ ``agg_loss`` + ``kl_penalty`` exactly as its ``ppo_loss`` calls them. Calls alternate (ours, verl's,
+verl's, ours, ...) so both see the same machine load; the table reports medians. Also times a full ``audit`` (with
 counterfactuals) of the (64, 4096) batch.
 
     .venv/bin/python bench/recompute.py                     # rlvitals only
@@ -71,14 +71,19 @@ def verl_step(core_algos, actor, t: dict[str, torch.Tensor]) -> dict[str, float]
     }
 
 
-def median_seconds(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+def interleaved_medians(fns: list, repeats: int) -> list[float]:
+    """Median seconds of each function, run alternately (a, b, a, b, ...) so that machine load hits
+    all of them alike; one warm-up call each first."""
+    for fn in fns:
         fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    times: list[list[float]] = [[] for _ in fns]
+    for i in range(repeats):
+        order = range(len(fns)) if i % 2 == 0 else reversed(range(len(fns)))
+        for j in order:
+            start = time.perf_counter()
+            fns[j]()
+            times[j].append(time.perf_counter() - start)
+    return [statistics.median(ts) for ts in times]
 
 
 def main() -> None:
@@ -109,23 +114,23 @@ def main() -> None:
     for batch, length in SHAPES:
         t = make_batch(batch, length)
         tokens = batch * length
-        ours, theirs, audits = [], [], []
         reported = recompute(config, **t)
         if verl is not None:  # same numbers before timing anything
             theirs_metrics = verl_step(verl[0], actor, t)
             for key, value in reported.items():
                 other = theirs_metrics.get(key, theirs_metrics.get(f"actor/{key}"))
                 assert abs(value - other) <= 1e-6 + 1e-5 * abs(other), (key, value, other)
-        for _ in range(args.rounds):
-            ours.append(median_seconds(lambda t=t: recompute(config, **t), args.repeats))
-            if verl is not None:
-                theirs.append(median_seconds(lambda t=t: verl_step(verl[0], actor, t), args.repeats))
-            audits.append(median_seconds(lambda t=t, r=reported: audit(config, t, r), max(3, args.repeats // 5)))
-        ours_s = statistics.median(ours)
-        audit_s = statistics.median(audits)
+        fns = [lambda t=t: recompute(config, **t)]
+        if verl is not None:
+            fns.append(lambda t=t: verl_step(verl[0], actor, t))
+        medians = interleaved_medians(fns, args.repeats * args.rounds)
+        ours_s = medians[0]
+        audit_s = interleaved_medians(
+            [lambda t=t, r=reported: audit(config, t, r)], max(5, args.repeats // 3)
+        )[0]
         ours_col = f"{tokens / ours_s / 1e6:.1f} M tok/s ({ours_s * 1e3:.2f} ms)"
         if verl is not None:
-            theirs_s = statistics.median(theirs)
+            theirs_s = medians[1]
             verl_col = f"{tokens / theirs_s / 1e6:.1f} M tok/s ({theirs_s * 1e3:.2f} ms)"
             ratio = f"{theirs_s / ours_s:.2f}x"
         else:
