@@ -316,13 +316,21 @@ def find_alternatives(
     seen: set[LossConfig] = {config}
     tried = 0
 
+    inert = set()  # settings that cannot change anything for lack of the tensor they act on
+    if batch.tensors.get("entropy") is None:
+        inert.add("entropy_coeff")
+    if batch.tensors.get("ref_log_prob") is None:
+        inert.update({"kl_loss_coef", "kl_loss_type", "use_kl_loss"})
+
     def try_config(changes: dict[str, Any]) -> None:
         nonlocal tried
+        if inert & set(changes):
+            return
         try:
             alt = dataclasses.replace(config, **changes)
         except ValueError:  # e.g. dp_size > 1 without global counts: verl itself would refuse
             return
-        if alt in seen:
+        if alt in seen or (alt.use_kl_loss and batch.tensors.get("ref_log_prob") is None):
             return
         seen.add(alt)
         tried += 1

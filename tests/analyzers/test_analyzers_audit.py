@@ -288,3 +288,11 @@ def test_reported_values_must_be_numbers() -> None:
     assert audit(BASE, tensors, {"pg_loss": "NaN"}).reported["pg_loss"] != 0.0  # NaN spelled as text is fine
     with pytest.raises(ValueError, match=r"reported\['actor/pg_loss'\] must be a number"):
         audit(BASE, tensors, {"actor/pg_loss": "high"})
+
+
+def test_search_without_ref_log_prob_never_tries_a_kl_term() -> None:
+    tensors = {k: v for k, v in _tensors().items() if k not in ("ref_log_prob",)}
+    reported = _rc(LossConfig(loss_agg_mode="seq-mean-token-mean", entropy_coeff=0.01), tensors)
+    report = audit(LossConfig(clip_ratio_high=0.28), tensors, reported)
+    assert "reported pg_loss equals" in report.explanation.lower()
+    assert "policy_loss" in report.alternatives
