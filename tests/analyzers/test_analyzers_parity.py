@@ -109,3 +109,19 @@ def test_fixture_covers_every_mode_kl_type_dtype_and_edge() -> None:
     assert any(c["expected"]["pg_clipfrac_lower"] > 0 for c in meta["loss_cases"])
     size = sum(p.stat().st_size for p in GOLDEN.glob("verl_0_9_1.*"))
     assert size < 5e6 and len(store) > 2000
+
+
+@pytest.mark.parametrize("case_id", _ids("loss_cases")[1::6])
+def test_verl_reported_numbers_pass_the_audit_and_perturbed_ones_do_not(case_id: str) -> None:
+    from rlvitals.analyzers import audit
+
+    case, tensors = _case("loss_cases", case_id)
+    cfg = LossConfig(**case["config"])
+    report = audit(cfg, tensors, {f"actor/{k}": v for k, v in case["expected"].items()})
+    assert report.ok, report.explanation
+    assert report.empty == (int(tensors["response_mask"].bool().sum()) == 0)
+    finite = {k: v for k, v in case["expected"].items() if math.isfinite(v) and abs(v) > 1e-3}
+    if finite:
+        key = sorted(finite)[0]
+        bad = audit(cfg, tensors, {key: finite[key] * 1.5 + 0.01})
+        assert not bad.ok and key in bad.mismatched and key in bad.explanation
