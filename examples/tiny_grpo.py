@@ -9,7 +9,7 @@ Each step: sample ``groups`` prompts × ``group_size`` responses, compute GRPO a
 group (``rlvitals.analyzers.grpo_advantages``), keep the sampling log-probs as ``old_log_prob`` and the
 frozen initial policy's as ``ref_log_prob``, then run ``ppo_epochs`` epochs of ``mini_batches`` clipped
 updates with verl's loss (``rlvitals.analyzers.ppo_loss``: clip + dual clip + low_var_kl KL loss + entropy,
-token-mean). Scalars go to ``run.log`` every step under verl's names; the first micro-batch of each step
+token-mean), each mini-batch holding whole groups. Scalars go to ``run.log`` every step under verl's names; the first micro-batch of each step
 goes to ``run.log_batch`` (the client samples every ``batch_every`` steps).
 
     python examples/tiny_grpo.py                         # healthy: reward rises
@@ -200,9 +200,10 @@ class Trainer:
         sums: dict[str, float] = {}
         updates = 0
         hook = 0.0
-        batch = data.mask.shape[0]
+        rows_of_group = torch.arange(data.mask.shape[0]).view(config.groups, config.group_size)
         for epoch in range(config.ppo_epochs):
-            order = torch.randperm(batch, generator=self.generator)
+            # mini-batches of whole groups (as verl's contiguous split of rollout.n-interleaved samples)
+            order = rows_of_group[torch.randperm(config.groups, generator=self.generator)].flatten()
             for rows in order.chunk(config.mini_batches):
                 log_prob, entropy = token_log_probs(self.policy, data, rows)
                 tensors = {
