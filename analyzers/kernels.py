@@ -50,7 +50,7 @@ class _Workspace(threading.local):
         self.nbytes = 0
 
 
-POOL_BYTES = 256 << 20
+POOL_BYTES = 128 << 20  # per thread; a module attribute, so a server can lower it
 _WORKSPACE = _Workspace()
 
 

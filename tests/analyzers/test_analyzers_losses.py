@@ -505,3 +505,34 @@ def test_bad_inputs_raise_clear_errors() -> None:
         recompute(LossConfig(), **dict(tensors, log_prob=tensors["log_prob"].long()))
     with pytest.raises(ValueError, match=r"must be a torch\.Tensor"):
         recompute(LossConfig(), **dict(tensors, entropy=[1.0]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    b=st.integers(1, 6),
+    t=st.integers(1, 24),
+    spread=st.sampled_from([0.0, 0.1, 1.0, 25.0]),
+    mode=st.sampled_from(MODES),
+    kl_type=st.sampled_from(KL_TYPES),
+    density=st.floats(0.0, 1.0),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+)
+def test_fast_path_equals_reference_on_random_batches(
+    seed, b, t, spread, mode, kl_type, density, dtype
+) -> None:
+    g = torch.Generator().manual_seed(seed)
+    logp = -torch.rand(b, t, generator=g, dtype=torch.float64) * 5
+    tensors = {
+        "log_prob": logp.to(dtype),
+        "old_log_prob": (logp + torch.randn(b, t, generator=g, dtype=torch.float64) * spread).to(dtype),
+        "advantages": (torch.randn(b, t, generator=g, dtype=torch.float64) * 2).to(dtype),
+        "response_mask": torch.rand(b, t, generator=g) < density,
+        "ref_log_prob": (logp + torch.randn(b, t, generator=g, dtype=torch.float64) * spread).to(dtype),
+        "entropy": torch.rand(b, t, generator=g, dtype=torch.float64).to(dtype),
+    }
+    cfg = LossConfig(
+        loss_agg_mode=mode, kl_loss_type=kl_type, use_kl_loss=True, entropy_coeff=0.01, clip_ratio_high=0.3
+    )
+    tol = 2e-5 if dtype == torch.float32 else 1e-10
+    _assert_close(recompute(cfg, **tensors), _reference(cfg, tensors), tol, tol)
