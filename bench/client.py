@@ -16,7 +16,8 @@ Prints, against a real ``rlvitals serve`` on loopback (embedded SQLite):
 - the peer: trackio's ``trackio.log`` (its own background batch sender into local SQLite, its default
   mode), in a subprocess of the trackio virtual environment (``--trackio-python``, default
   ``/work/peer-venvs/trackio/bin/python``), same metrics, same pacing.
-- tiny_grpo step time with and without the hook, from ``examples/tiny_grpo.py --bench`` when it exists.
+- tiny_grpo step time with and without the hook, from ``examples/tiny_grpo.py --bench`` (an offline run:
+  everything the client does but the HTTP) when it exists.
 """
 
 from __future__ import annotations
@@ -128,7 +129,14 @@ def batch_cost(url: str, count: int, spool: Path) -> dict:
         time.sleep(0.01)
     elapsed = time.perf_counter() - begin
     report = run.finish(timeout=30)
+    from rlvitals.client.capture import capture
+
+    batch = capture(step=0, rank=0, micro_batch=0, tensors=tensors, config=None, reported={})
+    start = time.perf_counter()
+    payload = batch.serialize()
+    serialize_s = time.perf_counter() - start
     return {
+        "serialize_mb_s": sum(len(c) for c in payload) / 1e6 / serialize_s,
         "batch_mb": size / 1e6,
         "caller_ms_p50": statistics.median(caller) * 1e3,
         "caller_ms_max": max(caller) * 1e3,
@@ -183,11 +191,11 @@ def trackio_latency(python: Path, steps: int, pace_s: float, workdir: Path) -> d
     return result
 
 
-def tiny_grpo(url: str) -> str | None:
+def tiny_grpo() -> str | None:
     script = ROOT / "examples" / "tiny_grpo.py"
     if not script.exists():
         return None
-    done = subprocess.run([sys.executable, str(script), "--bench", "--url", url], capture_output=True,
+    done = subprocess.run([sys.executable, str(script), "--bench"], capture_output=True,
                           text=True, timeout=900, cwd=ROOT)  # fmt: skip
     return done.stdout.strip() if done.returncode == 0 else f"tiny_grpo --bench failed: {done.stderr[-1500:]}"
 
@@ -221,7 +229,7 @@ def main() -> int:
                 results["scalars"].append(peer)
             results["batches"] = batch_cost(server.url, args.batches, workdir / "spool")
             if not args.no_tiny_grpo:
-                results["tiny_grpo"] = tiny_grpo(server.url)
+                results["tiny_grpo"] = tiny_grpo()
         finally:
             server.stop()
 
@@ -236,8 +244,8 @@ def main() -> int:
     print("max* = worst call the kernel did not preempt (the client's own blocking)")
     b = results["batches"]
     print(f"log_batch 64x4096x6 float32 ({b['batch_mb']:.1f} MB): caller p50 {b['caller_ms_p50']:.2f} ms, "
-          f"max {b['caller_ms_max']:.2f} ms; background {b['throughput_mb_s']:.0f} MB/s "
-          f"({b['sent']}/{b['count']} acknowledged)")  # fmt: skip
+          f"max {b['caller_ms_max']:.2f} ms; background: serialize {b['serialize_mb_s']:.0f} MB/s, "
+          f"end to end {b['throughput_mb_s']:.0f} MB/s ({b['sent']}/{b['count']} acknowledged by the server)")  # fmt: skip
     if results["tiny_grpo"]:
         print(results["tiny_grpo"])
     if args.json:
