@@ -54,19 +54,19 @@ POOL_BYTES = 128 << 20  # per thread; a module attribute, so a server can lower 
 _WORKSPACE = _Workspace()
 
 
-def _take(shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
-    free = _WORKSPACE.free.get((shape, dtype))
+def _take(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
+    free = _WORKSPACE.free.get((shape, dtype, device))
     if free:
         buf = free.pop()
         _WORKSPACE.nbytes -= buf.nbytes
         return buf
-    return torch.empty(shape, dtype=dtype)
+    return torch.empty(shape, dtype=dtype, device=device)
 
 
 def _give(*buffers: Tensor) -> None:
     for buf in buffers:
-        if _WORKSPACE.nbytes + buf.nbytes <= POOL_BYTES:
-            _WORKSPACE.free.setdefault((tuple(buf.shape), buf.dtype), []).append(buf)
+        if buf.device.type == "cpu" and _WORKSPACE.nbytes + buf.nbytes <= POOL_BYTES:
+            _WORKSPACE.free.setdefault((tuple(buf.shape), buf.dtype, buf.device), []).append(buf)
             _WORKSPACE.nbytes += buf.nbytes
 
 
@@ -143,6 +143,10 @@ class TokenBatch:
                 raise ValueError(
                     f"{name} has shape {tuple(value.shape)} but response_mask has {tuple(response_mask.shape)}"
                 )
+            if value.device != response_mask.device:
+                raise ValueError(
+                    f"{name} is on {value.device} but response_mask is on {response_mask.device}"
+                )
         for name, value in floats.items():
             if not value.is_floating_point():
                 raise ValueError(
@@ -182,7 +186,7 @@ class TokenBatch:
         return value if value.dtype == self.dtype else value.to(self.dtype)
 
     def _buffer(self) -> Tensor:
-        return _take(self.shape, self.dtype)
+        return _take(self.shape, self.dtype, self.mask.device)
 
     def _prepare(self) -> None:
         """Mask-folded advantages, the ratio and ppo_kl: the shared first half of the token pass."""
@@ -244,7 +248,8 @@ class TokenBatch:
         if kind.straight_through and not self._k2_finite():
             # verl's k2 - k2.detach() + f.detach() is NaN wherever k2 is not finite, even where the
             # clamped forward estimator is: NaN rows send the batch to the reference path
-            return RowSums(torch.full((self.shape[0],), math.nan, dtype=torch.float64), math.nan, math.nan)
+            rows = torch.full((self.shape[0],), math.nan, dtype=torch.float64, device=self.mask.device)
+            return RowSums(rows, math.nan, math.nan)
         base = kind.base
         key = ("kl", base)
         hit = self._cache.get(key)

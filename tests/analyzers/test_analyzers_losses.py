@@ -503,6 +503,8 @@ def test_bad_inputs_raise_clear_errors() -> None:
         recompute(LossConfig(), **{k: v[0] for k, v in tensors.items()})
     with pytest.raises(ValueError, match="log_prob must be float16, bfloat16, float32 or float64"):
         recompute(LossConfig(), **dict(tensors, log_prob=tensors["log_prob"].long()))
+    with pytest.raises(ValueError, match="entropy is on meta but response_mask is on cpu"):
+        recompute(LossConfig(), **dict(tensors, entropy=tensors["entropy"].to("meta")))
     with pytest.raises(ValueError, match=r"must be a torch\.Tensor"):
         recompute(LossConfig(), **dict(tensors, entropy=[1.0]))
 
@@ -536,3 +538,17 @@ def test_fast_path_equals_reference_on_random_batches(
     )
     tol = 2e-5 if dtype == torch.float32 else 1e-10
     _assert_close(recompute(cfg, **tensors), _reference(cfg, tensors), tol, tol)
+
+
+def test_registries_refuse_duplicates_and_unknown_names() -> None:
+    from rlvitals.analyzers.losses import register_agg_mode, register_kl_estimator
+
+    with pytest.raises(ValueError, match="already registered"):
+        register_agg_mode("token-mean")(lambda *a, **k: None)
+    with pytest.raises(ValueError, match="already registered"):
+        register_kl_estimator("k3")(lambda a, b: a)
+    loss, mask = _two_responses()
+    with pytest.raises(ValueError, match="loss_agg_mode must be one of 'token-mean', 'token-sum'"):
+        agg_loss(loss, mask, "mean")
+    with pytest.raises(ValueError, match="kl_loss_type must be one of"):
+        kl_penalty(loss, loss, "full")
