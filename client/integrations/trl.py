@@ -14,7 +14,7 @@
   ``_get_per_token_logps``, and sends them with the batch's ``old_per_token_logps`` (the log-probs
   themselves when ``num_iterations == 1``), ``ref_per_token_logps``, ``advantages`` and
   ``completion_mask`` to ``run.log_batch``, with the loss configuration mapped onto verl's
-  (``trl_loss_config``). Training passes only; a failure to record is warned about once, never raised.
+  (``loss_config_for``, built on ``rlvitals.analyzers.trl.trl_loss_config``). Training passes only; a failure to record is warned about once, never raised.
 
 transformers is imported only when ``RlvitalsCallback`` is first used; without it this module imports
 and ``RlvitalsCallback`` raises an ``ImportError`` that says what to install.
@@ -28,50 +28,39 @@ from typing import Any
 
 from rlvitals.client.integrations._common import RunRef, scalars
 
-NO_DUAL_CLIP = 1e9  # TRL has no dual clip; with verl's ±20 log-ratio clamp a bound of 1e9 never binds
-
-# TRL loss_type -> verl loss_agg_mode (TRL >= 0.16). dr_grpo divides by max_completion_length.
-_AGG_MODES = {
-    "grpo": "seq-mean-token-mean",
-    "bnpo": "token-mean",
-    "dapo": "token-mean",
-    "dr_grpo": "seq-mean-token-sum-norm",
-}
-
 
 class RecordingError(RuntimeWarning):
     """A GRPOTrainer micro-batch could not be recorded; training went on."""
 
 
-def trl_loss_config(source: Any) -> dict[str, Any]:
-    """verl ``LossConfig`` fields for a GRPOTrainer (or its ``GRPOConfig``).
+def loss_config_for(trainer: Any, completion_mask: Any = None, inputs: Mapping[str, Any] | None = None):
+    """The verl ``LossConfig`` equal to a GRPOTrainer's loss on one micro-batch.
 
-    grpo → seq-mean-token-mean; bnpo → token-mean over the local batch; dapo → token-mean (TRL
-    normalises by the tokens of the whole accumulated batch); dr_grpo → seq-mean-token-sum-norm with
-    ``loss_scale_factor = max_completion_length``. ``epsilon``/``epsilon_high`` are the clip range,
-    ``beta`` the k3 KL coefficient (TRL's k3 has no clamps; verl clamps at ±10). No dual clip.
+    Reads ``loss_type``, ``epsilon``/``epsilon_low``, ``epsilon_high``, ``beta``, ``delta`` and
+    ``max_completion_length`` from the trainer (or its ``args``) and hands them, with what the micro-batch
+    says (rows, valid tokens, ``num_items_in_batch`` for dapo) and the trainer's
+    ``current_gradient_accumulation_steps`` (recent TRL divides the loss by it), to
+    :func:`rlvitals.analyzers.trl.trl_loss_config`, which documents how the two losses differ.
     """
-    loss_type = str(_attr(source, "loss_type", "grpo"))
-    if loss_type not in _AGG_MODES:
-        raise ValueError(f"unknown TRL loss_type {loss_type!r}; known: {', '.join(_AGG_MODES)}")
-    low = _attr(source, "epsilon_low", None)
-    low = _attr(source, "epsilon", 0.2) if low is None else low
-    high = _attr(source, "epsilon_high", None)
-    beta = float(_attr(source, "beta", 0.0) or 0.0)
-    config: dict[str, Any] = {
-        "clip_ratio": float(low),
-        "clip_ratio_low": float(low),
-        "clip_ratio_high": float(low if high is None else high),
-        "clip_ratio_c": NO_DUAL_CLIP,
-        "loss_agg_mode": _AGG_MODES[loss_type],
-        "use_kl_loss": beta != 0.0,
-        "kl_loss_type": "low_var_kl",
-        "kl_loss_coef": beta,
-        "entropy_coeff": 0.0,
-    }
-    if loss_type == "dr_grpo":
-        config["loss_scale_factor"] = int(_attr(source, "max_completion_length", 0) or 0) or None
-    return config
+    from rlvitals.analyzers.trl import trl_loss_config
+
+    low = _attr(trainer, "epsilon_low", None)
+    low = _attr(trainer, "epsilon", 0.2) if low is None else low
+    items = None if inputs is None else inputs.get("num_items_in_batch")
+    world = int(getattr(getattr(trainer, "accelerator", None), "num_processes", 1) or 1)
+    return trl_loss_config(
+        str(_attr(trainer, "loss_type", "grpo")),
+        epsilon=float(low),
+        epsilon_high=_attr(trainer, "epsilon_high", None),
+        beta=float(_attr(trainer, "beta", 0.0) or 0.0),
+        delta=_attr(trainer, "delta", None),
+        max_completion_length=_attr(trainer, "max_completion_length", None),
+        batch_size=None if completion_mask is None else int(completion_mask.shape[0]),
+        num_tokens=None if completion_mask is None else int(completion_mask.sum()),
+        gradient_accumulation_steps=int(getattr(trainer, "current_gradient_accumulation_steps", 1) or 1),
+        num_items_in_batch=None if items is None else int(items),
+        num_processes=world,
+    )
 
 
 def _attr(source: Any, name: str, default: Any) -> Any:
@@ -213,7 +202,7 @@ class RlvitalsGRPOMixin:
             response_mask=mask.bool(),
             ref_log_prob=inputs.get("ref_per_token_logps"),
             entropy=capture.get("entropy"),
-            config=trl_loss_config(self),
+            config=loss_config_for(self, mask, inputs),
             reported=reported,
         )
 

@@ -102,15 +102,21 @@ def test_bridge_starts_a_run_named_after_the_trainer_when_none_is_given(tmp_path
     assert key == ("default", "grpo") and server.series(run_id, "kl") == {1: 0.1}
 
 
-def test_trl_loss_types_map_onto_verl_modes():
-    assert rt.trl_loss_config(_args(loss_type="grpo"))["loss_agg_mode"] == "seq-mean-token-mean"
-    assert rt.trl_loss_config(_args(loss_type="bnpo"))["loss_agg_mode"] == "token-mean"
-    dr = rt.trl_loss_config(_args())
-    assert dr["loss_agg_mode"] == "seq-mean-token-sum-norm" and dr["loss_scale_factor"] == 256
-    assert (dr["clip_ratio_low"], dr["clip_ratio_high"], dr["kl_loss_coef"]) == (0.2, 0.28, 0.04)
-    LossConfig(**dr)  # a valid verl config
-    with pytest.raises(ValueError, match="unknown TRL loss_type"):
-        rt.trl_loss_config(_args(loss_type="sapo-x"))
+def test_trainer_settings_map_onto_verl_loss_config():
+    mask = torch.ones(4, 6)
+    mask[3] = 0
+    assert rt.loss_config_for(_args(loss_type="grpo"), mask).loss_agg_mode.value == "seq-mean-token-mean"
+    assert rt.loss_config_for(_args(loss_type="bnpo"), mask).loss_agg_mode.value == "token-mean"
+    dr = rt.loss_config_for(_args(), mask)
+    assert dr.loss_agg_mode.value == "seq-mean-token-sum-norm" and dr.loss_scale_factor == 256
+    assert dr.global_batch_size == 4  # TRL counts the empty row
+    assert (dr.clip_ratio_low, dr.clip_ratio_high, dr.kl_loss_coef, dr.use_kl_loss) == (0.2, 0.28, 0.04, True)
+    accumulating = SimpleNamespace(args=_args(loss_type="grpo"), current_gradient_accumulation_steps=4)
+    assert rt.loss_config_for(accumulating, mask).global_batch_size == 16
+    dapo = rt.loss_config_for(_args(loss_type="dapo"), mask, {"num_items_in_batch": torch.tensor(80)})
+    assert dapo.batch_num_tokens == 80
+    with pytest.raises(ValueError, match="loss_type must be one of"):
+        rt.loss_config_for(_args(loss_type="sapo-x"), mask)
 
 
 def test_callback_without_or_with_transformers():
