@@ -1,0 +1,30 @@
+"""The analyzers README section documents every setting, metric, mode and TRL loss type."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from rlvitals.analyzers import LossConfig
+from rlvitals.analyzers.auditing import METRICS
+from rlvitals.analyzers.config import AggMode
+from rlvitals.analyzers.trl import TRL_LOSS_TYPES
+
+DOC = (Path(__file__).resolve().parents[2] / "docs" / "readme" / "analyzers.md").read_text()
+
+
+@pytest.mark.parametrize("name", [f.name for f in dataclasses.fields(LossConfig)])
+def test_every_loss_config_field_is_documented(name: str) -> None:
+    assert f"`{name}`" in DOC
+
+
+@pytest.mark.parametrize("name", METRICS)
+def test_every_metric_has_a_row_with_meaning_range_and_advice(name: str) -> None:
+    rows = [line for line in DOC.splitlines() if line.startswith(f"| `{name}` |")]
+    assert rows and rows[0].count("|") == 5
+
+
+@pytest.mark.parametrize("name", [m.value for m in AggMode] + [f"`{t}`" for t in TRL_LOSS_TYPES])
+def test_every_mode_and_trl_loss_type_is_documented(name: str) -> None:
+    assert name in DOC
