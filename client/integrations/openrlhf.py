@@ -26,7 +26,6 @@ from typing import Any
 
 from rlvitals.client.integrations._common import RunRef, StepClock, scalars, wants_batch
 
-NO_DUAL_CLIP = 1e9  # with verl's ±20 log-ratio clamp a bound of 1e9 never binds
 _RESULT_NAMES = ("pg_loss", "pg_clipfrac", "ppo_kl", "vllm_kl")
 
 
@@ -36,6 +35,8 @@ class RecordingError(RuntimeWarning):
 
 def openrlhf_loss_config(loss: Any) -> dict[str, Any]:
     """verl ``LossConfig`` fields for an OpenRLHF ``PolicyLoss`` instance."""
+    from rlvitals.analyzers.trl import NO_DUAL_CLIP  # a bound the (e^20-capped) ratio never reaches
+
     eps = getattr(loss, "clip_eps", None)
     low = getattr(loss, "clip_eps_low", eps if eps is not None else 0.2)
     high = getattr(loss, "clip_eps_high", low)
