@@ -325,9 +325,8 @@ class Worker:
                 self.problems.report("spool", f"read spool segment {path}", _os_cause(exc), "skipping it")
                 self.spool.sealed.popleft()
                 return True
-        elif self.spool.open_records:
-            self.spool.seal()
-            return True
+        elif self.spool.open_records and self.spool.seal():
+            return True  # sealed: sent from the spool on the next turn
         else:
             with self._lock:
                 lines = []

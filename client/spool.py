@@ -156,7 +156,7 @@ class Spool:
 
     def append(self, items: list[tuple[bytes, int]]) -> None:
         """Append (JSON line, point count) records; raises ``OSError`` (disk full, ...) with nothing
-        half-written: a failed write is cut back to the last whole line.
+        half-written: the file is unbuffered, and a failed write is cut back to the last whole line.
         """
         if not items:
             return
@@ -166,7 +166,7 @@ class Spool:
             while start < len(items):
                 if self._handle is None:
                     self._open_path = self._next_path("seg", SEGMENT_SUFFIX + PART_SUFFIX)
-                    self._handle = open(self._open_path, "ab")  # noqa: SIM115 - kept open across appends
+                    self._handle = open(self._open_path, "ab", buffering=0)  # noqa: SIM115 - kept open
                     self._open_records = 0
                     self._open_points = 0
                     self._offset = 0
@@ -174,8 +174,9 @@ class Spool:
                 chunk = items[start : start + room]
                 data = b"\n".join(line for line, _ in chunk) + b"\n"
                 try:
-                    self._handle.write(data)
-                    self._handle.flush()
+                    view = memoryview(data)
+                    while view:
+                        view = view[self._handle.write(view) :]
                 except OSError:
                     self._rollback()
                     raise
@@ -189,39 +190,34 @@ class Spool:
     def _rollback(self) -> None:
         """Cut a failed append back to the last whole line, so later appends never follow a torn one."""
         try:
-            self._handle.truncate(self._offset)
+            os.ftruncate(self._handle.fileno(), self._offset)
             self._handle.seek(self._offset)
         except (OSError, ValueError):
-            self._drop_handle()
-
-    def _drop_handle(self) -> None:
-        with contextlib.suppress(OSError):
-            self._handle.close()
-        self._handle = None
-        if self._open_records == 0 and self._open_path is not None:
-            self._open_path.unlink(missing_ok=True)
+            self._seal_locked()  # keep what was written whole; the next append starts a new segment
 
     def _seal_locked(self) -> None:
+        """Close the open segment; rename it sealed (with its point count) if it holds records."""
         if self._handle is None:
             return
         handle, path = self._handle, self._open_path
+        records, points = self._open_records, self._open_points
         self._handle = None
-        try:
-            handle.flush()
-            os.fsync(handle.fileno())
-        except OSError:
-            pass  # the data is in the page cache; a sealed file is still renamed below
-        finally:
+        self._open_records = self._open_points = 0
+        with contextlib.suppress(OSError):
+            os.fsync(handle.fileno())  # unbuffered: nothing is left to flush, only to persist
+        with contextlib.suppress(OSError):
             handle.close()
-        if self._open_records == 0:
-            path.unlink(missing_ok=True)
-        else:
-            base = path.name[: -len(SEGMENT_SUFFIX + PART_SUFFIX)]
-            sealed = path.with_name(f"{base}-{self._open_points}{SEGMENT_SUFFIX}")
+        if records == 0:
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
+            return
+        base = path.name[: -len(SEGMENT_SUFFIX + PART_SUFFIX)]
+        sealed = path.with_name(f"{base}-{points}{SEGMENT_SUFFIX}")
+        try:
             os.replace(path, sealed)
-            self.sealed.append((sealed, self._open_points))
-        self._open_records = 0
-        self._open_points = 0
+        except OSError:
+            sealed = path  # still readable under its .part name; sent from there
+        self.sealed.append((sealed, points))
 
     def seal(self) -> bool:
         """Close the open segment so the sender can send it; True if it held records."""
