@@ -11,6 +11,7 @@ import numbers
 import os
 import threading
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -64,6 +65,30 @@ class RunRef:
                 )
                 self._pid = os.getpid()
             return self._run
+
+
+class RecordingError(RuntimeWarning):
+    """A loss call could not be recorded; training went on (the message says why)."""
+
+
+class Failures:
+    """Recording failures of one integration: counted, warned about once, never raised to the trainer."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.count = 0
+        self._warned = False
+
+    def add(self, exc: BaseException) -> None:
+        self.count += 1
+        if not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"rlvitals: recording {self.what} failed: {type(exc).__name__}: {exc}; "
+                "training continues, further failures are counted silently",
+                RecordingError,
+                stacklevel=3,
+            )
 
 
 def wants_batch(run: Any, step: int) -> bool:

@@ -20,17 +20,21 @@ OpenRLHF itself is never imported.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from rlvitals.client.integrations._common import RunRef, StepClock, scalars, wants_batch
+from rlvitals.client.integrations._common import (
+    Failures,
+    RecordingError,
+    RunRef,
+    StepClock,
+    scalars,
+    wants_batch,
+)
+
+__all__ = ["OpenRLHFLogger", "RecordingError", "RecordingPolicyLoss", "log_openrlhf", "openrlhf_loss_config"]
 
 _RESULT_NAMES = ("pg_loss", "pg_clipfrac", "ppo_kl", "vllm_kl")
-
-
-class RecordingError(RuntimeWarning):
-    """An OpenRLHF loss call could not be recorded; training went on."""
 
 
 def openrlhf_loss_config(loss: Any) -> dict[str, Any]:
@@ -77,8 +81,7 @@ class RecordingPolicyLoss(_nn_module()):
         self.inner = inner
         self._run = RunRef(run)
         self._clock = StepClock(step_fn=step_fn, calls_per_step=calls_per_step)
-        self.failures = 0
-        self._warned = False
+        self.failures = Failures("an OpenRLHF loss call")
 
     def __getattr__(self, name: str) -> Any:  # clip_eps_low, token_level_loss, ... of the inner loss
         try:
@@ -96,15 +99,7 @@ class RecordingPolicyLoss(_nn_module()):
             try:
                 self._record(result, log_probs, old_log_probs, advantages, action_mask)
             except Exception as exc:  # the trainer must never fail because recording did
-                self.failures += 1
-                if not self._warned:
-                    self._warned = True
-                    warnings.warn(
-                        f"rlvitals: recording an OpenRLHF loss call failed: {type(exc).__name__}: {exc}; "
-                        "training continues, further failures are counted silently",
-                        RecordingError,
-                        stacklevel=2,
-                    )
+                self.failures.add(exc)
         return result
 
     def _record(self, result, log_probs, old_log_probs, advantages, action_mask) -> None:

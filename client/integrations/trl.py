@@ -14,7 +14,8 @@
   ``_get_per_token_logps``, and sends them with the batch's ``old_per_token_logps`` (the log-probs
   themselves when ``num_iterations == 1``), ``ref_per_token_logps``, ``advantages`` and
   ``completion_mask`` to ``run.log_batch``, with the loss configuration mapped onto verl's
-  (``loss_config_for``, built on ``rlvitals.analyzers.trl.trl_loss_config``). Training passes only; a failure to record is warned about once, never raised.
+  (``loss_config_for``, built on ``rlvitals.analyzers.trl.trl_loss_config``). Training passes only; a
+  failure to record is warned about once, never raised.
 
 transformers is imported only when ``RlvitalsCallback`` is first used; without it this module imports
 and ``RlvitalsCallback`` raises an ``ImportError`` that says what to install.
@@ -22,15 +23,12 @@ and ``RlvitalsCallback`` raises an ``ImportError`` that says what to install.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from rlvitals.client.integrations._common import RunRef, scalars
+from rlvitals.client.integrations._common import Failures, RecordingError, RunRef, scalars
 
-
-class RecordingError(RuntimeWarning):
-    """A GRPOTrainer micro-batch could not be recorded; training went on."""
+__all__ = ["RecordingError", "RlvitalsCallback", "RlvitalsGRPOMixin", "TrlLogBridge", "loss_config_for"]  # noqa: F822 - RlvitalsCallback is built on first access (module __getattr__)
 
 
 def loss_config_for(trainer: Any, completion_mask: Any = None, inputs: Mapping[str, Any] | None = None):
@@ -140,8 +138,7 @@ class RlvitalsGRPOMixin:
         super().__init__(*args, **kwargs)
         self._rlvitals_run = RunRef(rlvitals_run)
         self._rlvitals_capture: dict[str, Any] | None = None
-        self._rlvitals_warned = False
-        self.rlvitals_failures = 0
+        self.rlvitals_failures = Failures("a GRPOTrainer batch")
 
     # the policy's per-token log-probs, as _compute_loss computes them
     def _get_per_token_logps_and_entropies(self, *args: Any, **kwargs: Any):
@@ -174,15 +171,7 @@ class RlvitalsGRPOMixin:
             try:
                 self._rlvitals_record(capture, inputs)
             except Exception as exc:  # the trainer must never fail because recording did
-                self.rlvitals_failures += 1
-                if not self._rlvitals_warned:
-                    self._rlvitals_warned = True
-                    warnings.warn(
-                        f"rlvitals: recording a GRPOTrainer batch failed: {type(exc).__name__}: {exc}; "
-                        "training continues, further failures are counted silently",
-                        RecordingError,
-                        stacklevel=2,
-                    )
+                self.rlvitals_failures.add(exc)
         return loss
 
     def _rlvitals_record(self, capture: Mapping[str, Any], inputs: Mapping[str, Any]) -> None:

@@ -33,12 +33,19 @@ import json
 import os
 import threading
 import time
-import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from rlvitals.client.integrations._common import DEFAULT_STEP_GAP_S, RunRef, StepClock, scalars, wants_batch
+from rlvitals.client.integrations._common import (
+    DEFAULT_STEP_GAP_S,
+    Failures,
+    RecordingError,
+    RunRef,
+    StepClock,
+    scalars,
+    wants_batch,
+)
 
 LOSS_MODE = "rlvitals"
 DEFAULT_DELEGATE = "vanilla"
@@ -61,13 +68,23 @@ _CONFIG_FIELDS = (
 )
 _GLOBAL_BATCH_FIELDS = ("dp_size", "batch_num_tokens", "global_batch_size", "loss_scale_factor")
 
+__all__ = [
+    "JsonlTailer",
+    "RecordingError",
+    "VerlTrackingLogger",
+    "configure",
+    "loss_config",
+    "policy_loss",
+    "ppo_loss",
+    "read_verl_jsonl",
+    "recording_failures",
+    "register",
+    "set_step",
+]
+
 _inside_ppo_loss: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "rlvitals_inside_ppo_loss", default=False
 )
-
-
-class RecordingError(RuntimeWarning):
-    """A micro-batch could not be recorded; training went on (the message says why)."""
 
 
 class _Recorder:
@@ -77,8 +94,7 @@ class _Recorder:
         self.run = RunRef()
         self.clock = _clock_from_env()
         self.delegate = os.environ.get(ENV_DELEGATE, DEFAULT_DELEGATE)
-        self.failures = 0
-        self._warned = False
+        self.failures = Failures("a verl micro-batch")
         self._last_flag: bool | None = None
         self._lock = threading.Lock()
 
@@ -100,15 +116,7 @@ class _Recorder:
                 batch.update(prepare())
             run.log_batch(step, **batch)
         except Exception as exc:  # the trainer's loss must never fail because recording did
-            self.failures += 1
-            if not self._warned:
-                self._warned = True
-                warnings.warn(
-                    f"rlvitals: recording a verl micro-batch failed: {type(exc).__name__}: {exc}; "
-                    "training continues, further failures are counted silently",
-                    RecordingError,
-                    stacklevel=3,
-                )
+            self.failures.add(exc)
 
 
 def _clock_from_env() -> StepClock:
@@ -159,7 +167,7 @@ def set_step(step: int) -> None:
 
 def recording_failures() -> int:
     """How many micro-batches this process failed to record."""
-    return _recorder.failures
+    return _recorder.failures.count
 
 
 def loss_config(config: Any, loss_agg_mode: str | None = None) -> dict[str, Any]:

@@ -279,4 +279,4 @@ def test_a_recording_failure_never_reaches_the_trainer():
     with pytest.warns(rt.RecordingError, match="disk full"):
         loss = trainer._compute_loss(model, _inputs())
     trainer._compute_loss(model, _inputs())  # counted, not warned again
-    assert loss.requires_grad and trainer.rlvitals_failures == 2
+    assert loss.requires_grad and trainer.rlvitals_failures.count == 2

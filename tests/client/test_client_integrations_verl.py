@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
+import inspect
 import json
 import os
 import subprocess
@@ -564,7 +565,6 @@ def test_loading_via_verl_use_external_modules(verl_env):
         assert get_policy_loss_fn("rlvitals") is module.policy_loss
         return
     code = (
-        "import sys, importlib.machinery, types\n"
         f"exec({_STUB_SOURCE!r})\n"
         "import verl\n"
         "from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY\n"
@@ -578,20 +578,13 @@ def test_loading_via_verl_use_external_modules(verl_env):
     assert "registered" in out.stdout
 
 
-_STUB_SOURCE = """
-class _M(types.ModuleType):
-    def __getattr__(self, name):
-        if name.startswith('__'): raise AttributeError(name)
-        v = type(name, (), {'__init__': lambda s, *a, **k: None}); setattr(self, name, v); return v
-class _F:
-    def find_spec(self, fullname, path, target=None):
-        if fullname.split('.')[0] in ('ray', 'datasets', 'PIL', 'pandas'):
-            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
-    def create_module(self, spec):
-        m = _M(spec.name); m.__path__ = []; return m
-    def exec_module(self, module): pass
-sys.meta_path.insert(0, _F())
-"""
+_STUB_SOURCE = (
+    "import importlib.machinery, sys, types\n"
+    f"STUBBED = {STUBBED!r}\n"
+    + inspect.getsource(_InertModule)
+    + inspect.getsource(_InertFinder)
+    + "sys.meta_path.insert(0, _InertFinder())\n"
+)
 
 
 # ---------------------------------------------------------------------------- (c) scalars, no verl
