@@ -141,3 +141,26 @@ def test_cli_errors_exit_2_with_a_message(tmp_path):
     assert out.returncode == 2 and "no such file" in out.stderr
     out = _cli("sync", str(tmp_path / "no-spool"))
     assert out.returncode == 2 and "no spool" in out.stderr
+
+
+def test_follow_keeps_diagnosing_lines_appended_while_the_job_runs(tmp_path, histories):
+    import threading
+    import time
+
+    path = _write_verl_jsonl(tmp_path / "live.jsonl", histories["unstable"][:2])
+    out = io.StringIO()
+    result = {}
+    follower = threading.Thread(
+        target=lambda: result.update(
+            d=run_import("verl-jsonl", path, upload=False, follow=True, follow_idle_exit_s=1.5, out=out)
+        )
+    )
+    follower.start()
+    time.sleep(0.3)
+    with open(path, "a") as fh:  # verl's FileLogger appends a line per step
+        for step, metrics in enumerate(histories["unstable"][2:], start=3):
+            fh.write(json.dumps({"step": step, "data": metrics}) + "\n")
+    follower.join(timeout=30)
+    assert not follower.is_alive()
+    assert result["d"].steps == 25
+    assert "following" in out.getvalue() and "ppo_kl_drift firing" in out.getvalue()
