@@ -23,6 +23,7 @@ How the token pass stays exact (the same per-token floats verl computes, in fewe
 from __future__ import annotations
 
 import math
+import operator
 import threading
 import weakref
 from dataclasses import dataclass
@@ -70,6 +71,16 @@ def _give(*buffers: Tensor) -> None:
             _WORKSPACE.nbytes += buf.nbytes
 
 
+def _total(values: list[float] | tuple[float, ...]) -> float:
+    """Exact sum (``math.fsum``), with IEEE results where fsum raises (inf - inf, overflow)."""
+    try:
+        return math.fsum(values)
+    except ValueError:  # +inf and -inf
+        return math.nan
+    except OverflowError:  # finite values whose sum overflows
+        return sum(values)
+
+
 def ieee_div(a: float, b: float) -> float:
     """``a / b`` with IEEE semantics (x/0 -> +-inf, 0/0 -> NaN) instead of ZeroDivisionError."""
     if b == 0.0:
@@ -91,11 +102,11 @@ def _fraction(hits: int, count: int) -> float:
 
 @dataclass(frozen=True)
 class RowSums:
-    """Per-row masked sums ``(batch,)`` float64 of a per-token quantity, with the two totals every
-    aggregation mode is made of: ``total = sum_i rows_i`` and ``seq_mean_total = sum_i rows_i / (T_i +
-    1e-8)`` (T_i in float32, as verl computes it; empty rows contribute 0)."""
+    """Per-row masked sums of a per-token quantity (``rows``, one float per sequence), with the two
+    totals every aggregation mode is made of: ``total = sum_i rows_i`` and ``seq_mean_total =
+    sum_i rows_i / (T_i + 1e-8)`` (T_i + 1e-8 in float32, as verl computes it; empty rows add 0)."""
 
-    rows: Tensor
+    rows: tuple[float, ...]
     total: float
     seq_mean_total: float
 
@@ -165,7 +176,7 @@ class TokenBatch:
         self.dtype = dtype
         self.fast = dtype in _FAST_DTYPES
         self._cache: dict = {}
-        self._lengths: Tensor | None = None
+        self._lengths: list[float] | None = None
         if self.fast:
             self._prepare()
         else:
@@ -208,11 +219,12 @@ class TokenBatch:
 
     def _row_sums(self, values: Tensor) -> RowSums:
         """Row sums, summed in the token dtype (float32 cascade sums are good to ~1e-7 relative;
-        converting first would cost a float64 copy of the batch), totals in float64."""
-        rows = values.sum(dim=-1).to(torch.float64)
+        converting first would cost a float64 copy of the batch); the totals over rows are exact
+        (``math.fsum`` in python: one list per batch beats several tiny tensor ops)."""
+        rows = tuple(values.sum(dim=-1).tolist())
         if self._lengths is None:
-            self._lengths = (self.n_row.to(torch.float32) + 1e-8).to(torch.float64)
-        return RowSums(rows, float(rows.sum()), float((rows / self._lengths).sum()))
+            self._lengths = (self.n_row.to(torch.float32) + 1e-8).tolist()
+        return RowSums(rows, _total(rows), _total(list(map(operator.truediv, rows, self._lengths))))
 
     def policy(self, low: float, high: float, c: float) -> PolicyStats:
         """Row sums of the clipped per-token loss and the clip counts for ratio bounds
@@ -248,8 +260,7 @@ class TokenBatch:
         if kind.straight_through and not self._k2_finite():
             # verl's k2 - k2.detach() + f.detach() is NaN wherever k2 is not finite, even where the
             # clamped forward estimator is: NaN rows send the batch to the reference path
-            rows = torch.full((self.shape[0],), math.nan, dtype=torch.float64, device=self.mask.device)
-            return RowSums(rows, math.nan, math.nan)
+            return RowSums((math.nan,) * self.shape[0], math.nan, math.nan)
         base = kind.base
         key = ("kl", base)
         hit = self._cache.get(key)

@@ -552,3 +552,15 @@ def test_registries_refuse_duplicates_and_unknown_names() -> None:
         agg_loss(loss, mask, "mean")
     with pytest.raises(ValueError, match="kl_loss_type must be one of"):
         kl_penalty(loss, loss, "full")
+
+
+def test_overflowing_and_infinite_rows_give_ieee_results_not_exceptions() -> None:
+    from rlvitals.analyzers.kernels import _total
+
+    assert math.isnan(_total([math.inf, -math.inf])) and _total([1e308, 1e308]) == math.inf
+    tensors = _batch(60, dtype=torch.float64)
+    tensors["entropy"] = tensors["entropy"] * 1e307  # finite per token, overflows when summed
+    tensors["entropy"][0, 0] = math.inf
+    tensors["entropy"][1, 0] = -math.inf
+    out = recompute(LossConfig(entropy_coeff=0.01), **tensors)
+    assert math.isnan(out["entropy_loss"]) and math.isfinite(out["pg_loss"])
