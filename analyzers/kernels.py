@@ -244,10 +244,14 @@ class TokenBatch:
         # z = A r + l:  z > 0 <=> verl's pg_losses2 > pg_losses1 (clipped, either side);
         #               z < 0 <=> A < 0 and (-A) r > (-A) c (dual clip), compared on the rounded products
         z = torch.mul(self._adv_m, r, out=work).add_(loss).sign_()
-        # sign sums are exact small integers: (n+ - n-) and (n+ + n-), float64 past 2^24 tokens
-        acc = torch.float64 if z.numel() >= 2**24 else None
-        balance = int(z.sum(dtype=acc))
-        nonzero = int(z.abs_().sum(dtype=acc))
+        # sign sums are exact small integers: (n+ - n-) and (n+ + n-)
+        if z.numel() < 2**24:  # float32 accumulation is exact for these integer counts
+            balance = int(z.sum())
+            flat = z.view(-1)
+            nonzero = int(torch.dot(flat, flat))  # sign^2 is 1 exactly where z != 0
+        else:
+            balance = int(z.sum(dtype=torch.float64))
+            nonzero = int(z.abs_().sum(dtype=torch.float64))
         _give(loss, work)
         n_clipped = (nonzero + balance) // 2
         stats = PolicyStats(rows=rows, n_clipped=n_clipped, n_dual_clipped=nonzero - n_clipped)
