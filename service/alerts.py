@@ -14,7 +14,7 @@ from typing import Any
 from rlvitals.service.encoding import jsonable
 from rlvitals.service.settings import Settings
 from rlvitals.service.storage import repository as repo
-from sqlalchemy.orm import Session
+from sqlalchemy.engine import Connection as Session
 
 SEVERITY_RANK = {"warning": 1, "critical": 2}
 

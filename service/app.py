@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+import time
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -49,7 +51,8 @@ def build_services(settings: Settings) -> Services:
     else:
         bus = LocalBus(queue_size=settings.sse_queue_size)
     telemetry = Telemetry()
-    health = HealthEngine(settings)
+    # One process on SQLite is the only writer: its live monitors are authoritative (see HealthEngine).
+    health = HealthEngine(settings, deferred=db.is_sqlite and settings.workers == 1)
     return Services(
         settings=settings,
         db=db,
@@ -60,6 +63,32 @@ def build_services(settings: Settings) -> Services:
         webhooks=WebhookSender(settings, db, telemetry),
         audits=AuditPool(settings, db, bus, health, telemetry),
     )
+
+
+class HealthFlusher:
+    """Writes the live health monitors' state every ``health_flush_interval`` s (deferred mode)."""
+
+    def __init__(self, services: Services):
+        self.services = services
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rlvitals-health-flush", daemon=True)
+        self._thread.start()
+
+    def flush(self) -> None:
+        with self.services.db.write() as session:
+            self.services.health.flush(session=session, now=time.time())
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.services.settings.health_flush_interval):
+            try:
+                self.flush()
+            except Exception as exc:  # database busy/away: the state stays dirty, next tick retries
+                log.warning("writing health state failed: %s", exc)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self.flush()
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -75,6 +104,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await run_in_threadpool(services.bus.start, asyncio.get_running_loop())
         services.audits.start()
         services.webhooks.start()
+        flusher = HealthFlusher(services) if services.health.deferred else None
         log.info("rlvitals ready on %s (%s)", services.db.dialect, services.db.url.render_as_string())
         try:
             yield
@@ -82,6 +112,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             services.bus.stop()
             await run_in_threadpool(services.audits.stop)
             await run_in_threadpool(services.webhooks.stop)
+            if flusher is not None:
+                await run_in_threadpool(flusher.stop)  # writes what is left
             services.db.dispose()
 
     app = FastAPI(

@@ -272,8 +272,11 @@ class AuditPool:
         try:
             self._store_in_transaction(job, worker, status, result, error, report, observe, events, now)
         except _Superseded:  # re-claimed by another worker after a stall: its result wins
-            self.health.forget(run_id)
+            self.health.discard(run_id)
             return
+        except BaseException:
+            self.health.discard(run_id)
+            raise
         self.bus.flush(events)
 
     def _store_in_transaction(self, job, worker, status, result, error, report, observe, events, now) -> None:

@@ -94,7 +94,7 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     import uvicorn
     from rlvitals.service.auth import keys_exist
-    from rlvitals.service.serving import PROTOCOL, SETTINGS_ENV
+    from rlvitals.service.serving import PROTOCOL, SETTINGS_ENV, tune_gc
 
     db = _database(settings)
     try:
@@ -117,7 +117,9 @@ def _serve(args: argparse.Namespace) -> int:
     if settings.workers == 1:
         from rlvitals.service.app import create_app
 
-        uvicorn.run(create_app(settings), **common)
+        app = create_app(settings)
+        tune_gc()
+        uvicorn.run(app, **common)
     else:
         os.environ[SETTINGS_ENV] = settings.model_dump_json()
         uvicorn.run("rlvitals.service.serving:app_from_env", factory=True, workers=settings.workers, **common)

@@ -30,7 +30,7 @@ from typing import Any
 from rlvitals.service.encoding import dumps
 from rlvitals.service.storage import repository as repo
 from rlvitals.service.storage.database import Database
-from sqlalchemy.orm import Session
+from sqlalchemy.engine import Connection as Session
 
 log = logging.getLogger("rlvitals.service.events")
 

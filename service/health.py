@@ -22,7 +22,7 @@ from typing import Any
 from rlvitals.service.errors import InvalidInput
 from rlvitals.service.settings import Settings
 from rlvitals.service.storage import repository as repo
-from sqlalchemy.orm import Session
+from sqlalchemy.engine import Connection as Session
 
 
 class RulesFileError(ValueError):
@@ -83,6 +83,8 @@ class _Cached:
     version: int
     monitor: Any
     last_step: int | None
+    signals: dict[str, Any] | None = None
+    dirty: bool = False
 
 
 @dataclass
@@ -95,11 +97,20 @@ class Observation:
 
 
 class HealthEngine:
-    """Runs the analyzers' HealthMonitor for every run, persisting its state each update."""
+    """Runs the analyzers' HealthMonitor for every run and persists its state.
 
-    def __init__(self, settings: Settings):
+    ``deferred=False`` (PostgreSQL, several worker processes): the state is written in every update's
+    transaction, under a row lock, and the in-process copy is reused only while the stored version
+    matches. ``deferred=True`` (SQLite with one process, the only writer): the live monitor is
+    authoritative and its state is written by ``flush()`` (every ``health_flush_interval`` seconds
+    and at shutdown), which takes serialising a few KiB of detector state off every ingest request.
+    A crash loses at most that interval of detector history, never points or alerts.
+    """
+
+    def __init__(self, settings: Settings, *, deferred: bool = False):
         file_rules = load_rules_file(settings.rules_file) if settings.rules_file else {}
         self.server_rules = merge_rules(file_rules, settings.rules)
+        self.deferred = deferred
         self._cache: dict[int, _Cached] = {}
         self._lock = threading.Lock()
         self.validate(self.server_rules, {})  # fail at start on a bad rules file or setting
@@ -121,10 +132,61 @@ class HealthEngine:
         except ValueError as exc:
             raise InvalidInput(f"bad health rule settings in config: {exc}") from exc
 
-    def forget(self, run_id: int) -> None:
+    # --- cache management ------------------------------------------------------------------------
+    def forget(self, run_id: int, *, session: Session | None = None, now: float = 0.0) -> None:
+        """Drop the live monitor (after writing its pending state when ``session`` is given), so the
+        next update rebuilds it from the stored state (e.g. with a new run config)."""
+        with self._lock:
+            cached = self._cache.pop(run_id, None)
+        if cached is not None and cached.dirty and session is not None:
+            self._save(session, run_id, cached, now)
+
+    def live_signals(self) -> dict[int, dict[str, Any]]:
+        """The latest canonical signals held in memory (newer than the stored ones in deferred mode)."""
+        with self._lock:
+            return {run_id: dict(c.signals) for run_id, c in self._cache.items() if c.signals}
+
+    def discard(self, run_id: int) -> None:
+        """The transaction that fed this monitor failed: rebuild it from the stored state next time."""
         with self._lock:
             self._cache.pop(run_id, None)
 
+    def flush(self, *, session: Session, now: float) -> int:
+        """Write every monitor with unsaved state (deferred mode); the number written."""
+        with self._lock:
+            dirty = [(run_id, c) for run_id, c in self._cache.items() if c.dirty]
+        for run_id, cached in dirty:
+            self._save(session, run_id, cached, now)
+        return len(dirty)
+
+    def _save(self, session: Session, run_id: int, cached: _Cached, now: float) -> None:
+        state = json.dumps({"monitor": cached.monitor.state_dict(), "last_step": cached.last_step})
+        cached.version += 1
+        repo.save_health_state(
+            session=session,
+            run_id=run_id,
+            version=cached.version,
+            state=state,
+            signals=cached.signals,
+            now=now,
+        )
+        cached.dirty = False
+
+    def _load(self, session: Session, run_id: int, version: int, run_config) -> _Cached:
+        from rlvitals.analyzers import HealthMonitor
+
+        row = repo.load_health_state(session=session, run_id=run_id)
+        stored = json.loads(row["state"] or "{}") if row else {}
+        config = run_config()
+        rules = self.rules_for(config)
+        if stored.get("monitor"):
+            monitor = HealthMonitor.from_state(stored["monitor"], settings=rules, run_config=config)
+        else:
+            monitor = HealthMonitor(settings=rules, run_config=config)
+        signals = dict(row["signals"] or {}) if row else None
+        return _Cached(version=version, monitor=monitor, last_step=stored.get("last_step"), signals=signals)
+
+    # --- the update --------------------------------------------------------------------------------
     def update(
         self,
         *,
@@ -133,41 +195,30 @@ class HealthEngine:
         run_config: Callable[[], Mapping[str, Any]],
         observe: Callable[[Any, int | None], tuple[list, int | None]],
         now: float,
-        signals: Mapping[str, float] | None = None,
+        signals: Mapping[str, Any] | None = None,
     ) -> Observation | None:
         """Apply ``observe(monitor, last_step) -> (findings, new_last_step)`` to the run's monitor.
 
         ``last_step`` is the newest step the monitor has seen (``None`` at first); ``observe`` feeds
-        only newer steps, so resent or late points never count twice.
-
-        Returns ``None`` when the run does not exist. ``run_config`` is only called when the
-        monitor must be rebuilt from the stored state.
+        only newer steps, so resent or late points never count twice. Returns ``None`` when the run
+        does not exist. ``run_config`` is only called when the monitor must be rebuilt. Callers whose
+        transaction fails afterwards call ``discard(run_id)``.
         """
-        from rlvitals.analyzers import HealthMonitor
-
-        version = repo.health_version(session=session, run_id=run_id, lock=True)
-        if version is None:
-            return None
         with self._lock:
             cached = self._cache.pop(run_id, None)
-        if cached is None or cached.version != version:
-            row = repo.load_health_state(session=session, run_id=run_id)
-            stored = json.loads(row["state"] or "{}") if row else {}
-            config = run_config()
-            rules = self.rules_for(config)
-            if stored.get("monitor"):
-                monitor = HealthMonitor.from_state(stored["monitor"], settings=rules, run_config=config)
-            else:
-                monitor = HealthMonitor(settings=rules, run_config=config)
-            cached = _Cached(version=version, monitor=monitor, last_step=stored.get("last_step"))
+        if not (self.deferred and cached is not None):
+            version = repo.health_version(session=session, run_id=run_id, lock=not self.deferred)
+            if version is None:
+                return None
+            if cached is None or cached.version != version:
+                cached = self._load(session, run_id, version, run_config)
         findings, cached.last_step = observe(cached.monitor, cached.last_step)
-        state = json.dumps({"monitor": cached.monitor.state_dict(), "last_step": cached.last_step})
-        cached.version = version + 1
-        repo.save_health_state(
-            session=session, run_id=run_id, version=cached.version, state=state, signals=signals, now=now
-        )
+        if signals:
+            cached.signals = {**(cached.signals or {}), **signals}
+        cached.dirty = True
+        if not self.deferred:
+            self._save(session, run_id, cached, now)
         with self._lock:
-            # A rollback leaves the stored version behind this one, so the next update reloads.
             self._cache[run_id] = cached
         return Observation(
             findings=findings, firing=list(cached.monitor.firing()), last_step=cached.last_step

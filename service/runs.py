@@ -51,12 +51,12 @@ def create_or_resume(ctx: Services, body: RunCreate) -> tuple[dict[str, Any], bo
         tags = list(dict.fromkeys([*(existing["tags"] or []), *body.tags]))
         new_config = config if config and config != existing["config"] else None
         repo.update_run(session=session, run_id=run_id, now=now, config=new_config, tags=tags)
-        if new_config is not None:
+        if new_config is not None:  # rebuild the monitor from its stored state with the new config
+            ctx.health.forget(run_id, session=session, now=now)
             version = repo.health_version(session=session, run_id=run_id, lock=True) or 0
             repo.save_health_state(
                 session=session, run_id=run_id, version=version + 1, state=None, signals=None, now=now
             )
-            ctx.health.forget(run_id)
         row = repo.get_run(session=session, run_id=run_id)
         firing, _ = repo.list_alerts(session=session, run_id=run_id, state="firing")
     return run_public(row, [alert_public(a) for a in firing]), False

@@ -84,6 +84,14 @@ class Settings(BaseSettings):
         None, description="JSON or YAML file with rule overrides (same shape as rules; rules wins)."
     )
 
+    health_flush_interval: float = Field(
+        1.0,
+        gt=0,
+        le=300,
+        description="SQLite, one process: seconds between writes of the health detectors' state "
+        "(PostgreSQL and --workers > 1 write it with every update).",
+    )
+
     # --- alert delivery --------------------------------------------------------------------------
     webhook_urls: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="URLs that receive every alert transition as JSON."

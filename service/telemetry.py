@@ -63,7 +63,7 @@ class Telemetry:
         with self._lock:
             self.webhook_attempts[outcome] = self.webhook_attempts.get(outcome, 0) + 1
 
-    def render(self, db: Database, *, sse_clients: int) -> str:
+    def render(self, db: Database, *, sse_clients: int, live_signals: dict[int, dict] | None = None) -> str:
         out: list[str] = []
         with self._lock:
             _metric(
@@ -129,8 +129,9 @@ class Telemetry:
             [({"status": k}, v) for k, v in sorted(queued.items())],
         )
         samples = []
+        live = live_signals or {}
         for row in signals:
-            for signal, value in sorted((row["signals"] or {}).items()):
+            for signal, value in sorted((live.get(row["id"]) or row["signals"] or {}).items()):
                 labels = {
                     "run_id": row["id"],
                     "project": row["project"],

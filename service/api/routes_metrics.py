@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query
 from fastapi.concurrency import run_in_threadpool
 from rlvitals.service import metrics
 from rlvitals.service.api.deps import ServicesDep, WriteAuth
-from rlvitals.service.encoding import JSONResponse
+from rlvitals.service.encoding import EncodedJSONResponse, JSONResponse
 from rlvitals.service.errors import BadRequest
 from rlvitals.service.schemas import AcceptedPublic, MetricsIn, MetricsPublic
 
@@ -30,11 +30,11 @@ async def get_metrics(
     max_points: Annotated[
         int, Query(ge=0, le=100_000_000, description="Most points per series; 0 returns every point.")
     ] = 2000,
-) -> JSONResponse:
+) -> EncodedJSONResponse:
     wanted = None
     if names is not None:
         wanted = [n for n in (part.strip() for part in names.split(",")) if n]
         if not wanted:
             raise BadRequest("names must list at least one metric name (comma-separated)")
     result = await run_in_threadpool(metrics.query, services, run_id, names=wanted, max_points=max_points)
-    return JSONResponse(result)
+    return EncodedJSONResponse(result)

@@ -25,6 +25,9 @@ async def healthz(services: ServicesDep) -> JSONResponse:
 @router.get("/metrics", response_class=PlainTextResponse)
 async def prometheus(services: ServicesDep) -> PlainTextResponse:
     text = await run_in_threadpool(
-        services.telemetry.render, services.db, sse_clients=services.bus.subscriber_count()
+        services.telemetry.render,
+        services.db,
+        sse_clients=services.bus.subscriber_count(),
+        live_signals=services.health.live_signals(),
     )
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -2,7 +2,9 @@
 
 ``Database.write()`` is the one way to change data: a single transaction, on SQLite serialised by a
 process lock and ``BEGIN IMMEDIATE`` (so concurrent writers queue instead of failing with
-"database is locked"); ``Database.read()`` is a plain read transaction.
+"database is locked"); ``Database.read()`` is a plain read transaction. Both yield a Core
+``Connection`` (named ``session`` in the repository's signatures): the server only runs Core
+statements, so the ORM session's bookkeeping would be pure overhead on the ingest path.
 """
 
 from __future__ import annotations
@@ -13,8 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from sqlalchemy import create_engine, event, text
-from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.pool import StaticPool
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
@@ -42,8 +43,6 @@ class Database:
                 self.url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True, pool_recycle=1800
             )
             self.read_engine = self.engine
-        self._writer = sessionmaker(self.engine, expire_on_commit=False)
-        self._reader = sessionmaker(self.read_engine, expire_on_commit=False)
 
     @property
     def is_sqlite(self) -> bool:
@@ -88,22 +87,20 @@ class Database:
         return engine
 
     @contextmanager
-    def write(self) -> Iterator[Session]:
+    def write(self) -> Iterator[Connection]:
         """One write transaction: commits on success, rolls back on any exception."""
         if self._write_lock is not None:
-            with self._write_lock, self._writer.begin() as session:
-                yield session
+            with self._write_lock, self.engine.begin() as conn:
+                yield conn
         else:
-            with self._writer.begin() as session:
-                yield session
+            with self.engine.begin() as conn:
+                yield conn
 
     @contextmanager
-    def read(self) -> Iterator[Session]:
-        with self._reader() as session:
-            try:
-                yield session
-            finally:
-                session.rollback()
+    def read(self) -> Iterator[Connection]:
+        """A read-only transaction (rolled back at the end)."""
+        with self.read_engine.connect() as conn:
+            yield conn
 
     def migrate(self) -> None:
         """Bring the schema to the newest Alembic revision (runs at server start)."""

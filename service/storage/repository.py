@@ -1,4 +1,5 @@
-"""Every query the server runs, as keyword-only functions over a SQLAlchemy ``Session``.
+"""Every query the server runs, as keyword-only functions over the transaction's ``session`` (a
+SQLAlchemy Core ``Connection`` from ``Database.write()`` / ``Database.read()``).
 
 Routes and workers never build SQL themselves. Functions return plain dicts (or tuples for bulk
 data) so callers do not hold ORM objects across transactions. Bulk paths (points) use Core
@@ -23,7 +24,7 @@ from rlvitals.service.storage.models import (
 )
 from sqlalchemy import and_, delete, func, or_, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.orm import Session
+from sqlalchemy.engine import Connection as Session
 
 RUNS, POINTS, ALERTS, AUDITS = Run.__table__, Point.__table__, Alert.__table__, Audit.__table__
 HEALTH, DELIVERIES, ATTEMPTS, KEYS = (
@@ -39,7 +40,7 @@ _AUDIT_COLUMNS = [c for c in AUDITS.c if c.name != "blob"]
 
 
 def _dialect_insert(session: Session, table):
-    name = session.get_bind().dialect.name
+    name = session.dialect.name
     return (postgresql.insert if name == "postgresql" else sqlite.insert)(table)
 
 
@@ -83,7 +84,13 @@ def get_run(*, session: Session, run_id: int) -> dict | None:
 
 
 def run_exists(*, session: Session, run_id: int) -> bool:
-    return session.execute(select(RUNS.c.id).where(RUNS.c.id == run_id)).first() is not None
+    raw, style = _driver(session)
+    cur = raw.cursor()
+    try:
+        cur.execute(f"SELECT 1 FROM runs WHERE id = {style}", (run_id,))
+        return cur.fetchone() is not None
+    finally:
+        cur.close()
 
 
 def list_runs(
@@ -101,33 +108,52 @@ def list_runs(
     return [dict(r._mapping) for r in rows], count
 
 
-def advance_run(*, session: Session, run_id: int, last_step: int, now: float) -> None:
-    """Record ingest: ``last_step`` only ever grows."""
-    session.execute(
-        update(RUNS)
-        .where(RUNS.c.id == run_id)
-        .values(
-            last_step=func.coalesce(
-                func.max(RUNS.c.last_step, last_step)
-                if session.get_bind().dialect.name == "sqlite"
-                else func.greatest(RUNS.c.last_step, last_step),
-                last_step,
-            ),
-            updated_at=now,
-        )
+def advance_run(*, session: Session, run_id: int, last_step: int | None, now: float) -> bool:
+    """Record ingest (``last_step`` only ever grows); ``False`` when the run does not exist.
+
+    Hot path: one statement on the driver connection, inside the session's transaction.
+    """
+    raw, style = _driver(session)
+    sql = (
+        f"UPDATE runs SET last_step = CASE WHEN last_step IS NULL OR last_step < {style} THEN {style} "
+        f"ELSE last_step END, updated_at = {style} WHERE id = {style}"
     )
+    cur = raw.cursor()
+    try:
+        cur.execute(sql, (last_step, last_step, now, run_id))
+        return cur.rowcount == 1
+    finally:
+        cur.close()
+
+
+def _driver(session: Session):
+    """The DB-API connection under the session's transaction and its parameter style."""
+    return session.connection.driver_connection, ("?" if session.dialect.name == "sqlite" else "%s")
 
 
 # --- points -----------------------------------------------------------------------------------
 
 
-def add_points(*, session: Session, rows: Sequence[dict[str, Any]]) -> None:
-    """Insert-or-ignore on (run_id, name, step). ``rows``: dicts with run_id, name, step, value,
-    flag, wall_time. One executemany; resends are ignored, never duplicated."""
+_INSERT_POINTS = (
+    "INSERT INTO points (run_id, name, step, value, flag, wall_time) VALUES ({p}, {p}, {p}, {p}, {p}, {p}) "
+    "ON CONFLICT (run_id, name, step) DO NOTHING"
+)
+
+
+def add_points(*, session: Session, rows: Sequence[tuple]) -> None:
+    """Insert-or-ignore on (run_id, name, step): a resend is ignored, never duplicated.
+
+    ``rows``: ``(run_id, name, step, value, flag, wall_time)`` tuples. One ``executemany`` on the
+    driver connection inside the session's transaction: no ORM object, no SQL compilation per point.
+    """
     if not rows:
         return
-    stmt = _dialect_insert(session, POINTS).on_conflict_do_nothing(index_elements=["run_id", "name", "step"])
-    session.execute(stmt, list(rows))
+    raw, style = _driver(session)
+    cur = raw.cursor()
+    try:
+        cur.executemany(_INSERT_POINTS.format(p=style), rows)
+    finally:
+        cur.close()
 
 
 def metric_names(*, session: Session, run_id: int) -> list[str]:
@@ -141,13 +167,18 @@ def metric_names(*, session: Session, run_id: int) -> list[str]:
 
 
 def series(*, session: Session, run_id: int, name: str) -> list[tuple[int, float | None, int]]:
-    """All points of one metric in step order: ``[(step, value, flag), ...]``."""
-    result = session.execute(
-        select(POINTS.c.step, POINTS.c.value, POINTS.c.flag)
-        .where(POINTS.c.run_id == run_id, POINTS.c.name == name)
-        .order_by(POINTS.c.step)
-    )
-    return result.all()
+    """All points of one metric in step order: ``[(step, value, flag), ...]`` (driver tuples: the
+    history query moves tens of thousands of rows, so no Row objects)."""
+    raw, style = _driver(session)
+    cur = raw.cursor()
+    try:
+        cur.execute(
+            f"SELECT step, value, flag FROM points WHERE run_id = {style} AND name = {style} ORDER BY step",
+            (run_id, name),
+        )
+        return cur.fetchall()
+    finally:
+        cur.close()
 
 
 # --- health state -----------------------------------------------------------------------------
@@ -155,7 +186,7 @@ def series(*, session: Session, run_id: int, name: str) -> list[tuple[int, float
 
 def load_health_state(*, session: Session, run_id: int, lock: bool = False) -> dict | None:
     stmt = select(HEALTH).where(HEALTH.c.run_id == run_id)
-    if lock and session.get_bind().dialect.name == "postgresql":
+    if lock and session.dialect.name == "postgresql":
         stmt = stmt.with_for_update()
     return _row(session.execute(stmt).first())
 
@@ -163,7 +194,7 @@ def load_health_state(*, session: Session, run_id: int, lock: bool = False) -> d
 def health_version(*, session: Session, run_id: int, lock: bool = False) -> int | None:
     """The state's version (row-locked on PostgreSQL so replicas update one run in turn)."""
     stmt = select(HEALTH.c.version).where(HEALTH.c.run_id == run_id)
-    if lock and session.get_bind().dialect.name == "postgresql":
+    if lock and session.dialect.name == "postgresql":
         stmt = stmt.with_for_update()
     return session.execute(stmt).scalar()
 
@@ -263,7 +294,7 @@ def insert_audit(*, session: Session, values: dict[str, Any]) -> int:
 
 def lock_audit_queue(*, session: Session) -> None:
     """PostgreSQL: replicas check the queue bound one at a time (transaction-scoped advisory lock)."""
-    if session.get_bind().dialect.name == "postgresql":
+    if session.dialect.name == "postgresql":
         session.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": 0x726C7671})
 
 
@@ -283,7 +314,7 @@ def claim_audit(*, session: Session, worker: str, now: float, stale_before: floa
         AUDITS.c.status == "pending", and_(AUDITS.c.status == "running", AUDITS.c.claimed_at < stale_before)
     )
     stmt = select(AUDITS.c.id).where(waiting).order_by(AUDITS.c.id).limit(1)
-    if session.get_bind().dialect.name == "postgresql":
+    if session.dialect.name == "postgresql":
         stmt = stmt.with_for_update(skip_locked=True)
     job_id = session.execute(stmt).scalar()
     if job_id is None:
@@ -355,7 +386,7 @@ def claim_delivery(*, session: Session, now: float, stale_before: float) -> dict
         and_(DELIVERIES.c.status == "sending", DELIVERIES.c.claimed_at < stale_before),
     )
     stmt = select(DELIVERIES).where(due).order_by(DELIVERIES.c.next_attempt_at, DELIVERIES.c.id).limit(1)
-    if session.get_bind().dialect.name == "postgresql":
+    if session.dialect.name == "postgresql":
         stmt = stmt.with_for_update(skip_locked=True)
     row = _row(session.execute(stmt).first())
     if row is None:
@@ -446,12 +477,17 @@ def prune_event_payloads(*, session: Session, before: float) -> None:
 
 
 def touch_firing_alerts(*, session: Session, run_id: int, step: int, now: float) -> None:
-    """Keep ``last_step`` of the run's open alerts at the newest step seen."""
-    session.execute(
-        update(ALERTS)
-        .where(ALERTS.c.run_id == run_id, ALERTS.c.state == "firing", ALERTS.c.last_step < step)
-        .values(last_step=step, updated_at=now)
-    )
+    """Keep ``last_step`` of the run's open alerts at the newest step seen (hot path: raw SQL)."""
+    raw, p = _driver(session)
+    cur = raw.cursor()
+    try:
+        cur.execute(
+            f"UPDATE alerts SET last_step = {p}, updated_at = {p} "
+            f"WHERE run_id = {p} AND state = 'firing' AND last_step < {p}",
+            (step, now, run_id, step),
+        )
+    finally:
+        cur.close()
 
 
 def last_event_payload_id(*, session: Session) -> int:

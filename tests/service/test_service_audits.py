@@ -126,6 +126,7 @@ def test_tensors_are_dropped_after_the_audit_unless_kept(app_client, database_ur
         with api.services.db.read() as session:
             blob = repo.get_audit_blob(session=session, audit_id=audit_id)
         assert (blob is not None) is keep
+        api.stop()  # on PostgreSQL the next app would otherwise share its jobs with this one
 
 
 def test_bool_and_integer_masks_are_accepted(api):
