@@ -23,6 +23,7 @@ Prints, against a real ``rlvitals serve`` on loopback (embedded SQLite):
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import signal
@@ -75,11 +76,22 @@ class Server:
         self.log.close()
 
 
+def realtime(on: bool) -> bool:
+    """SCHED_FIFO for every thread of this process (the trainer's and the client's), or back to normal."""
+    policy = (os.SCHED_FIFO | os.SCHED_RESET_ON_FORK) if on else os.SCHED_OTHER
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            os.sched_setscheduler(int(tid), policy, os.sched_param(1 if on else 0))
+        return True
+    except OSError:
+        return False
+
+
 def metrics_for(step: int) -> dict:
     return {f"metric_{i}": step * 0.001 + i for i in range(METRICS)}
 
 
-def scalar_latency(url: str, label: str, steps: int, pace_s: float, spool: Path) -> dict:
+def scalar_latency(url: str, label: str, steps: int, pace_s: float, spool: Path, rt: bool = False) -> dict:
     from rlvitals.client import ClientSettings, RetryPolicy
     from rlvitals.client.testing import LatencyProbe
 
@@ -87,6 +99,7 @@ def scalar_latency(url: str, label: str, steps: int, pace_s: float, spool: Path)
 
     settings = ClientSettings(init_timeout=0.5, retry=RetryPolicy(initial=0.2, maximum=2.0))
     run = rlvitals.init(url=url, project="bench", name=f"client-{label}", spool_dir=spool, settings=settings)
+    rt = rt and realtime(True)
     probe = LatencyProbe(0.001)
     for step in range(steps):
         values = metrics_for(step)
@@ -94,9 +107,12 @@ def scalar_latency(url: str, label: str, steps: int, pace_s: float, spool: Path)
         time.sleep(pace_s)
     begin = time.monotonic()
     report = run.finish(timeout=60 if label != "down" else 1)
+    if rt:
+        realtime(False)
     summary = probe.summary()
     summary.update(
         label=label,
+        realtime=rt,
         finish_s=time.monotonic() - begin,
         sent=report.points_sent,
         pending=report.points_pending,
@@ -149,9 +165,11 @@ def batch_cost(url: str, count: int, spool: Path) -> dict:
 PEER = textwrap.dedent(
     """
     import json, os, resource, sys, time
-    steps, pace = int(sys.argv[1]), float(sys.argv[2])
+    steps, pace, rt = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3] == "1"
     import trackio
     trackio.init(project="bench-client", name="peer")
+    REALTIME_HERE
+    rt = rt and realtime(True)
     samples, preempted, worst = [], 0, 0
     for step in range(steps):
         values = {f"metric_{i}": step * 0.001 + i for i in range(12)}
@@ -159,6 +177,8 @@ PEER = textwrap.dedent(
         t0 = time.perf_counter_ns()
         trackio.log(values, step=step)
         dt = time.perf_counter_ns() - t0
+        if step == 0 and rt:
+            realtime(True)  # its sender thread may start on the first log
         samples.append(dt)
         if dt > 1_000_000 and resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw > before:
             preempted += 1
@@ -171,17 +191,17 @@ PEER = textwrap.dedent(
     n = len(samples)
     print(json.dumps({"n": n, "p50_us": samples[n // 2] / 1000, "p99_us": samples[int(n * 0.99)] / 1000,
                       "max_us": samples[-1] / 1000, "max_unpreempted_us": worst / 1000,
-                      "finish_s": time.monotonic() - t0}))
+                      "finish_s": time.monotonic() - t0, "realtime": rt}))
     """
-)
+).replace("REALTIME_HERE", inspect.getsource(realtime))
 
 
-def trackio_latency(python: Path, steps: int, pace_s: float, workdir: Path) -> dict | None:
+def trackio_latency(python: Path, steps: int, pace_s: float, workdir: Path, rt: bool) -> dict | None:
     if not python.exists():
         return None
     env = {**os.environ, "TRACKIO_DIR": str(workdir / "trackio"), "HF_HUB_OFFLINE": "1"}
     env.pop("PYTHONPATH", None)
-    done = subprocess.run([str(python), "-c", PEER, str(steps), str(pace_s)], capture_output=True, text=True,
+    done = subprocess.run([str(python), "-c", PEER, str(steps), str(pace_s), str(int(rt))], capture_output=True, text=True,
                           env=env, cwd=workdir, timeout=600)  # fmt: skip
     if done.returncode != 0:
         print(f"trackio peer failed:\n{done.stderr[-2000:]}", file=sys.stderr)
@@ -207,6 +227,9 @@ def main() -> int:
     parser.add_argument("--batches", type=int, default=20)
     parser.add_argument("--trackio-python", type=Path, default=DEFAULT_TRACKIO)
     parser.add_argument("--no-tiny-grpo", action="store_true")
+    parser.add_argument("--realtime", action="store_true",
+                        help="run the logging loops (ours and the peer's, all their threads) at SCHED_FIFO when "
+                        "permitted, so neighbours on a shared machine do not preempt them")  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     pace = args.pace_us / 1e6
@@ -217,14 +240,18 @@ def main() -> int:
         workdir = Path(tmp)
         server = Server(workdir)
         try:
-            results["scalars"].append(scalar_latency(server.url, "up", args.steps, pace, workdir / "spool"))
+            results["scalars"].append(
+                scalar_latency(server.url, "up", args.steps, pace, workdir / "spool", args.realtime)
+            )
             with DelayProxy(server.url, delay=2.0) as proxy:
                 results["scalars"].append(
                     scalar_latency(proxy.url, "slow", args.steps, pace, workdir / "spool")
                 )
             down = f"http://127.0.0.1:{free_port()}"
-            results["scalars"].append(scalar_latency(down, "down", args.steps, pace, workdir / "spool"))
-            peer = trackio_latency(args.trackio_python, args.steps, pace, workdir)
+            results["scalars"].append(
+                scalar_latency(down, "down", args.steps, pace, workdir / "spool", args.realtime)
+            )
+            peer = trackio_latency(args.trackio_python, args.steps, pace, workdir, args.realtime)
             if peer is not None:
                 results["scalars"].append(peer)
             results["batches"] = batch_cost(server.url, args.batches, workdir / "spool")
@@ -233,7 +260,9 @@ def main() -> int:
         finally:
             server.stop()
 
-    print(f"log() of {METRICS} scalars, {args.steps} calls, {args.pace_us:g} µs between calls")
+    rt = all(row.get("realtime") for row in results["scalars"])
+    print(f"log() of {METRICS} scalars, {args.steps} calls, {args.pace_us:g} µs between calls"
+          f"{', SCHED_FIFO' if rt else ''}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")  # fmt: skip
     print(f"{'client / server':<18} {'p50 µs':>8} {'p99 µs':>8} {'max µs':>9} {'max* µs':>9}  delivered")
     for row in results["scalars"]:
         delivered = (

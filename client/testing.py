@@ -117,12 +117,15 @@ class DelayProxy:
                     ]
                 except httpx.HTTPError:
                     status, content, reply_headers = 502, b'{"error":{"code":"bad_gateway"}}', []
-                self.send_response(status)
-                for key, value in reply_headers:
-                    self.send_header(key, value)
-                self.send_header("Content-Length", str(len(content)))
-                self.end_headers()
-                self.wfile.write(content)
+                try:
+                    self.send_response(status)
+                    for key, value in reply_headers:
+                        self.send_header(key, value)
+                    self.send_header("Content-Length", str(len(content)))
+                    self.end_headers()
+                    self.wfile.write(content)
+                except (BrokenPipeError, ConnectionResetError):  # the client gave up waiting: fine
+                    self.close_connection = True
 
             do_GET = do_POST = do_PUT = do_DELETE = _forward
 

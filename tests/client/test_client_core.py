@@ -321,3 +321,39 @@ def test_client_import_pulls_no_web_stack():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "[]"
+
+
+def test_sync_sends_a_crashed_trainers_open_segment_but_not_a_live_ones(fake, tmp_path):
+    from rlvitals.client.spool import run_dir_name
+
+    run_dir = tmp_path / run_dir_name("p", "crashed")
+    run_dir.mkdir()
+    (run_dir / "run.json").write_text(
+        json.dumps({"project": "p", "name": "crashed", "config": {}, "tags": []})
+    )
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    dead_pid = int(dead.stdout)
+    good = (
+        b'{"step":0,"metrics":{"x":1.0},"wall_time":1.0}\n{"step":1,"metrics":{"x":"NaN"},"wall_time":1.0}\n'
+    )
+    torn = b'{"step":2,"metrics":{"x":3'  # the crash hit mid-append
+    (run_dir / f"seg-{dead_pid}-aaaa-000001.jsonl.part").write_bytes(good + torn)
+    (run_dir / f"seg-{os.getpid()}-bbbb-000001.jsonl.part").write_bytes(good)  # a live writer's segment
+    result = sync_spool(tmp_path, url="http://fake", transport=fake.transport)
+    assert result.ok and result.points_sent == 2
+    series = fake.series("1", "x")
+    assert series[0] == 1.0 and math.isnan(series[1]) and 2 not in series
+    assert [p.name for p in run_dir.glob("seg-*")] == [f"seg-{os.getpid()}-bbbb-000001.jsonl.part"]
+
+
+def test_memory_bound_spills_to_disk_while_the_server_is_healthy(fake, tmp_path):
+    settings = ClientSettings(flush_interval=0.5, max_memory_points=50, max_steps_per_request=10)
+    run = start(fake, tmp_path, settings=settings)
+    for step in range(400):
+        run.log({"a": 1.0, "b": 2.0}, step=step)
+    report = run.finish(timeout=10)
+    assert report.complete and report.points_sent == 800
+    assert run.stats.points_spooled > 0  # over the bound: parked on disk, then sent from there
+    assert len(fake.series(run.run_id, "b")) == 400
