@@ -16,8 +16,10 @@ import json
 import mimetypes
 from dataclasses import dataclass
 from functools import cache
+from html import escape as html_escape
 from importlib import resources
 from pathlib import Path
+from urllib.parse import urlencode
 
 from fastapi import APIRouter
 from rlvitals.service.errors import NotFound
@@ -48,8 +50,8 @@ ASSET_CACHE = "public, max-age=31536000, immutable"
 # page name -> (template, <title>, the scripts it loads after common.js, prefetch mode)
 PAGES: dict[str, tuple[str, str, tuple[str, ...], str]] = {
     "runs": ("runs.html", "Runs", ("js/runs.js",), "runs"),
-    "run": ("run.html", "Run", ("js/charts.js", "js/run.js"), "run"),
-    "audits": ("audits.html", "Audits", ("js/charts.js", "js/audits.js"), "audits"),
+    "run": ("run.html", "Run", (SIGNALS_ROUTE, "js/charts.js", "js/run.js"), "run"),
+    "audits": ("audits.html", "Audits", (SIGNALS_ROUTE, "js/charts.js", "js/audits.js"), "audits"),
     "alerts": ("alerts.html", "Alerts", ("js/alerts.js",), "alerts"),
     "compare": (
         "compare.html",
@@ -59,10 +61,12 @@ PAGES: dict[str, tuple[str, str, tuple[str, ...], str]] = {
     ),
 }
 PLOTLY_PAGES = frozenset({"audits", "compare"})
-# The run page draws its first charts as light SVG previews and loads plotly.js right after (it is
-# downloaded meanwhile via <link rel=preload>): booting plotly.js costs 1-2 s of main thread on a
-# busy machine, which must not stand between a user and the first chart.
+# The run page draws its first charts as light SVG previews and loads plotly.js after the first one:
+# downloading and booting plotly.js costs 1-2 s of server and main thread on a busy machine, which
+# must not stand between a user and the first chart. Its first request (the first panel's series)
+# is preloaded from the HTML, so it starts with the page's own assets.
 LAZY_PLOTLY_PAGES = frozenset({"run"})
+FIRST_SERIES_POINTS = 2000
 
 
 @dataclass(frozen=True)
@@ -131,14 +135,15 @@ def render_page(page: str) -> bytes:
     layout = (TEMPLATE_DIR / "_layout.html").read_text(encoding="utf-8")
     body = (TEMPLATE_DIR / template).read_text(encoding="utf-8")
     head = [f'<link rel="stylesheet" href="{asset_url("dashboard.css")}">']
-    # common.js runs first and synchronously: it starts the page's data requests (and the event
-    # stream) at once. signals.js (the alias tables) comes before it: the run page's first request
-    # asks for the first panel's metric by its aliases.
-    head.append(f'<script src="{asset_url(SIGNALS_ROUTE)}"></script>')
-    head.append(f'<script src="{asset_url("js/common.js")}" data-prefetch="{prefetch}"></script>')
     tail = []
     if page in LAZY_PLOTLY_PAGES:
-        head.append(f'<link rel="preload" as="script" id="plotly-src" href="{asset_url(PLOTLY_ROUTE)}">')
+        head.append(f'<meta name="rlv-plotly" content="{asset_url(PLOTLY_ROUTE)}">')
+        head.append(
+            '<link rel="preload" as="fetch" crossorigin="anonymous" id="first-series" href="{{first_series}}">'
+        )
+    # common.js runs first and synchronously: it starts the page's data requests (and the event
+    # stream) at once.
+    head.append(f'<script src="{asset_url("js/common.js")}" data-prefetch="{prefetch}"></script>')
     if page in PLOTLY_PAGES:
         tail.append(f'<script src="{asset_url(PLOTLY_ROUTE)}"></script>')
     tail += [f'<script src="{asset_url(name)}"></script>' for name in scripts]
@@ -156,6 +161,22 @@ def _page(page: str) -> HTMLResponse:
     return HTMLResponse(render_page(page), headers=PAGE_HEADERS)
 
 
+def first_series_url(run_id: int) -> str:
+    """The run page's first request: the first panel's metric, asked for by all its aliases."""
+    from rlvitals.analyzers.health import signals
+
+    aliases = list(signals.ALIASES[PANEL_ORDER[0]])
+    names = aliases + [prefix + a for prefix in signals._PREFIXES for a in aliases]
+    query = urlencode({"names": ",".join(names), "max_points": FIRST_SERIES_POINTS})
+    return f"/dashboard-api/runs/{int(run_id)}/series?{query}"
+
+
+def _run_page(run_id: int) -> HTMLResponse:
+    # the only per-request part of any page: an integer, in a URL we build
+    html = render_page("run").replace(b"{{first_series}}", html_escape(first_series_url(run_id)).encode())
+    return HTMLResponse(html, headers=PAGE_HEADERS)
+
+
 def build_router() -> APIRouter:
     router = APIRouter(include_in_schema=False)
 
@@ -164,8 +185,8 @@ def build_router() -> APIRouter:
         return _page("runs")
 
     @router.get("/runs/{run_id}")
-    def run_page(run_id: str) -> HTMLResponse:
-        return _page("run")
+    def run_page(run_id: int) -> HTMLResponse:
+        return _run_page(run_id)
 
     @router.get("/runs/{run_id}/audits")
     def audits_page(run_id: str) -> HTMLResponse:

@@ -23,7 +23,7 @@ def test_pages_and_assets_are_served_with_a_strict_policy(server):
             assert "script-src 'self'" in resp.headers["content-security-policy"]
             assert "<script>" not in resp.text  # no inline script anywhere
         page = client.get("/runs/1").text
-        plotly_url = page.split('id="plotly-src" href="', 1)[1].split('"', 1)[0]
+        plotly_url = page.split('<meta name="rlv-plotly" content="', 1)[1].split('"', 1)[0]
         assert plotly_url.startswith("/static/vendor/plotly.min.js?v=")
         shipped = (resources.files("plotly") / "package_data" / "plotly.min.js").read_bytes()
         resp = client.get(plotly_url)

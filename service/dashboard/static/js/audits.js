@@ -135,7 +135,8 @@
       const clip = body.clip || {};
       if (typeof clip.low === "number") lines.push({ name: "clip-low", x: clip.low });
       if (typeof clip.high === "number") lines.push({ name: "clip-high", x: clip.high });
-      if (typeof clip.dual === "number") lines.push({ name: "dual-clip", x: clip.dual, color: "#7c3aed" });
+      // the dual-clip bound only when some ratio reaches it (it would squash the bars otherwise)
+      if (typeof clip.dual === "number" && body.ratio.max >= clip.dual) lines.push({ name: "dual-clip", x: clip.dual, color: "#7c3aed" });
       await C.histogram(RLV.$("hist-ratio"), body.ratio, { name: "ratio", lines: lines, logy: true });
       await C.histogram(RLV.$("hist-adv"), body.advantages, { name: "advantages", color: "#0f766e", logy: true });
       note.textContent = body.tokens + " valid tokens" + (body.ratio.outside ? "; " + body.ratio.outside + " ratios beyond the plotted range" : "") +

@@ -310,13 +310,14 @@
     RLV.pre.runId = id;
     RLV.pre.maxPoints = RLV.overviewPoints();
     RLV.pre.run = guard(RLV.api(base));
-    // Two requests: the first panel's metric alone (asked for by the aliases of the first health
-    // signal; it comes back fast even for a long run), and every series.
-    const table = window.RLV_SIGNALS || { order: [], aliases: {}, prefixes: [] };
-    const first = (table.aliases[table.order[0]] || []).slice();
-    for (const p of table.prefixes) first.push.apply(first, (table.aliases[table.order[0]] || []).map(function (a) { return p + a; }));
-    RLV.pre.firstMetrics = first.length
-      ? guard(RLV.api(RLV.seriesUrl(id, { names: first, max_points: RLV.pre.maxPoints })))
+    // Two requests: the first panel's metric alone (preloaded by the page itself: the aliases of the
+    // first health signal; it comes back fast even for a long run), and every series.
+    const firstLink = document.getElementById("first-series");
+    RLV.pre.firstMetrics = firstLink
+      ? guard(RLV.api(firstLink.getAttribute("href")).then(function (body) {
+        RLV.timing.firstFetched = performance.now();
+        return body;
+      }))
       : Promise.resolve({ series: {} });
     // (the second waits for the first: on a busy server they would only slow each other down)
     const settled = RLV.pre.firstMetrics.catch(function () { return null; });

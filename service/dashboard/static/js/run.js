@@ -504,7 +504,7 @@
       await firstChartDrawn();
     }
     // plotly.js boots (1-2 s of main thread when the machine is busy) while the server reads the rest
-    const plotly = RLV.loadScript(RLV.$("plotly-src").getAttribute("href"));
+    const plotly = RLV.loadScript(document.querySelector("meta[name=rlv-plotly]").content);
     plotly.catch(function () { /* reported below */ });
     let metrics;
     try {

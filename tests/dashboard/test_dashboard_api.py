@@ -1,0 +1,140 @@
+"""The dashboard's JSON routes, in process: series with a step range and wall times, batch histograms."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import pytest
+import torch
+from rlvitals.service.dashboard.histograms import batch_histograms
+from rlvitals.service.settings import Settings
+from safetensors.torch import save
+
+from tests.service.conftest import AppClient  # the service suite's in-process app (real lifespan)
+
+
+@pytest.fixture
+def client(tmp_path):
+    app = AppClient(Settings(database_url=f"sqlite:///{tmp_path / 'api.db'}", data_dir=tmp_path))
+    yield app
+    app.close()
+
+
+def _run_with_points(client, steps: int = 1000) -> int:
+    run = client.post("/api/v1/runs", json={"name": "series"}).json()["id"]
+    points = [
+        {
+            "step": s,
+            "wall_time": 1000.0 + s,
+            "metrics": {"a": 10.0 if s == 777 else math.sin(s / 10), "b": float(s)},
+        }
+        for s in range(steps)
+    ]
+    points[steps // 2]["metrics"]["a"] = "NaN"
+    assert client.post(f"/api/v1/runs/{run}/metrics", json={"steps": points}).status_code == 200
+    return run
+
+
+def test_series_range_wall_times_and_kept_extremes(client):
+    run = _run_with_points(client)
+    body = client.get(
+        f"/dashboard-api/runs/{run}/series", params={"names": "a", "start": 100, "end": 149, "max_points": 0}
+    )
+    a = body.json()["series"]["a"]
+    assert a["step"] == list(range(100, 150))
+    assert a["wall_time"] == [1000.0 + s for s in range(100, 150)]
+
+    overview = client.get(f"/dashboard-api/runs/{run}/series", params={"max_points": 100}).json()["series"]
+    assert set(overview) == {"a", "b"}
+    a = overview["a"]
+    assert len(a["step"]) <= 100
+    assert 10.0 in a["value"] and "NaN" in a["value"]  # the spike and the NaN survive downsampling
+    assert a["wall_time"] == [1000.0 + s for s in a["step"]]
+    # the same overview as API v1's query
+    v1 = client.get(f"/api/v1/runs/{run}/metrics", params={"names": "a", "max_points": 100}).json()["series"][
+        "a"
+    ]
+    assert v1 == {"step": a["step"], "value": a["value"]}
+
+
+@pytest.mark.parametrize(
+    ("params", "status"),
+    [({"start": 5, "end": 2}, 400), ({"names": ","}, 400), ({"max_points": -1}, 422), ({"start": "x"}, 422)],
+)
+def test_series_rejects_bad_queries(client, params, status):
+    run = _run_with_points(client, steps=10)
+    resp = client.get(f"/dashboard-api/runs/{run}/series", params=params)
+    assert resp.status_code == status
+    assert set(resp.json()["error"]) == {"code", "message", "detail"}
+
+
+def test_unknown_run_and_audit_are_404(client):
+    for path in ("/dashboard-api/runs/999/series", "/dashboard-api/audits/999/histograms"):
+        resp = client.get(path)
+        assert resp.status_code == 404
+        assert resp.json()["error"]["code"] == "not_found"
+
+
+def test_histograms_need_the_batch_or_say_why(client, tmp_path):
+    g = torch.Generator().manual_seed(0)
+    tensors = {
+        "log_prob": torch.randn(4, 32, generator=g) * 0.1,
+        "old_log_prob": torch.randn(4, 32, generator=g) * 0.1,
+        "advantages": torch.randn(4, 32, generator=g),
+        "response_mask": (torch.rand(4, 32, generator=g) > 0.25).to(torch.int64),
+    }
+    run = client.post("/api/v1/runs", json={"name": "hist"}).json()["id"]
+    meta = {"step": "1", "config": json.dumps({"clip_ratio": 0.2}), "reported": json.dumps({})}
+    audit = client.post(f"/api/v1/runs/{run}/batches", content=save(tensors, metadata=meta)).json()["id"]
+    for _ in range(200):
+        if client.get(f"/api/v1/audits/{audit}").json()["status"] in ("done", "error"):
+            break
+        time.sleep(0.05)
+    resp = client.get(f"/dashboard-api/audits/{audit}/histograms")
+    # this server drops batches after their audit (the default): the reply says how to keep them
+    assert resp.status_code == 404
+    assert "RLVITALS_KEEP_BATCHES" in resp.json()["error"]["message"]
+
+
+def test_batch_histograms_count_every_valid_token():
+    g = torch.Generator().manual_seed(1)
+    lp = torch.randn(6, 50, generator=g) * 0.3
+    tensors = {
+        "log_prob": lp,
+        "old_log_prob": lp - torch.randn(6, 50, generator=g) * 0.3,
+        "advantages": torch.randn(6, 50, generator=g),
+        "response_mask": (torch.rand(6, 50, generator=g) > 0.3).to(torch.int64),
+    }
+    tensors["log_prob"][0, 0] = 50.0  # a huge ratio (clamped at exp(20)) lands outside the plotted range
+    tensors["response_mask"][0, 0] = 1
+    h = batch_histograms(
+        tensors, config={"clip_ratio": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": 3.0}, bins=30
+    )
+    valid = int(tensors["response_mask"].sum())
+    assert h["tokens"] == valid
+    assert sum(h["ratio"]["counts"]) + h["ratio"]["outside"] == valid
+    assert h["ratio"]["above"] >= 1 and h["ratio"]["max"] == pytest.approx(math.exp(20))
+    assert sum(h["advantages"]["counts"]) == valid
+    assert h["clip"] == pytest.approx({"low": 0.8, "high": 1.28, "dual": 3.0})
+    assert (
+        len(h["ratio"]["edges"]) == 31
+        and h["ratio"]["edges"][0] <= 0.8 - 0.2
+        and h["ratio"]["edges"][-1] >= 1.28
+    )
+    # garbage at masked positions changes nothing
+    masked = tensors["response_mask"] == 0
+    noisy = {k: v.clone() for k, v in tensors.items()}
+    noisy["log_prob"][masked] = float("nan")
+    noisy["advantages"][masked] = 1e9
+    assert (
+        batch_histograms(noisy, config={"clip_ratio": 0.2, "clip_ratio_high": 0.28}, bins=30)["ratio"]
+        == h["ratio"]
+    )
+
+
+def test_empty_mask_gives_empty_histograms():
+    z = torch.zeros(2, 4)
+    h = batch_histograms({"log_prob": z, "old_log_prob": z, "advantages": z, "response_mask": z.long()})
+    assert h["tokens"] == 0 and sum(h["ratio"]["counts"]) == 0 and h["ratio"]["min"] is None
