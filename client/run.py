@@ -150,6 +150,8 @@ class Run:
         self.config = dict(config or {})
         self.tags = [str(tag) for tag in tags]
         self.url = (url or os.environ.get("RLVITALS_URL") or DEFAULT_URL).rstrip("/")
+        if not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"url must start with http:// or https://, got {self.url!r}")
         self._api_key = api_key if api_key is not None else os.environ.get("RLVITALS_API_KEY")
         self._transport = transport
         self.spool_root = Path(spool_dir).expanduser() if spool_dir is not None else default_spool_dir()

@@ -22,7 +22,14 @@ DEFAULT_FINISH_TIMEOUT = 30.0
 def default_spool_dir() -> Path:
     """``RLVITALS_SPOOL_DIR`` or ``~/.rlvitals/spool``."""
     env = os.environ.get("RLVITALS_SPOOL_DIR")
-    return Path(env).expanduser() if env else Path.home() / ".rlvitals" / "spool"
+    if env:
+        return Path(env).expanduser()
+    try:
+        return Path.home() / ".rlvitals" / "spool"
+    except RuntimeError:  # no home directory (some containers): the temp dir still works
+        import tempfile
+
+        return Path(tempfile.gettempdir()) / "rlvitals-spool"
 
 
 @dataclass(frozen=True)

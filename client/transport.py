@@ -133,7 +133,12 @@ class HttpApi:
             headers={"Content-Type": "application/json"},
             **_timeout(timeout),
         )
-        return str(response.json()["id"])
+        try:
+            return str(response.json()["id"])
+        except (ValueError, KeyError, TypeError):
+            raise RejectedError(
+                "create run", f"{self.url} answered {response.status_code} without a run id: is it rlvitals?"
+            ) from None
 
     def post_metrics(self, run_id: str, lines: list[bytes], timeout: float | None = None) -> int:
         """``POST /api/v1/runs/{id}/metrics`` with step records already encoded as JSON objects (bytes);

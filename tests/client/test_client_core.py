@@ -10,6 +10,7 @@ import sys
 import time
 import warnings
 
+import httpx
 import numpy as np
 import pytest
 import torch
@@ -357,3 +358,37 @@ def test_memory_bound_spills_to_disk_while_the_server_is_healthy(fake, tmp_path)
     assert report.complete and report.points_sent == 800
     assert run.stats.points_spooled > 0  # over the bound: parked on disk, then sent from there
     assert len(fake.series(run.run_id, "b")) == 400
+
+
+def test_url_and_key_come_from_the_environment(fake, tmp_path, monkeypatch):
+    seen = []
+    monkeypatch.setenv("RLVITALS_URL", "http://from-env:9999")
+    monkeypatch.setenv("RLVITALS_API_KEY", "secret-key")
+    monkeypatch.setenv("RLVITALS_SPOOL_DIR", str(tmp_path / "env-spool"))
+    handler = fake.transport.handler
+
+    def spy(request):
+        seen.append((str(request.url), request.headers.get("authorization")))
+        return handler(request)
+
+    run = rlvitals.init(project="p", name="env", transport=httpx.MockTransport(spy), settings=FAST)
+    run.log({"x": 1.0}, step=0)
+    run.finish(timeout=5)
+    assert seen[0] == ("http://from-env:9999/api/v1/runs", "Bearer secret-key")
+    assert run.spool_dir.parent == tmp_path / "env-spool"
+
+
+def test_a_url_without_scheme_is_misuse(tmp_path):
+    with pytest.raises(ValueError, match="http://"):
+        rlvitals.init(url="localhost:8000", spool_dir=tmp_path)
+
+
+def test_a_server_that_is_not_rlvitals_does_not_break_the_trainer(tmp_path):
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, text="<html>hello</html>"))
+    with pytest.warns(ClientWarning) as caught:
+        run = rlvitals.init(url="http://other", project="p", name="n", spool_dir=tmp_path, transport=transport,
+                            settings=FAST)  # fmt: skip
+        run.log({"x": 1.0}, step=0)
+        report = run.finish(timeout=0.5)
+    assert "without a run id" in str(caught[0].message)
+    assert report.points_pending == 1
