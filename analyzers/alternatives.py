@@ -311,7 +311,7 @@ def find_alternatives(
     in full).
     """
     if max_candidates is None:
-        max_candidates = 4000 if batch.fast and batch.finite else 60
+        max_candidates = 4000 if batch.fast and batch.finite else 300
     found: list[Alternative] = []
     seen: set[LossConfig] = {config}
     tried = 0

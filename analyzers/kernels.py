@@ -382,16 +382,49 @@ class TokenBatch:
 
     # -- reference path --------------------------------------------------------------------------
     def _reference_metrics(self, config: LossConfig) -> dict[str, float]:
-        from .losses import ppo_loss
+        """verl's own op sequence (``losses.ppo_loss``), in the input dtype. The per-token matrices and
+        their aggregations are memoised, so an audit trying many configs pays once per clip setting,
+        KL estimator and aggregation."""
+        from .losses import agg_loss, clipped_token_losses, kl_penalty
+
+        t, mask = self.tensors, self.mask
+        info = config.global_batch_info
+        mode = config.loss_agg_mode
+
+        def memo(key, compute):
+            hit = self._cache.get(key)
+            if hit is None:
+                hit = self._cache[key] = compute()
+            return hit
+
+        def aggregate(name: str, matrix: Tensor) -> Tensor:
+            return memo(("ref_agg", name, mode, *info.values()), lambda: agg_loss(matrix, mask, mode, **info))
 
         with torch.no_grad():
-            _, metrics = ppo_loss(
-                config,
-                log_prob=self.tensors["log_prob"],
-                old_log_prob=self.tensors["old_log_prob"],
-                advantages=self.tensors["advantages"],
-                response_mask=self.mask,
-                ref_log_prob=self.tensors.get("ref_log_prob"),
-                entropy=self.tensors.get("entropy"),
+            clip = (config.clip_low, config.clip_high, config.clip_ratio_c)
+            pg_losses, pg_metrics = memo(
+                ("ref_pg", *clip),
+                lambda: clipped_token_losses(
+                    t["old_log_prob"],
+                    t["log_prob"],
+                    t["advantages"],
+                    mask,
+                    clip_low=clip[0],
+                    clip_high=clip[1],
+                    clip_ratio_c=clip[2],
+                ),
             )
-        return {k: float(v) for k, v in metrics.items()}
+            pg_loss = aggregate(f"pg{clip}", pg_losses)
+            out = {"pg_loss": pg_loss, **pg_metrics}
+            policy_loss = pg_loss
+            if "entropy" in t:
+                out["entropy_loss"] = aggregate("entropy", t["entropy"])
+                policy_loss = policy_loss - config.entropy_coeff * out["entropy_loss"]
+            if "ref_log_prob" in t:
+                kind = config.kl_loss_type
+                kld = memo(("ref_kl", kind), lambda: kl_penalty(t["log_prob"], t["ref_log_prob"], kind))
+                out["kl_loss"] = aggregate(f"kl-{kind.value}", kld)
+                if config.use_kl_loss:
+                    policy_loss = policy_loss + out["kl_loss"] * config.kl_loss_coef
+            out["policy_loss"] = policy_loss
+        return {k: float(v) for k, v in out.items()}

@@ -27,6 +27,7 @@ __all__ = [
     "AGG_MODES",
     "KL_ESTIMATORS",
     "agg_loss",
+    "clipped_token_losses",
     "compute_policy_loss_vanilla",
     "kl_penalty",
     "masked_mean",
@@ -225,6 +226,41 @@ def kl_penalty(logprob: Tensor, ref_logprob: Tensor, kl_type: KLType | str) -> T
 
 
 # -- the PPO clip objective ------------------------------------------------------------------------------
+def clipped_token_losses(
+    old_log_prob: Tensor,
+    log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    clip_ratio_c: float,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The per-token half of :func:`compute_policy_loss_vanilla`: the ``(batch, response_len)`` loss
+    matrix before aggregation, and the detached diagnostics."""
+    negative_approx_kl = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
+    ratio = torch.exp(negative_approx_kl)
+    ppo_kl = masked_mean(-negative_approx_kl, response_mask)
+
+    pg_losses1 = -advantages * ratio
+    pg_losses2 = -advantages * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
+    clip_pg_losses1 = torch.maximum(pg_losses1, pg_losses2)
+    pg_clipfrac = masked_mean(torch.gt(pg_losses2, pg_losses1).float(), response_mask)
+
+    pg_losses3 = -advantages * clip_ratio_c
+    clip_pg_losses2 = torch.min(pg_losses3, clip_pg_losses1)
+    pg_clipfrac_lower = masked_mean(
+        torch.gt(clip_pg_losses1, pg_losses3) * (advantages < 0).float(), response_mask
+    )
+    pg_losses = torch.where(advantages < 0, clip_pg_losses2, clip_pg_losses1)
+    metrics = {
+        "pg_clipfrac": pg_clipfrac.detach(),
+        "ppo_kl": ppo_kl.detach(),
+        "pg_clipfrac_lower": pg_clipfrac_lower.detach(),
+    }
+    return pg_losses, metrics
+
+
 def compute_policy_loss_vanilla(
     old_log_prob: Tensor,
     log_prob: Tensor,
@@ -242,29 +278,17 @@ def compute_policy_loss_vanilla(
     won), ``ppo_kl`` (masked mean of ``logp_old - logp``) and ``pg_clipfrac_lower`` (share where the
     dual clip bound won; only ``A < 0`` tokens count).
     """
-    negative_approx_kl = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
-    ratio = torch.exp(negative_approx_kl)
-    ppo_kl = masked_mean(-negative_approx_kl, response_mask)
-
-    pg_losses1 = -advantages * ratio
-    pg_losses2 = -advantages * torch.clamp(ratio, 1 - config.clip_low, 1 + config.clip_high)
-    clip_pg_losses1 = torch.maximum(pg_losses1, pg_losses2)
-    pg_clipfrac = masked_mean(torch.gt(pg_losses2, pg_losses1).float(), response_mask)
-
-    pg_losses3 = -advantages * config.clip_ratio_c
-    clip_pg_losses2 = torch.min(pg_losses3, clip_pg_losses1)
-    pg_clipfrac_lower = masked_mean(
-        torch.gt(clip_pg_losses1, pg_losses3) * (advantages < 0).float(), response_mask
+    pg_losses, metrics = clipped_token_losses(
+        old_log_prob,
+        log_prob,
+        advantages,
+        response_mask,
+        clip_low=config.clip_low,
+        clip_high=config.clip_high,
+        clip_ratio_c=config.clip_ratio_c,
     )
-    pg_losses = torch.where(advantages < 0, clip_pg_losses2, clip_pg_losses1)
-
     mode = config.loss_agg_mode if loss_agg_mode is None else loss_agg_mode
     pg_loss = agg_loss(pg_losses, response_mask, mode, **config.global_batch_info)
-    metrics = {
-        "pg_clipfrac": pg_clipfrac.detach(),
-        "ppo_kl": ppo_kl.detach(),
-        "pg_clipfrac_lower": pg_clipfrac_lower.detach(),
-    }
     return pg_loss, metrics
 
 
