@@ -296,3 +296,17 @@ def test_search_without_ref_log_prob_never_tries_a_kl_term() -> None:
     report = audit(LossConfig(clip_ratio_high=0.28), tensors, reported)
     assert "reported pg_loss equals" in report.explanation.lower()
     assert "policy_loss" in report.alternatives
+
+
+def test_batch_with_a_nan_token_is_audited_on_verl_semantics() -> None:
+    tensors = _tensors()
+    tensors["log_prob"][0, 0] = math.nan  # a valid token: pg_loss, ppo_kl, kl_loss are NaN in verl too
+    true = LossConfig(
+        use_kl_loss=True, entropy_coeff=0.01, kl_loss_coef=0.05, loss_agg_mode="seq-mean-token-mean"
+    )
+    reported = _rc(true, tensors)
+    assert math.isnan(reported["pg_loss"]) and math.isfinite(reported["entropy_loss"])
+    report = audit(BASE, tensors, reported)
+    assert report.verdicts["pg_loss"]["ok"]  # NaN reported, NaN recomputed
+    assert math.isnan(report.on_policy_gap)
+    assert "Reported entropy_loss equals seq-mean-token-mean; config says token-mean" in report.explanation
