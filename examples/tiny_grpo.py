@@ -89,9 +89,12 @@ class TinyGRPOConfig:
 
 PRESETS: dict[str, TinyGRPOConfig] = {
     "healthy": TinyGRPOConfig(),
-    # Ten times the learning rate, four times the epochs over each batch, a token KL coefficient and no
-    # entropy bonus: every update overshoots and nothing pulls the policy back.
-    "unstable": TinyGRPOConfig(lr=4e-2, ppo_epochs=16, kl_loss_coef=0.01, entropy_coeff=0.0),
+    # Ten times the learning rate, four times the epochs over each batch, the usual clip range (0.2, dual
+    # clip at 10) instead of the tight one, a token KL coefficient and no entropy bonus: every update
+    # overshoots and nothing pulls the policy back. It still learns, but the rules fire and stay firing.
+    "unstable": TinyGRPOConfig(
+        lr=4e-2, ppo_epochs=16, clip_ratio=0.2, clip_ratio_c=10.0, kl_loss_coef=0.01, entropy_coeff=0.0
+    ),
 }
 
 

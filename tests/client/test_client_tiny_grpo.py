@@ -48,7 +48,7 @@ def test_unstable_preset_trips_the_health_rules():
     config = dataclasses.replace(tiny.PRESETS["unstable"], steps=30)
     history = tiny.train(config)
     fired = {rule for rule, state, _ in _findings(config, history) if state == "firing"}
-    assert {"ppo_kl_drift", "pg_clipfrac_range"} <= fired
+    assert {"ppo_kl_drift", "pg_clipfrac_range", "kl_loss_runaway"} <= fired
 
 
 def test_same_seed_same_run():
