@@ -13,7 +13,7 @@ How the token pass stays exact (the same per-token floats verl computes, in fewe
 - both clip fractions come from one tensor ``z = (A m) r + l``: ``z > 0`` exactly where verl's
   ``pg_losses2 > pg_losses1`` (clipped on either side), ``z < 0`` exactly where the dual clip bound won
   (``A < 0``, ``(-A) r > (-A) c``), comparing the same rounded products verl compares. Counted from
-  the sums of ``sign(z)`` and ``|sign(z)|`` (no bool tensors, no ``where``, no ``count_nonzero``).
+  the sum of ``sign(z)`` and its dot with itself (no bool tensors, no ``where``, no ``count_nonzero``).
 - masked sums are sums of products with ``m`` (or dots): identical to verl's ``masked_sum`` whenever
   every value is finite. A non-finite value anywhere (even under the mask) makes some sum non-finite;
   the batch then falls back to the op-for-op reference in :mod:`.losses`, which is what verl does with
@@ -35,11 +35,10 @@ from .config import AggMode, KLType, LossConfig
 
 Tensor = torch.Tensor
 _FAST_DTYPES = (torch.float32, torch.float64)
-TENSOR_NAMES = ("log_prob", "old_log_prob", "advantages", "response_mask", "ref_log_prob", "entropy")
 
 
 class _Workspace(threading.local):
-    """Per-thread free lists of token-sized buffers, keyed by (shape, dtype).
+    """Per-thread free lists of token-sized CPU buffers, keyed by (shape, dtype, device).
 
     Fresh multi-megabyte tensors cost more in first-touch page faults than the arithmetic done in
     them; reusing a few buffers across audits of same-shaped batches removes that cost. Bounded by
