@@ -6,7 +6,6 @@ Nothing here imports a training framework.
 
 from __future__ import annotations
 
-import math
 import numbers
 import os
 import threading
@@ -38,7 +37,6 @@ class RunRef:
         if run is not None and not (hasattr(run, "log") and hasattr(run, "log_batch")):
             raise TypeError(f"run must be an rlvitals Run (with log and log_batch), got {type(run).__name__}")
         self._run = run
-        self._pid = os.getpid() if run is None else None
         self.project = project
         self.name = name
         self.config = dict(config) if config else None
@@ -50,11 +48,10 @@ class RunRef:
 
     def get(self, config: Mapping[str, Any] | None = None) -> Any:
         """The run, starting it from the environment if none was given (``config`` goes to ``init``)."""
-        run = self._run
-        if run is not None and (self._pid is None or self._pid == os.getpid()):
-            return run
+        if self._run is not None:  # the client's Run carries itself across fork()
+            return self._run
         with self._lock:
-            if self._run is None or (self._pid is not None and self._pid != os.getpid()):
+            if self._run is None:
                 import rlvitals.client as client
 
                 merged = {**(self.config or {}), **(dict(config) if config else {})}
@@ -63,7 +60,6 @@ class RunRef:
                     name=self.name or os.environ.get(ENV_RUN_NAME),
                     config=merged or None,
                 )
-                self._pid = os.getpid()
             return self._run
 
 
@@ -139,15 +135,6 @@ def scalars(metrics: Mapping[str, Any], *, strip_prefix: str | None = None) -> d
             name = name[len(strip_prefix) :]
         out[name] = number
     return out
-
-
-def finite_or_nan(value: Any) -> float:
-    number = as_scalar(value)
-    return float("nan") if number is None else float(number)
-
-
-def is_finite(value: float) -> bool:
-    return math.isfinite(value)
 
 
 class StepClock:
