@@ -33,6 +33,7 @@ import json
 import os
 import threading
 import time
+import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -120,12 +121,21 @@ class _Recorder:
 
 
 def _clock_from_env() -> StepClock:
-    calls = os.environ.get(ENV_CALLS_PER_STEP)
-    gap = os.environ.get(ENV_STEP_GAP)
-    return StepClock(
-        calls_per_step=int(calls) if calls else None,
-        gap_s=float(gap) if gap else DEFAULT_STEP_GAP_S,
-    )
+    """The step clock the environment asks for; a bad value is warned about and ignored (this runs when
+    verl imports the module, where an exception would stop the job)."""
+    calls, gap = os.environ.get(ENV_CALLS_PER_STEP), os.environ.get(ENV_STEP_GAP)
+    try:
+        return StepClock(
+            calls_per_step=int(calls) if calls else None,
+            gap_s=float(gap) if gap else DEFAULT_STEP_GAP_S,
+        )
+    except ValueError as exc:
+        warnings.warn(
+            f"rlvitals: ignoring {ENV_CALLS_PER_STEP}={calls!r} / {ENV_STEP_GAP}={gap!r}: {exc}",
+            RecordingError,
+            stacklevel=2,
+        )
+        return StepClock()
 
 
 _recorder = _Recorder()

@@ -658,6 +658,15 @@ def test_step_clock_precedence():
         _common.StepClock(calls_per_step=0)
 
 
+def test_bad_step_settings_in_the_environment_are_ignored_with_a_warning(monkeypatch):
+    monkeypatch.setenv(rv.ENV_CALLS_PER_STEP, "four")
+    with pytest.warns(rv.RecordingError, match="ignoring RLVITALS_VERL_CALLS_PER_STEP='four'"):
+        clock = rv._clock_from_env()
+    assert clock.calls_per_step is None
+    monkeypatch.setenv(rv.ENV_CALLS_PER_STEP, "4")
+    assert rv._clock_from_env().calls_per_step == 4
+
+
 def test_last_mini_batch_flag_flip_starts_a_step():
     recorder = rv._Recorder()
     flags = [False, False, True, True, False, True, False]
