@@ -79,12 +79,14 @@ class Server:
 def realtime(on: bool) -> bool:
     """SCHED_FIFO for every thread of this process (the trainer's and the client's), or back to normal."""
     policy = (os.SCHED_FIFO | os.SCHED_RESET_ON_FORK) if on else os.SCHED_OTHER
-    try:
-        for tid in os.listdir("/proc/self/task"):
+    for tid in os.listdir("/proc/self/task"):
+        try:
             os.sched_setscheduler(int(tid), policy, os.sched_param(1 if on else 0))
-        return True
-    except OSError:
-        return False
+        except ProcessLookupError:  # the thread ended meanwhile
+            continue
+        except OSError:
+            return False
+    return True
 
 
 def metrics_for(step: int) -> dict:

@@ -237,6 +237,7 @@ class Worker:
                 outcome = "retry"
             if outcome == "sent":
                 attempt = 0
+                self._retry_after = None
             elif outcome == "idle":
                 if self._closing.is_set() and self._pump_done.is_set() and not self._has_pending():
                     break

@@ -109,6 +109,10 @@ class HttpApi:
             raise RetryableError(
                 operation, f"server unreachable at {self.url} ({exc or type(exc).__name__})"
             ) from exc
+        # The body is already read. Dropping the stream breaks httpx's Response <-> stream reference cycle,
+        # so a request leaves no cyclic garbage: collecting ~45 objects per request cost the trainer's
+        # thread up to ~1 ms GC pauses at high logging rates.
+        response.stream = None
         status = response.status_code
         if status < 400:
             return response
