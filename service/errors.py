@@ -12,9 +12,11 @@ Exception hierarchy (raise these from domain code; the handlers below turn them 
     ├── InvalidInput             422 invalid_input   (well-formed but wrong: shapes, dtypes, mask values)
     └── Busy                     429 busy            (+ Retry-After)
 
-Framework errors are converted at the boundary as well: request validation -> 422
-``validation_error``, unknown paths -> 404, wrong methods -> 405, anything unexpected -> 500
-``internal`` (logged with its traceback; the reply never leaks it).
+Framework and database errors are converted at the boundary as well: request validation -> 422
+``validation_error``, unknown paths -> 404, wrong methods -> 405, a value the database refuses
+(a NUL character for PostgreSQL, an integer beyond 64 bits) -> 422 ``invalid_input``, the database
+unreachable or locked -> 503 ``unavailable`` with Retry-After (clients retry), anything unexpected ->
+500 ``internal`` (logged with its traceback; the reply never leaks it).
 """
 
 from __future__ import annotations
@@ -149,7 +151,51 @@ def install_error_handlers(app: FastAPI) -> None:
             message = str(exc.detail)
         return error_response(exc.status_code, code, message, None, dict(exc.headers or {}))
 
+    refused, unavailable = _database_errors()
+
+    async def _refused(request: Request, exc: Exception) -> JSONResponse:
+        first = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        return error_response(422, "invalid_input", f"a value was refused by the database: {first}", None)
+
+    async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
+        log.warning("database unavailable on %s %s: %s", request.method, request.url.path, exc)
+        return error_response(
+            503,
+            "unavailable",
+            "the database is unavailable or busy; retry shortly",
+            None,
+            {"Retry-After": "1"},
+        )
+
+    for cls in refused:
+        app.add_exception_handler(cls, _refused)
+    for cls in unavailable:
+        app.add_exception_handler(cls, _unavailable)
+
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return error_response(500, "internal", "internal server error; see the server log", None)
+
+
+def _database_errors() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]:
+    """(errors meaning "this value is not storable", errors meaning "the database is away/busy"),
+    from SQLAlchemy and from the drivers (the hot paths use driver cursors directly)."""
+    import sqlite3
+
+    from sqlalchemy import exc as sa_exc
+
+    refused: list[type[BaseException]] = [sa_exc.DataError, OverflowError, sqlite3.DataError]
+    unavailable: list[type[BaseException]] = [
+        sa_exc.OperationalError,
+        sa_exc.TimeoutError,
+        sqlite3.OperationalError,
+    ]
+    try:
+        import psycopg
+
+        refused.append(psycopg.DataError)
+        unavailable.append(psycopg.OperationalError)
+    except ImportError:  # SQLite-only install
+        pass
+    return tuple(refused), tuple(unavailable)

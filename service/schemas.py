@@ -14,7 +14,8 @@ MAX_STEP = 2**63 - 1
 
 # A metric value: a JSON number, null, or one of the non-finite spellings (stored, never rejected).
 MetricValue = StrictFloat | None | Literal["NaN", "Infinity", "-Infinity"]
-MetricName = Annotated[str, Field(min_length=1, max_length=250)]
+NO_NUL = r"^[^\x00]*$"  # PostgreSQL text cannot hold NUL characters
+MetricName = Annotated[str, Field(min_length=1, max_length=250, pattern=NO_NUL)]
 Step = Annotated[StrictInt, Field(ge=0, le=MAX_STEP)]
 
 
@@ -23,10 +24,12 @@ class _Strict(BaseModel):
 
 
 class RunCreate(_Strict):
-    name: Annotated[str, Field(min_length=1, max_length=200)]
-    project: Annotated[str, Field(min_length=1, max_length=200)] = "default"
+    name: Annotated[str, Field(min_length=1, max_length=200, pattern=NO_NUL)]
+    project: Annotated[str, Field(min_length=1, max_length=200, pattern=NO_NUL)] = "default"
     config: dict[str, Any] = Field(default_factory=dict)
-    tags: list[Annotated[str, Field(max_length=200)]] = Field(default_factory=list, max_length=100)
+    tags: list[Annotated[str, Field(max_length=200, pattern=NO_NUL)]] = Field(
+        default_factory=list, max_length=100
+    )
 
 
 class StepIn(_Strict):

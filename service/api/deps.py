@@ -4,9 +4,15 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Path, Query, Request
 from rlvitals.service.context import Services
 from rlvitals.service.errors import PayloadTooLarge
+
+MAX_ID = 2**63 - 1  # ids, steps and offsets are 64-bit in the database
+
+RunId = Annotated[int, Path(ge=0, le=MAX_ID, description="A run id.")]
+AuditId = Annotated[int, Path(ge=0, le=MAX_ID, description="An audit id.")]
+Offset = Annotated[int, Query(ge=0, le=MAX_ID)]
 
 
 def get_services(request: Request) -> Services:

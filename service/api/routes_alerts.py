@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query
 from fastapi.concurrency import run_in_threadpool
 from rlvitals.service.alerts import list_alerts
-from rlvitals.service.api.deps import ServicesDep
+from rlvitals.service.api.deps import Offset, RunId, ServicesDep
 from rlvitals.service.encoding import JSONResponse
 from rlvitals.service.schemas import AlertsPublic
 
@@ -15,12 +15,11 @@ router = APIRouter(prefix="/api/v1", tags=["alerts"])
 
 State = Annotated[Literal["firing", "resolved"] | None, Query()]
 Limit = Annotated[int, Query(ge=1, le=10_000)]
-Offset = Annotated[int, Query(ge=0)]
 
 
 @router.get("/runs/{run_id}/alerts", response_model=AlertsPublic)
 async def run_alerts(
-    run_id: int, services: ServicesDep, state: State = None, limit: Limit = 1000, offset: Offset = 0
+    run_id: RunId, services: ServicesDep, state: State = None, limit: Limit = 1000, offset: Offset = 0
 ) -> JSONResponse:
     return JSONResponse(
         await run_in_threadpool(list_alerts, services, run_id=run_id, state=state, limit=limit, offset=offset)

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from rlvitals.service import audits, batches
-from rlvitals.service.api.deps import ServicesDep, WriteAuth, read_body
+from rlvitals.service.api.deps import MAX_ID, AuditId, Offset, RunId, ServicesDep, WriteAuth, read_body
 from rlvitals.service.context import Services
 from rlvitals.service.encoding import JSONResponse
 from rlvitals.service.errors import InvalidInput, UnsupportedMediaType
@@ -42,7 +42,7 @@ def _submit(services: Services, run_id: int, body: bytes) -> int:
     dependencies=[WriteAuth],
     openapi_extra=_BINARY_BODY,
 )
-async def post_batch(run_id: int, request: Request, services: ServicesDep) -> JSONResponse:
+async def post_batch(run_id: RunId, request: Request, services: ServicesDep) -> JSONResponse:
     """Queue a tensor batch for audit (202). Bad tensors/metadata -> 422; too big -> 413;
     queue full -> 429 with Retry-After."""
     ctype = request.headers.get("content-type", "application/octet-stream").split(";")[0].strip().lower()
@@ -57,11 +57,11 @@ async def post_batch(run_id: int, request: Request, services: ServicesDep) -> JS
 
 @router.get("/runs/{run_id}/audits", response_model=AuditsPublic)
 async def list_audits(
-    run_id: int,
+    run_id: RunId,
     services: ServicesDep,
-    step: Annotated[int | None, Query(ge=0)] = None,
+    step: Annotated[int | None, Query(ge=0, le=MAX_ID)] = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
 ) -> JSONResponse:
     return JSONResponse(
         await run_in_threadpool(audits.list_audits, services, run_id, step=step, limit=limit, offset=offset)
@@ -69,5 +69,5 @@ async def list_audits(
 
 
 @router.get("/audits/{audit_id}", response_model=AuditPublic)
-async def get_audit(audit_id: int, services: ServicesDep) -> JSONResponse:
+async def get_audit(audit_id: AuditId, services: ServicesDep) -> JSONResponse:
     return JSONResponse(await run_in_threadpool(audits.get_audit, services, audit_id))

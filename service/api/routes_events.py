@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import APIRouter
 from fastapi.concurrency import run_in_threadpool
-from rlvitals.service.api.deps import ServicesDep
+from rlvitals.service.api.deps import RunId, ServicesDep
 from rlvitals.service.context import Services
 from rlvitals.service.runs import require_run
 from starlette.responses import StreamingResponse
@@ -36,7 +36,7 @@ async def _stream(services: Services, run_id: int, sub) -> AsyncIterator[str]:
     "/runs/{run_id}/events",
     responses={200: {"content": {"text/event-stream": {}}, "description": "event: points|alert|audit"}},
 )
-async def run_events(run_id: int, services: ServicesDep) -> StreamingResponse:
+async def run_events(run_id: RunId, services: ServicesDep) -> StreamingResponse:
     """A live stream: ``event: points`` ({"run_id", "steps": [...]}), ``event: alert`` (an alert),
     ``event: audit`` (an audit), each with a JSON ``data:`` line."""
     await run_in_threadpool(require_run, services, run_id)

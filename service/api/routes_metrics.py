@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from fastapi.concurrency import run_in_threadpool
 from rlvitals.service import metrics
-from rlvitals.service.api.deps import ServicesDep, WriteAuth
+from rlvitals.service.api.deps import RunId, ServicesDep, WriteAuth
 from rlvitals.service.encoding import EncodedJSONResponse, JSONResponse
 from rlvitals.service.errors import BadRequest
 from rlvitals.service.schemas import AcceptedPublic, MetricsIn, MetricsPublic
@@ -16,7 +16,7 @@ router = APIRouter(prefix="/api/v1", tags=["metrics"])
 
 
 @router.post("/runs/{run_id}/metrics", response_model=AcceptedPublic, dependencies=[WriteAuth])
-async def post_metrics(run_id: int, body: MetricsIn, services: ServicesDep) -> JSONResponse:
+async def post_metrics(run_id: RunId, body: MetricsIn, services: ServicesDep) -> JSONResponse:
     """Store points. Values: numbers, null, "NaN", "Infinity", "-Infinity" (stored, never rejected).
     Resending a (step, name) never duplicates it."""
     return JSONResponse(await run_in_threadpool(metrics.ingest, services, run_id, body.steps))
@@ -24,7 +24,7 @@ async def post_metrics(run_id: int, body: MetricsIn, services: ServicesDep) -> J
 
 @router.get("/runs/{run_id}/metrics", response_model=MetricsPublic)
 async def get_metrics(
-    run_id: int,
+    run_id: RunId,
     services: ServicesDep,
     names: Annotated[str | None, Query(description="Comma-separated metric names (default: all).")] = None,
     max_points: Annotated[

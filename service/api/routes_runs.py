@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from fastapi.concurrency import run_in_threadpool
 from rlvitals.service import runs
-from rlvitals.service.api.deps import ServicesDep, WriteAuth
+from rlvitals.service.api.deps import Offset, RunId, ServicesDep, WriteAuth
 from rlvitals.service.encoding import JSONResponse
 from rlvitals.service.schemas import RunCreate, RunPublic, RunsPublic
 
@@ -32,7 +32,7 @@ async def list_runs(
     services: ServicesDep,
     project: str | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
 ) -> JSONResponse:
     """Runs, most recently updated first, each with status (healthy/warning/critical) and firing alerts."""
     return JSONResponse(
@@ -41,5 +41,5 @@ async def list_runs(
 
 
 @router.get("/runs/{run_id}", response_model=RunPublic)
-async def get_run(run_id: int, services: ServicesDep) -> JSONResponse:
+async def get_run(run_id: RunId, services: ServicesDep) -> JSONResponse:
     return JSONResponse(await run_in_threadpool(runs.get_run, services, run_id))

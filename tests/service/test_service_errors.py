@@ -256,3 +256,46 @@ def test_writes_without_a_key_are_401_once_keys_exist(app_client, sqlite_url):
     assert_error(api.post("/api/v1/runs", json={"name": "x"}), 401, "unauthorized")
     assert_error(api.post("/api/v1/runs", json={"name": "x"}, headers={"authorization": "Bearer nope"}), 401)
     assert_error(api.post("/api/v1/runs", json={"name": "x"}, headers={"authorization": "Basic abc"}), 401)
+
+
+# --- values the database cannot hold, and the database going away (both databases) --------------
+
+
+def test_out_of_range_ids_are_422_not_500(api):
+    assert_error(api.get(f"/api/v1/runs/{2**70}"), 422, "validation_error")
+    assert_error(api.get(f"/api/v1/audits/{2**64}"), 422, "validation_error")
+    assert_error(api.get("/api/v1/runs", params={"offset": 2**64}), 422, "validation_error")
+    run_id = api.create_run()
+    assert_error(api.log(run_id, [{"step": 2**63, "metrics": {"a": 1}}]), 422, "validation_error")
+
+
+def test_nul_characters_are_422_not_500(api):
+    assert_error(api.post("/api/v1/runs", json={"name": "a\x00b"}), 422, "validation_error")
+    run_id = api.create_run()
+    assert_error(api.log(run_id, [{"step": 0, "metrics": {"a\x00": 1}}]), 422, "validation_error")
+    listing = api.get("/api/v1/runs", params={"project": "x\x00y"})
+    assert listing.status_code in (200, 422)
+    if listing.status_code == 422:
+        assert_error(listing, 422, "invalid_input")
+    series = api.get(f"/api/v1/runs/{run_id}/metrics", params={"names": "a\x00"})
+    assert series.status_code in (200, 422)
+
+
+def test_database_unreachable_is_503_with_retry_after_then_recovers(app_client, pg_url):
+    from tests.conftest import _pg_connect
+
+    api = app_client(pg_url)
+    run_id = api.create_run()
+    dbname = pg_url.rsplit("/", 1)[1]
+    with _pg_connect() as admin:
+        admin.execute(f'ALTER DATABASE "{dbname}" ALLOW_CONNECTIONS false')
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (dbname,))
+    try:
+        response = api.log(run_id, [{"step": 0, "metrics": {"a": 1.0}}])
+        error = assert_error(response, 503, "unavailable")
+        assert response.headers["retry-after"] == "1" and "retry" in error["message"]
+        assert_error(api.get("/healthz"), 503, "unavailable")
+    finally:
+        with _pg_connect() as admin:
+            admin.execute(f'ALTER DATABASE "{dbname}" ALLOW_CONNECTIONS true')
+    assert api.log(run_id, [{"step": 0, "metrics": {"a": 1.0}}]).status_code == 200

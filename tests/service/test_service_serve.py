@@ -155,7 +155,7 @@ def test_set_nodelay_on_an_accepted_socket():
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_keep_alive_requests_do_not_stall_on_nagle(serve, workers):
-    server = serve(env=FAST, args=("--workers", str(workers)))
+    server = serve(env=FAST, args=("--workers", str(workers)), timeout=120)
     run_id = _run(server.url, f"nagle-{workers}")
     with httpx.Client(base_url=server.url) as client:  # one keep-alive connection
         times = []
