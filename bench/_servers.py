@@ -120,7 +120,7 @@ def wait_idle(root: int, *, busy_below: float = 0.05, timeout: float = 30.0) -> 
 class RssSampler:
     """Polls the tree RSS of one process every ``interval`` seconds and keeps the peak."""
 
-    def __init__(self, pid: int, interval: float = 0.25) -> None:
+    def __init__(self, pid: int, interval: float = 0.5) -> None:
         self.pid = pid
         self.interval = interval
         self.peak = 0

@@ -6,9 +6,10 @@ gets the same workload in the same run (one run, 12 metrics per step, PPO/GRPO-l
 1. per step:   one request per step, 2,000 steps (the way a trainer logs by default);
 2. batched:    100 steps per request, 20,000 steps;
 3. 8 trainers: eight runs at once, one request per step each, 250 steps each;
-4. history:    every point of one metric, and of all 12, over the 20,000 batched steps (median of
-               ``--repeats``; every answer is counted and must hold all 20,000 points);
-5. memory:     peak RSS summed over the server's process tree (supervisor + workers), and PSS.
+4. history:    every point of one metric, and of all 12, over the 20,000 batched steps (median of up
+               to 5 repeats, fewer once a server's reads pass the time cap; every answer is counted
+               and must hold all 20,000 points per metric);
+5. memory:     peak RSS (sampled every 0.5 s) summed over the server's process tree (supervisor + workers), and PSS.
 
 All servers are started first and stay up; each phase then runs in ``--rounds`` interleaved rounds
 (each a slice of the phase's requests, the servers taking turns in a rotating order), so a
@@ -301,7 +302,10 @@ def run_all(targets: list[Target], work: Workload, root: Path, args: argparse.Na
             if rep and time.monotonic() - t_start > args.deadline:
                 break
             for live in rotated(lives, rep):
-                history_round(live)
+                # A slow server stops repeating once its reads took the phase's time cap; every
+                # server gets at least one repeat.
+                if rep == 0 or sum(live.history["1"]) + sum(live.history["12"]) < work.max_seconds:
+                    history_round(live)
         for live in lives:
             log(f"  history   {live.target.label:34s} 1 metric {statistics.median(live.history['1']) * 1e3:9.1f} ms"
                 f"   12 metrics {statistics.median(live.history['12']) * 1e3:9.1f} ms")  # fmt: skip
