@@ -2,6 +2,7 @@
 
 - ``GET /dashboard-api/runs/{run_id}/series?names=a,b&start=&end=&max_points=``: metric series with a
   step range and wall times (see ``series``); the charts' only data source besides the SSE stream.
+- ``GET /dashboard-api/runs/{run_id}/names``: ``{"names": [...]}``, every metric the run logged.
 - ``GET /dashboard-api/audits/{audit_id}/histograms``: histograms of the importance ratio and the
   advantages of the batch behind an audit (see ``histograms.batch_histograms``). Served from the audit
   result when the worker stored them there, else computed from the batch's tensors when the server
@@ -57,8 +58,19 @@ def run_series(ctx, run_id: int, *, names, start, end, max_points) -> dict[str, 
         return read_series(session, run_id=run_id, names=names, start=start, end=end, max_points=max_points)
 
 
+def run_metric_names(ctx, run_id: int) -> dict[str, Any]:
+    with ctx.db.read() as conn:
+        if not repo.run_exists(session=conn, run_id=run_id):
+            raise NotFound(f"run {run_id} does not exist")
+        return {"names": repo.metric_names(session=conn, run_id=run_id)}
+
+
 def build_router() -> APIRouter:
     router = APIRouter(prefix="/dashboard-api", include_in_schema=False)
+
+    @router.get("/runs/{run_id}/names")
+    async def names(run_id: int, services: ServicesDep) -> JSONResponse:
+        return JSONResponse(await run_in_threadpool(run_metric_names, services, run_id))
 
     @router.get("/runs/{run_id}/series")
     async def series(

@@ -70,8 +70,17 @@ def test_series_rejects_bad_queries(client, params, status):
     assert set(resp.json()["error"]) == {"code", "message", "detail"}
 
 
+def test_names_lists_every_metric(client):
+    run = _run_with_points(client, steps=10)
+    assert client.get(f"/dashboard-api/runs/{run}/names").json() == {"names": ["a", "b"]}
+
+
 def test_unknown_run_and_audit_are_404(client):
-    for path in ("/dashboard-api/runs/999/series", "/dashboard-api/audits/999/histograms"):
+    for path in (
+        "/dashboard-api/runs/999/series",
+        "/dashboard-api/runs/999/names",
+        "/dashboard-api/audits/999/histograms",
+    ):
         resp = client.get(path)
         assert resp.status_code == 404
         assert resp.json()["error"]["code"] == "not_found"

@@ -319,12 +319,11 @@
         return body;
       }))
       : Promise.resolve({ series: {} });
-    // (the second waits for the first: on a busy server they would only slow each other down)
-    const settled = RLV.pre.firstMetrics.catch(function () { return null; });
-    RLV.pre.metrics = guard(
-      settled.then(function () { return RLV.api(RLV.seriesUrl(id, { max_points: RLV.pre.maxPoints })); }).then(function (body) {
-        RLV.timing.dataFetched = performance.now();
-        return body;
+    // then the run's metric names (the page fetches the rest of the series a few at a time); it
+    // waits for the first: on a busy server they would only slow each other down
+    RLV.pre.names = guard(
+      RLV.pre.firstMetrics.catch(function () { return null; }).then(function () {
+        return RLV.api("/dashboard-api/runs/" + encodeURIComponent(id) + "/names");
       })
     );
     RLV.pre.alerts = guard(RLV.api(base + "/alerts"));

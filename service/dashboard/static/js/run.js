@@ -66,7 +66,7 @@
     const signal = C.signalOf(name);
     const title = RLV.el("div", { className: "panel-title" }, name);
     if (signal && signal !== name) title.appendChild(RLV.el("span", { className: "signal", text: signal }));
-    const div = RLV.el("div", { className: "plot" });
+    const div = RLV.el("div", { className: "plot" }, RLV.el("span", { className: "muted", text: "loading…" }));
     const node = RLV.el("div", { className: "panel", dataset: { metric: name } }, title, div);
     // keep the panel order: health signals first, then by name
     const order = C.orderMetrics(Array.from(state.panels.keys()).concat([name]));
@@ -179,7 +179,9 @@
 
   // Draw panels one per task so the first chart shows at once and the page stays responsive.
   function drawAll(onlyNew) {
-    const list = Array.from(state.panels.values()).filter(function (p) { return !(onlyNew && p.drawn); });
+    const list = Array.from(state.panels.values()).filter(function (p) {
+      return state.overview.has(p.name) && !(onlyNew && p.drawn);
+    });
     return new Promise(function (resolve) {
       let i = 0;
       function nextPanel() {
@@ -486,6 +488,35 @@
     RLV.timing.firstChart = performance.now();
   }
 
+  // Draw (or, before plotly.js is ready, preview) the panels whose series just arrived.
+  let plotlyReady = false;
+  function show(names) {
+    for (const name of names) {
+      const p = ensurePanel(name);
+      if (plotlyReady) draw(p);
+      else preview(p);
+    }
+  }
+
+  // The rest of the series, a few per request (two requests in flight): panels fill in order
+  // instead of all waiting for the slowest read.
+  const CHUNK = 3;
+  async function loadRest(names) {
+    const todo = names.filter(function (n) { return !state.overview.has(n); });
+    const chunks = [];
+    for (let i = 0; i < todo.length; i += CHUNK) chunks.push(todo.slice(i, i + CHUNK));
+    async function worker() {
+      for (let chunk = chunks.shift(); chunk; chunk = chunks.shift()) {
+        const body = await RLV.api(RLV.seriesUrl(runId, { names: chunk, max_points: state.maxPoints }));
+        const got = acceptSeries(body.series, false);
+        show(C.orderMetrics(got));
+        if (got.length) await firstChartDrawn();
+      }
+    }
+    await Promise.all([worker(), worker()]);
+    RLV.timing.dataFetched = performance.now();
+  }
+
   async function main() {
     wireControls();
     pre.run.then(renderRun, RLV.fail);
@@ -500,47 +531,42 @@
     const firstBody = await pre.firstMetrics.catch(function () { return null; });
     const early = firstBody ? C.orderMetrics(acceptSeries(firstBody.series, true)) : [];
     if (early.length) {
-      preview(ensurePanel(early[0]));
+      show(early.slice(0, 1));
       await firstChartDrawn();
+      show(early.slice(1));
     }
     // plotly.js boots (1-2 s of main thread when the machine is busy) while the server reads the rest
-    const plotly = RLV.loadScript(document.querySelector("meta[name=rlv-plotly]").content);
+    const plotly = RLV.loadScript(document.querySelector("meta[name=rlv-plotly]").content).then(function () {
+      plotlyReady = true;
+      RLV.timing.plotlyReady = performance.now();
+      return drawAll(false); // the panels previewed so far; later ones are drawn as they arrive
+    });
     plotly.catch(function () { /* reported below */ });
-    let metrics;
     try {
-      metrics = await pre.metrics;
+      const names = C.orderMetrics((await pre.names).names || []);
+      for (const name of names) ensurePanel(name); // every panel in place, in order
+      RLV.$("panels-empty").hidden = names.length > 0;
+      await loadRest(names);
     } catch (err) {
       RLV.fail(err);
       return;
     }
-    acceptSeries(metrics.series, false);
     const xsel = RLV.$("xmode");
     xsel.options[1].disabled = !state.hasWall;
     if (!state.hasWall) xsel.title = "this server does not send wall times";
     renderLastStep();
-    const names = C.orderMetrics(Array.from(state.overview.keys()));
-    for (const name of names) ensurePanel(name);
-    RLV.$("panels-empty").hidden = names.length > 0;
-    const focus = Number(new URLSearchParams(window.location.search).get("step"));
-    if (names.length) {
-      // every panel as a preview (cheap SVG), the first one painted before the rest
-      preview(state.panels.get(names[0]));
-      await firstChartDrawn();
-      for (const name of names.slice(1)) preview(state.panels.get(name));
-    }
-    RLV.timing.allPreviews = performance.now();
-    // Then the interactive charts: boot plotly.js (already downloaded) and replace the previews.
+    // Then the interactive charts everywhere.
     try {
       await plotly;
     } catch (err) {
       RLV.fail(err);
       return;
     }
-    RLV.timing.plotlyReady = performance.now();
     await drawAll(true);
     RLV.timing.allCharts = performance.now();
     pre.events.attach(onEvent);
-    if (Number.isFinite(focus) && new URLSearchParams(window.location.search).has("step")) focusOn(focus);
+    const focus = new URLSearchParams(window.location.search).get("step");
+    if (focus !== null && Number.isFinite(Number(focus))) focusOn(Number(focus));
     RLV.api(base + "/audits").then(function (body) {
       for (const a of body.data || []) if (!state.audits.has(a.id)) state.audits.set(a.id, a);
       renderAudits();
