@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 import time
 
 import pytest
@@ -20,16 +21,19 @@ STEPS = 400
 
 
 def _metrics(step: int) -> dict[str, float]:
-    wiggle = math.sin(step / 7.0)
+    """A GRPO run that goes wrong after step 250: updates grow (ppo_kl drifts up, more tokens clipped),
+    entropy falls, the policy walks away from the reference. Deterministic noise."""
+    noise = random.Random(step)
+    late = max(0, step - 250) / (STEPS - 250)
     return {
-        "actor/ppo_kl": 1e-3 + 1e-4 * wiggle,
-        "actor/pg_clipfrac": 0.2 + 0.02 * wiggle,
-        "actor/pg_clipfrac_lower": 0.0,
-        "actor/kl_loss": 1e-3 * step / STEPS,
-        "actor/entropy": 1.2 - 0.1 * step / STEPS,
-        "actor/pg_loss": 0.01 * wiggle,
-        "critic/score/mean": step / STEPS,
-        "response_length/mean": 300.0 + wiggle,
+        "actor/ppo_kl": 1e-3 * (1 + 0.2 * noise.gauss(0, 1)) + 0.02 * late**2,
+        "actor/pg_clipfrac": 0.18 + 0.02 * noise.gauss(0, 1) + 0.3 * late,
+        "actor/pg_clipfrac_lower": max(0.0, 2e-4 * noise.gauss(0, 1) + 0.004 * late),
+        "actor/kl_loss": 1e-3 * step / STEPS * (1 + 0.05 * noise.gauss(0, 1)) + 0.01 * late**2,
+        "actor/entropy": 1.2 - 0.15 * step / STEPS - 0.6 * late + 0.02 * noise.gauss(0, 1),
+        "actor/pg_loss": 0.02 * noise.gauss(0, 1),
+        "critic/score/mean": min(1.0, step / STEPS + 0.05 * noise.gauss(0, 1)),
+        "response_length/mean": 300.0 + 40 * noise.gauss(0, 1),
     }
 
 
