@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from rlvitals.service.audits import AuditPool
     from rlvitals.service.auth import Authenticator
+    from rlvitals.service.cache import SeriesCache
     from rlvitals.service.events import EventBus
     from rlvitals.service.health import HealthEngine
     from rlvitals.service.settings import Settings
@@ -28,3 +29,4 @@ class Services:
     telemetry: Telemetry
     webhooks: WebhookSender
     audits: AuditPool
+    series_cache: SeriesCache | None = None

@@ -64,13 +64,3 @@ class JSONResponse(Response):
 
     def render(self, content: Any) -> bytes:
         return dumps(content).encode("utf-8")
-
-
-class EncodedJSONResponse(Response):
-    """For content already JSON-safe (non-finite floats spelled out, e.g. metric series): skips the
-    ``jsonable`` walk over tens of thousands of values. A stray NaN raises instead of emitting bad JSON."""
-
-    media_type = "application/json"
-
-    def render(self, content: Any) -> bytes:
-        return json.dumps(content, separators=(",", ":"), allow_nan=False, ensure_ascii=False).encode("utf-8")

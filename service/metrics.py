@@ -3,6 +3,8 @@ with spike-preserving downsampling."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import time
 from typing import Any
@@ -144,10 +146,39 @@ def query(ctx: Services, run_id: int, *, names: list[str] | None, max_points: in
     with ctx.db.read() as session:
         if not repo.run_exists(session=session, run_id=run_id):
             raise NotFound(f"run {run_id} does not exist")
-        if names is None:
-            names = repo.metric_names(session=session, run_id=run_id)
-        raw = {name: repo.series(session=session, run_id=run_id, name=name) for name in names}
+        return _query(session, run_id, names, max_points)
+
+
+def _query(session, run_id: int, names: list[str] | None, max_points: int) -> dict[str, Any]:
+    if names is None:
+        names = repo.metric_names(session=session, run_id=run_id)
+    raw = {name: repo.series(session=session, run_id=run_id, name=name) for name in names}
     return {"series": {name: _series(points, max_points) for name, points in raw.items()}}
+
+
+def query_encoded(
+    ctx: Services, run_id: int, *, names: list[str] | None, max_points: int, if_none_match: str | None = None
+) -> tuple[str, bytes | None]:
+    """``(etag, JSON body)`` of :func:`query`, served from the cache while the run's data is
+    unchanged; the body is ``None`` when ``if_none_match`` already names this version (-> 304)."""
+    key_names = tuple(names) if names is not None else None
+    with ctx.db.read() as session:
+        version = repo.data_version(session=session, run_id=run_id)  # before the data it stands for
+        if version is None:
+            raise NotFound(f"run {run_id} does not exist")
+        tag = hashlib.blake2s(repr((key_names, max_points)).encode(), digest_size=6).hexdigest()
+        etag = f'W/"{run_id}.{version}.{tag}"'
+        if if_none_match and etag in (part.strip() for part in if_none_match.split(",")):
+            return etag, None
+        key = (run_id, version, key_names, max_points)
+        cache = ctx.series_cache
+        body = cache.get(key) if cache is not None else None
+        if body is None:
+            result = _query(session, run_id, names, max_points)
+            body = json.dumps(result, separators=(",", ":"), allow_nan=False, ensure_ascii=False).encode()
+            if cache is not None:
+                cache.put(key, body)
+    return etag, body
 
 
 def _series(points: list[tuple[int, float | None, int]], max_points: int) -> dict[str, list]:

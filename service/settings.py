@@ -53,6 +53,13 @@ class Settings(BaseSettings):
         100_000, ge=1, description="Most steps one POST /metrics may carry; more -> 413."
     )
 
+    query_cache_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=0,
+        description="In-process cache of encoded history answers (bytes; 0 disables). Entries are keyed "
+        "by the run's data version, so they are never stale.",
+    )
+
     # --- audits ----------------------------------------------------------------------------------
     audit_workers: int = Field(
         2, ge=0, le=64, description="Audit worker threads per process (0: this replica only ingests)."

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Header, Query
 from fastapi.concurrency import run_in_threadpool
 from rlvitals.service import metrics
 from rlvitals.service.api.deps import RunId, ServicesDep, WriteAuth
-from rlvitals.service.encoding import EncodedJSONResponse, JSONResponse
+from rlvitals.service.encoding import JSONResponse
 from rlvitals.service.errors import BadRequest
 from rlvitals.service.schemas import AcceptedPublic, MetricsIn, MetricsPublic
+from starlette.responses import Response
 
 router = APIRouter(prefix="/api/v1", tags=["metrics"])
 
@@ -22,7 +23,9 @@ async def post_metrics(run_id: RunId, body: MetricsIn, services: ServicesDep) ->
     return JSONResponse(await run_in_threadpool(metrics.ingest, services, run_id, body.steps))
 
 
-@router.get("/runs/{run_id}/metrics", response_model=MetricsPublic)
+@router.get(
+    "/runs/{run_id}/metrics", response_model=MetricsPublic, responses={304: {"description": "Not modified"}}
+)
 async def get_metrics(
     run_id: RunId,
     services: ServicesDep,
@@ -30,11 +33,23 @@ async def get_metrics(
     max_points: Annotated[
         int, Query(ge=0, le=100_000_000, description="Most points per series; 0 returns every point.")
     ] = 2000,
-) -> EncodedJSONResponse:
+    if_none_match: Annotated[str | None, Header()] = None,
+) -> Response:
+    """Series of the run's metrics. The answer carries an ETag that changes with every ingest into
+    the run: send it back as If-None-Match to get 304 while nothing changed."""
     wanted = None
     if names is not None:
         wanted = [n for n in (part.strip() for part in names.split(",")) if n]
         if not wanted:
             raise BadRequest("names must list at least one metric name (comma-separated)")
-    result = await run_in_threadpool(metrics.query, services, run_id, names=wanted, max_points=max_points)
-    return EncodedJSONResponse(result)
+    etag, body = await run_in_threadpool(
+        metrics.query_encoded,
+        services,
+        run_id,
+        names=wanted,
+        max_points=max_points,
+        if_none_match=if_none_match,
+    )
+    if body is None:
+        return Response(status_code=304, headers={"ETag": etag})
+    return Response(body, media_type="application/json", headers={"ETag": etag})

@@ -50,6 +50,8 @@ class Run(Base):
     config: Mapped[dict] = mapped_column(JSON, default=dict)
     tags: Mapped[list] = mapped_column(JSON, default=list)
     last_step: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # Bumped by every ingest: history answers are cached (and ETagged) per data_version.
+    data_version: Mapped[int] = mapped_column(BigInteger, default=0, server_default=text("0"))
     created_at: Mapped[float] = mapped_column(Double)
     updated_at: Mapped[float] = mapped_column(Double)
 

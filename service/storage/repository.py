@@ -83,6 +83,18 @@ def get_run(*, session: Session, run_id: int) -> dict | None:
     return _row(session.execute(select(RUNS).where(RUNS.c.id == run_id)).first())
 
 
+def data_version(*, session: Session, run_id: int) -> int | None:
+    """The run's data version (``None``: no such run). Read it *before* the data it stands for."""
+    raw, style = _driver(session)
+    cur = raw.cursor()
+    try:
+        cur.execute(f"SELECT data_version FROM runs WHERE id = {style}", (run_id,))
+        row = cur.fetchone()
+        return None if row is None else row[0]
+    finally:
+        cur.close()
+
+
 def run_exists(*, session: Session, run_id: int) -> bool:
     raw, style = _driver(session)
     cur = raw.cursor()
@@ -116,7 +128,7 @@ def advance_run(*, session: Session, run_id: int, last_step: int | None, now: fl
     raw, style = _driver(session)
     sql = (
         f"UPDATE runs SET last_step = CASE WHEN last_step IS NULL OR last_step < {style} THEN {style} "
-        f"ELSE last_step END, updated_at = {style} WHERE id = {style}"
+        f"ELSE last_step END, updated_at = {style}, data_version = data_version + 1 WHERE id = {style}"
     )
     cur = raw.cursor()
     try:

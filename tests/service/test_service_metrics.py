@@ -93,3 +93,31 @@ def test_last_step_only_grows(api):
 def test_metrics_of_unknown_run_are_404(api):
     assert api.log(9999, [{"step": 0, "metrics": {"x": 1}}]).status_code == 404
     assert api.get("/api/v1/runs/9999/metrics").status_code == 404
+
+
+def test_history_etag_is_304_until_the_run_changes(api):
+    run_id = api.create_run()
+    api.log(run_id, [{"step": s, "metrics": {"x": float(s)}} for s in range(5)])
+    url = f"/api/v1/runs/{run_id}/metrics"
+    first = api.get(url, params={"max_points": 0})
+    etag = first.headers["etag"]
+    again = api.get(url, params={"max_points": 0}, headers={"if-none-match": etag})
+    assert again.status_code == 304 and again.content == b""
+    other_query = api.get(url, params={"max_points": 3}, headers={"if-none-match": etag})
+    assert other_query.status_code == 200  # another query, another tag
+    api.log(run_id, [{"step": 2, "metrics": {"late": 1.0}}])  # even a late point changes the data
+    changed = api.get(url, params={"max_points": 0}, headers={"if-none-match": etag})
+    assert changed.status_code == 200 and changed.headers["etag"] != etag
+    assert changed.json()["series"]["late"] == {"step": [2], "value": [1.0]}
+
+
+def test_cached_history_is_never_stale(api):
+    run_id = api.create_run()
+    url = f"/api/v1/runs/{run_id}/metrics"
+    for step in range(20):
+        api.log(run_id, [{"step": step, "metrics": {"x": float(step)}}])
+        series = api.get(url, params={"names": "x", "max_points": 0}).json()["series"]["x"]
+        assert series["step"] == list(range(step + 1))
+    assert api.services.series_cache.misses >= 20
+    api.get(url, params={"names": "x", "max_points": 0})
+    assert api.services.series_cache.hits >= 1
