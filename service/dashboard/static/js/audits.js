@@ -10,11 +10,7 @@
   let selected = new URLSearchParams(window.location.search).get("audit");
 
   function verdictOk(v) { return v && v.ok === true; }
-  function auditOk(a) {
-    if (a.status !== "done") return null;
-    const v = a.verdicts || {};
-    return Object.keys(v).every(function (k) { return verdictOk(v[k]); });
-  }
+  const auditOk = RLV.auditOk;
   function metricsOf(a) {
     const keys = new Set(Object.keys(a.verdicts || {}));
     for (const k of Object.keys(a.reported || {})) keys.add(k);

@@ -125,6 +125,14 @@
   };
   RLV.SEVERITY_RANK = { critical: 2, warning: 1, healthy: 0 };
 
+  // An audit's verdict: true (every reported metric matches), false (a mismatch), null (not done).
+  RLV.auditOk = function (a) {
+    if (a.status !== "done") return null;
+    if (typeof a.ok === "boolean") return a.ok;
+    const v = a.verdicts || {};
+    return Object.keys(v).every(function (k) { return v[k] && v[k].ok === true; });
+  };
+
   RLV.showError = function (message) {
     const bar = RLV.$("errorbar");
     if (!bar) return;

@@ -261,77 +261,17 @@
     return redrawing;
   }
 
-  // ---- header, alerts, audits ----------------------------------------------------------------------
-  function status() {
-    let worst = "healthy";
-    for (const a of state.alerts.values()) {
-      if (a.state !== "firing") continue;
-      if ((RLV.SEVERITY_RANK[a.severity] || 0) > RLV.SEVERITY_RANK[worst]) worst = a.severity;
-    }
-    return worst;
-  }
-
+  // ---- header, alerts, audits (drawn by runhead.js) ---------------------------------------------------
+  const H = RLV.runHead;
   function renderRun(run) {
     state.run = run;
-    RLV.$("run-name").textContent = run.name;
-    document.title = run.name + " · rlvitals";
-    RLV.$("run-project").textContent = run.project || "";
-    const tags = RLV.clear(RLV.$("run-tags"));
-    for (const t of run.tags || []) tags.appendChild(RLV.el("span", { className: "tag", text: t }));
     if (typeof run.last_step === "number") state.latestStep = Math.max(state.latestStep, run.last_step);
+    H.renderRun(run);
     renderLastStep();
-    const tbody = RLV.clear(RLV.$("config-table").tBodies[0]);
-    const rows = [];
-    (function flatten(prefix, obj, depth) {
-      for (const k of Object.keys(obj || {})) {
-        const v = obj[k];
-        const key = prefix ? prefix + "." + k : k;
-        if (v && typeof v === "object" && !Array.isArray(v) && depth < 4) flatten(key, v, depth + 1);
-        else rows.push([key, typeof v === "string" ? v : JSON.stringify(v)]);
-      }
-    })("", run.config, 0);
-    for (const r of rows) tbody.appendChild(RLV.el("tr", {}, RLV.el("td", { text: r[0] }), RLV.el("td", { text: r[1] })));
-    RLV.$("config-box").hidden = rows.length === 0;
   }
-  function renderLastStep() {
-    RLV.$("run-last-step").textContent = Number.isFinite(state.latestStep) ? String(state.latestStep) : "–";
-  }
-
-  function renderAlerts() {
-    RLV.setBadge(RLV.$("run-status"), status());
-    const list = RLV.clear(RLV.$("alerts-list"));
-    const firing = Array.from(state.alerts.values()).filter(function (a) { return a.state === "firing"; });
-    firing.sort(function (a, b) { return (RLV.SEVERITY_RANK[b.severity] || 0) - (RLV.SEVERITY_RANK[a.severity] || 0); });
-    for (const a of firing) {
-      const since = RLV.el("a", { href: RLV.runPath(runId) + "?step=" + Number(a.first_step), text: "since step " + a.first_step });
-      since.addEventListener("click", function (e) { e.preventDefault(); focusOn(Number(a.first_step)); });
-      list.appendChild(RLV.el("li", { dataset: { rule: a.rule } },
-        RLV.el("span", { className: "chip " + a.severity, text: a.severity }),
-        RLV.el("b", { text: a.rule }), " ", since, " — ", a.message || "", " ",
-        RLV.el("span", { className: "advice", text: a.advice || "" })));
-    }
-    RLV.$("alerts-strip").hidden = firing.length === 0;
-  }
-
-  function auditOk(a) {
-    if (a.status !== "done") return null;
-    const v = a.verdicts || {};
-    return Object.keys(v).every(function (k) { return v[k] && v[k].ok; });
-  }
-  function renderAudits() {
-    const all = Array.from(state.audits.values()).sort(function (a, b) { return b.step - a.step || b.id - a.id; });
-    const bad = all.filter(function (a) { return auditOk(a) === false; }).length;
-    RLV.$("audit-summary").textContent = all.length ? "(" + all.length + (bad ? ", " + bad + " mismatched" : "") + ")" : "";
-    const list = RLV.clear(RLV.$("audits-mini-list"));
-    for (const a of all.slice(0, 5)) {
-      const ok = auditOk(a);
-      const text = ok === null ? a.status : ok ? "reported metrics match the recomputation" : a.explanation || "mismatch";
-      list.appendChild(RLV.el("li", { className: ok === false ? "bad" : "", dataset: { auditId: String(a.id) } },
-        RLV.el("a", { href: RLV.runPath(runId) + "/audits?audit=" + encodeURIComponent(a.id), text: "step " + a.step }),
-        ": " + text));
-    }
-    RLV.$("audits-mini").hidden = all.length === 0;
-  }
+  function renderLastStep() { H.renderLastStep(state.latestStep); }
+  function renderAlerts() { H.renderAlerts(runId, state.alerts.values(), focusOn); }
+  function renderAudits() { H.renderAudits(runId, state.audits.values()); }
 
   function focusOn(step) {
     state.focusStep = step;

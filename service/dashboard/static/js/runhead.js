@@ -1,0 +1,74 @@
+// rlvitals dashboard: the run page's header, firing-alert list and latest audits (text only).
+(function () {
+  "use strict";
+  const RLV = window.RLV;
+  const H = (RLV.runHead = {});
+
+  // The worst severity among firing alerts ("healthy" when none fire), as the server computes it.
+  H.status = function (alerts) {
+    let worst = "healthy";
+    for (const a of alerts) {
+      if (a.state !== "firing") continue;
+      if ((RLV.SEVERITY_RANK[a.severity] || 0) > RLV.SEVERITY_RANK[worst]) worst = a.severity;
+    }
+    return worst;
+  };
+
+  H.renderRun = function (run) {
+    RLV.$("run-name").textContent = run.name;
+    document.title = run.name + " · rlvitals";
+    RLV.$("run-project").textContent = run.project || "";
+    const tags = RLV.clear(RLV.$("run-tags"));
+    for (const t of run.tags || []) tags.appendChild(RLV.el("span", { className: "tag", text: t }));
+    const tbody = RLV.clear(RLV.$("config-table").tBodies[0]);
+    const rows = [];
+    (function flatten(prefix, obj, depth) {
+      for (const k of Object.keys(obj || {})) {
+        const v = obj[k];
+        const key = prefix ? prefix + "." + k : k;
+        if (v && typeof v === "object" && !Array.isArray(v) && depth < 4) flatten(key, v, depth + 1);
+        else rows.push([key, typeof v === "string" ? v : JSON.stringify(v)]);
+      }
+    })("", run.config, 0);
+    for (const r of rows) tbody.appendChild(RLV.el("tr", {}, RLV.el("td", { text: r[0] }), RLV.el("td", { text: r[1] })));
+    RLV.$("config-box").hidden = rows.length === 0;
+  };
+
+  H.renderLastStep = function (step) {
+    RLV.$("run-last-step").textContent = Number.isFinite(step) ? String(step) : "–";
+  };
+
+  // Firing alerts, worst first, each with "since step N" (onFocus(N) zooms the charts there).
+  H.renderAlerts = function (runId, alerts, onFocus) {
+    const all = Array.from(alerts);
+    RLV.setBadge(RLV.$("run-status"), H.status(all));
+    const list = RLV.clear(RLV.$("alerts-list"));
+    const firing = all.filter(function (a) { return a.state === "firing"; });
+    firing.sort(function (a, b) { return (RLV.SEVERITY_RANK[b.severity] || 0) - (RLV.SEVERITY_RANK[a.severity] || 0); });
+    for (const a of firing) {
+      const since = RLV.el("a", { href: RLV.runPath(runId) + "?step=" + Number(a.first_step), text: "since step " + a.first_step });
+      since.addEventListener("click", function (e) { e.preventDefault(); onFocus(Number(a.first_step)); });
+      list.appendChild(RLV.el("li", { dataset: { rule: a.rule } },
+        RLV.el("span", { className: "chip " + a.severity, text: a.severity }),
+        RLV.el("b", { text: a.rule }), " ", since, " — ", a.message || "", " ",
+        RLV.el("span", { className: "advice", text: a.advice || "" })));
+    }
+    RLV.$("alerts-strip").hidden = firing.length === 0;
+  };
+
+  // The five latest audits and the count of mismatches, linking to the audits page.
+  H.renderAudits = function (runId, audits) {
+    const all = Array.from(audits).sort(function (a, b) { return b.step - a.step || b.id - a.id; });
+    const bad = all.filter(function (a) { return RLV.auditOk(a) === false; }).length;
+    RLV.$("audit-summary").textContent = all.length ? "(" + all.length + (bad ? ", " + bad + " mismatched" : "") + ")" : "";
+    const list = RLV.clear(RLV.$("audits-mini-list"));
+    for (const a of all.slice(0, 5)) {
+      const ok = RLV.auditOk(a);
+      const text = ok === null ? a.status : ok ? "reported metrics match the recomputation" : a.explanation || "mismatch";
+      list.appendChild(RLV.el("li", { className: ok === false ? "bad" : "", dataset: { auditId: String(a.id) } },
+        RLV.el("a", { href: RLV.runPath(runId) + "/audits?audit=" + encodeURIComponent(a.id), text: "step " + a.step }),
+        ": " + text));
+    }
+    RLV.$("audits-mini").hidden = all.length === 0;
+  };
+})();
