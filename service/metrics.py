@@ -174,11 +174,23 @@ def query_encoded(
         cache = ctx.series_cache
         body = cache.get(key) if cache is not None else None
         if body is None:
-            result = _query(session, run_id, names, max_points)
-            body = json.dumps(result, separators=(",", ":"), allow_nan=False, ensure_ascii=False).encode()
+            body = _encode(_query(session, run_id, names, max_points))
             if cache is not None:
                 cache.put(key, body)
     return etag, body
+
+
+def _encode(result: dict[str, Any]) -> bytes:
+    """The JSON of a query result; metrics logged at the same steps share one encoding of them."""
+    dump = json.JSONEncoder(separators=(",", ":"), allow_nan=False, ensure_ascii=False).encode
+    parts: list[str] = []
+    last_steps: list | None = None
+    last_json = ""
+    for name, series in result["series"].items():
+        if series["step"] != last_steps:
+            last_steps, last_json = series["step"], dump(series["step"])
+        parts.append(f'{dump(name)}:{{"step":{last_json},"value":{dump(series["value"])}}}')
+    return ('{"series":{' + ",".join(parts) + "}}").encode()
 
 
 def _series(points: list[tuple[int, float | None, int]], max_points: int) -> dict[str, list]:
@@ -186,8 +198,8 @@ def _series(points: list[tuple[int, float | None, int]], max_points: int) -> dic
         points = downsample(points, max_points)
     if not points:
         return {"step": [], "value": []}
-    steps, values, _flags = zip(*points, strict=True)  # C-speed transpose of the driver's tuples
-    values = list(values)
+    steps = [p[0] for p in points]
+    values = [p[1] for p in points]
     # Fast path: no null/NaN (NULL in the table) and no infinities -> the values go out as they are.
     if None in values or max(values) == math.inf or min(values) == -math.inf:
         values = [
@@ -196,7 +208,7 @@ def _series(points: list[tuple[int, float | None, int]], max_points: int) -> dic
             else (value if math.isfinite(value) else encode_float(value))
             for _, value, flag in points
         ]
-    return {"step": list(steps), "value": values}
+    return {"step": steps, "value": values}
 
 
 def downsample(
