@@ -4,8 +4,8 @@
 need (1) a step range (``start``/``end``, inclusive) so that zooming fetches the visible part at full
 resolution, (2) each point's ``wall_time`` for an x axis in wall-clock time, and (3) a 100k-step ×
 12-metric overview fast enough to open in under a second. This module adds exactly that on top of the
-service's storage and reuses its downsampling (``metrics.downsample``: each bucket's minimum and
-maximum survive, non-finite values too), so both endpoints draw the same overview. Once API v1's
+service's storage and reuses its downsampling and encoding (``metrics._series``: each bucket's
+minimum and maximum survive, non-finite values too), so both endpoints draw the same overview. Once API v1's
 metrics query takes ``start``/``end`` and returns ``wall_time``, the dashboard can switch to it.
 
 Reply: ``{"series": {name: {"step": [...], "value": [...], "wall_time": [...]}}}``; values as in API
@@ -14,12 +14,10 @@ v1 (numbers, null, "NaN", "Infinity", "-Infinity").
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
-from rlvitals.service.encoding import encode_float
-from rlvitals.service.metrics import downsample
+from rlvitals.service.metrics import _series
 from rlvitals.service.storage import repository as repo
 
 POINTS = repo.POINTS
@@ -48,24 +46,17 @@ def _rows(conn, *, run_id: int, name: str, start: int | None, end: int | None) -
         cursor.close()
 
 
-def _value(value: float | None, flag: int) -> float | str | None:
-    if value is None:
-        return "NaN" if flag else None
-    return value if math.isfinite(value) else encode_float(value)
-
-
 def one_series(rows: list[tuple], max_points: int) -> dict[str, list]:
-    """Rows of one metric -> ``{"step", "value", "wall_time"}``, at most ``max_points`` (0: all)."""
-    if max_points and len(rows) > max_points:
+    """Rows of one metric -> ``{"step", "value", "wall_time"}``, at most ``max_points`` (0: all):
+    API v1's own downsampling and value encoding, plus the wall time of each kept step."""
+    out = _series([(r[0], r[1], r[2]) for r in rows], max_points)
+    if len(out["step"]) == len(rows):
+        out["wall_time"] = [r[3] for r in rows]
+    else:
         all_steps = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
-        kept = downsample([(r[0], r[1], r[2]) for r in rows], max_points)
-        index = np.searchsorted(all_steps, np.fromiter((k[0] for k in kept), dtype=np.int64, count=len(kept)))
-        rows = [rows[i] for i in index.tolist()]
-    return {
-        "step": [r[0] for r in rows],
-        "value": [_value(r[1], r[2]) for r in rows],
-        "wall_time": [r[3] for r in rows],
-    }
+        kept = np.searchsorted(all_steps, np.asarray(out["step"], dtype=np.int64))
+        out["wall_time"] = [rows[i][3] for i in kept.tolist()]
+    return out
 
 
 def read_series(

@@ -16,8 +16,9 @@ from tests.service.conftest import AppClient  # the service suite's in-process a
 
 
 @pytest.fixture
-def client(tmp_path):
-    app = AppClient(Settings(database_url=f"sqlite:///{tmp_path / 'api.db'}", data_dir=tmp_path))
+def client(tmp_path, database_url):
+    """The app on SQLite and on the real PostgreSQL (``database_url`` is parametrized)."""
+    app = AppClient(Settings(database_url=database_url, data_dir=tmp_path))
     yield app
     app.close()
 
