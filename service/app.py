@@ -77,6 +77,8 @@ class HealthFlusher:
         self._thread.start()
 
     def flush(self) -> None:
+        if not self.services.health.has_unsaved():
+            return
         with self.services.db.write() as session:
             self.services.health.flush(session=session, now=time.time())
 

@@ -151,6 +151,10 @@ class HealthEngine:
         with self._lock:
             self._cache.pop(run_id, None)
 
+    def has_unsaved(self) -> bool:
+        with self._lock:
+            return any(c.dirty for c in self._cache.values())
+
     def flush(self, *, session: Session, now: float) -> int:
         """Write every monitor with unsaved state (deferred mode); the number written."""
         with self._lock:

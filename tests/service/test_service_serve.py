@@ -167,3 +167,24 @@ def test_keep_alive_requests_do_not_stall_on_nagle(serve, workers):
             assert response.status_code == 200
     median = statistics.median(times[5:])
     assert median < 0.030, f"median keep-alive request {median * 1000:.1f} ms with --workers {workers}"
+
+
+def test_a_killed_server_restarts_with_its_points_alerts_and_detector_state(serve):
+    server = serve(env=FAST)
+    run_id = _run(server.url, "crash")
+    url = f"{server.url}/api/v1/runs/{run_id}"
+    steps = [{"step": s, "metrics": {"actor/pg_loss": 0.1}} for s in range(5)]
+    steps.append({"step": 5, "metrics": {"actor/pg_loss": "NaN"}})
+    assert httpx.post(f"{url}/metrics", json={"steps": steps}).status_code == 200
+    time.sleep(1.5)  # past health_flush_interval: the open episode is on disk
+    server.kill()  # SIGKILL: no shutdown handler runs
+    server.start()
+    assert httpx.get(f"{url}/metrics", params={"max_points": 0}).json()["series"]["actor/pg_loss"][
+        "step"
+    ] == list(range(6))
+    firing = httpx.get(f"{url}/alerts", params={"state": "firing"}).json()["data"]
+    assert [a["rule"] for a in firing] == ["non_finite"]
+    clean = [{"step": s, "metrics": {"actor/pg_loss": 0.1}} for s in range(6, 20)]
+    assert httpx.post(f"{url}/metrics", json={"steps": clean}).status_code == 200
+    alerts = httpx.get(f"{url}/alerts").json()["data"]
+    assert [(a["rule"], a["state"]) for a in alerts] == [("non_finite", "resolved")]  # the episode was kept
