@@ -188,3 +188,25 @@ def test_alert_link_opens_the_chart_at_its_step(api, tab, run_id):
     assert view["start"] <= STEPS <= view["end"]
     tab.shot("alert-link")
     tab.assert_clean()
+
+
+def test_a_saved_api_key_goes_with_every_request_and_the_live_stream(api, tab):
+    run_id = api.create_run("run-page-key", project="dash")
+    api.log_series(run_id, _metrics, range(20))
+    headers: dict[str, str | None] = {}
+    tab.page.on(
+        "request",
+        lambda r: headers.__setitem__(r.url.split("?")[0].rsplit("/", 1)[-1], r.headers.get("authorization")),
+    )
+    tab.page.add_init_script("window.localStorage.setItem('rlvitals.apiKey', 'rlv_dashboard_test_key')")
+    _open(tab, run_id)
+    tab.wait("document.getElementById('live').textContent === 'live'")
+    for endpoint in ("series", "names", "alerts", "events"):
+        assert headers.get(endpoint) == "Bearer rlv_dashboard_test_key", (endpoint, headers)
+    # the stream with a key is read with fetch() (EventSource cannot send headers): still live
+    api.log(run_id, [{"step": 20, "metrics": {"actor/ppo_kl": 0.25}}])
+    tab.wait(
+        "() => { const x = document.querySelector('.panel .plot').data[0].x; return x[x.length - 1] === 20; }",
+        timeout=5,
+    )
+    tab.assert_clean()

@@ -322,7 +322,8 @@
     // first health signal; it comes back fast even for a long run), and every series.
     const firstLink = document.getElementById("first-series");
     RLV.pre.firstMetrics = firstLink
-      ? guard(RLV.api(firstLink.getAttribute("href")).then(function (body) {
+      // (with a key, a URL of its own: the preload went without the Authorization header)
+      ? guard(RLV.api(firstLink.getAttribute("href") + (RLV.getKey() ? "&keyed=1" : "")).then(function (body) {
         RLV.timing.firstFetched = performance.now();
         return body;
       }))
