@@ -15,7 +15,7 @@ AuditId = Annotated[int, Path(ge=0, le=MAX_ID, description="An audit id.")]
 Offset = Annotated[int, Query(ge=0, le=MAX_ID)]
 
 
-def get_services(request: Request) -> Services:
+async def get_services(request: Request) -> Services:
     return request.app.state.services
 
 
