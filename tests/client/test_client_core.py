@@ -392,3 +392,23 @@ def test_a_server_that_is_not_rlvitals_does_not_break_the_trainer(tmp_path):
         report = run.finish(timeout=0.5)
     assert "without a run id" in str(caught[0].message)
     assert report.points_pending == 1
+
+
+def test_own_safetensors_writer_matches_the_official_reader():
+    from rlvitals.client.capture import encode_safetensors
+    from safetensors.torch import load
+
+    gen = torch.Generator().manual_seed(1)
+    tensors = {
+        "log_prob": torch.randn(3, 5, generator=gen).to(torch.bfloat16),
+        "old_log_prob": torch.randn(5, 3, generator=gen).t(),  # non-contiguous
+        "advantages": torch.randn(3, 5, generator=gen, dtype=torch.float64),
+        "response_mask": torch.rand(3, 5, generator=gen) > 0.5,
+        "group_index": np.array([0, 1, 1], np.int64),
+        "entropy": np.zeros((3, 5), np.float16),
+    }
+    payload = b"".join(encode_safetensors(tensors, {"step": "7"}))
+    back = load(payload)
+    for name, value in tensors.items():
+        expected = value if isinstance(value, torch.Tensor) else torch.from_numpy(value)
+        assert back[name].dtype == expected.dtype and torch.equal(back[name], expected), name
