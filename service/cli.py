@@ -94,9 +94,22 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     import uvicorn
     from rlvitals.service.auth import keys_exist
+    from rlvitals.service.health import HealthEngine
     from rlvitals.service.serving import PROTOCOL, SETTINGS_ENV, tune_gc
+    from sqlalchemy.exc import SQLAlchemyError
 
-    db = _database(settings)
+    try:
+        HealthEngine(settings)  # a bad rules file or rule setting stops here, not in a worker
+    except ValueError as exc:
+        print(f"rlvitals serve: invalid health rule settings: {exc}", file=sys.stderr)
+        return 2
+    try:
+        db = _database(settings)
+    except SQLAlchemyError as exc:
+        url = settings.resolved_database_url.split("@")[-1]
+        print(f"rlvitals serve: cannot open the database (...@{url}): {exc.__class__.__name__}: "
+              f"{str(getattr(exc, 'orig', exc)).strip().splitlines()[0]}", file=sys.stderr)  # fmt: skip
+        return 2
     try:
         has_keys = keys_exist(db)
     finally:

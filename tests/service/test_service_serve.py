@@ -188,3 +188,17 @@ def test_a_killed_server_restarts_with_its_points_alerts_and_detector_state(serv
     assert httpx.post(f"{url}/metrics", json={"steps": clean}).status_code == 200
     alerts = httpx.get(f"{url}/alerts").json()["data"]
     assert [(a["rule"], a["state"]) for a in alerts] == [("non_finite", "resolved")]  # the episode was kept
+
+
+def test_serve_explains_a_bad_rules_file_and_an_unreachable_database(tmp_path):
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("pg_clipfrac_range: {low: 0.9, high: 0.1}\n")
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    port = str(free_port())
+    bad_rules = _cli("serve", "--port", port, "--database-url", url, "--rules-file", str(rules), cwd=tmp_path)
+    assert bad_rules.returncode == 2 and "pg_clipfrac_range" in bad_rules.stderr
+    assert "Traceback" not in bad_rules.stderr
+    dead = f"postgresql+psycopg://nobody:secret@127.0.0.1:{free_port()}/none"
+    no_db = _cli("serve", "--port", port, "--database-url", dead, cwd=tmp_path)
+    assert no_db.returncode == 2 and "cannot open the database" in no_db.stderr
+    assert "secret" not in no_db.stderr and "Traceback" not in no_db.stderr
