@@ -134,7 +134,7 @@
       // the dual-clip bound only when some ratio reaches it (it would squash the bars otherwise)
       if (typeof clip.dual === "number" && body.ratio.max >= clip.dual) lines.push({ name: "dual-clip", x: clip.dual, color: "#7c3aed" });
       await C.histogram(RLV.$("hist-ratio"), body.ratio, { name: "ratio", lines: lines, logy: true });
-      await C.histogram(RLV.$("hist-adv"), body.advantages, { name: "advantages", color: "#0f766e", logy: true });
+      await C.histogram(RLV.$("hist-adv"), body.advantages, { name: "advantages", color: "#0f766e" });
       note.textContent = body.tokens + " valid tokens" + (body.ratio.outside ? "; " + body.ratio.outside + " ratios beyond the plotted range" : "") +
         ". Dashed lines: the clip bounds 1 − clip_ratio_low and 1 + clip_ratio_high" + (lines.length > 2 ? ", and the dual-clip bound" : "") + ".";
       RLV.timing.histograms = performance.now();
