@@ -255,9 +255,33 @@ class AuditPool:
             log.exception("audit %s failed", job["id"])
             result, status, error = None, "error", f"{type(exc).__name__}: {exc}"
         self.telemetry.observe_audit(status=status, seconds=time.perf_counter() - started)
-        self._store(job, worker, status=status, result=result, error=error, report=report, groups=groups)
+        histograms_next = status == "done" and self.settings.audit_histograms
+        stored = self._store(
+            job, worker, status=status, result=result, error=error, report=report, groups=groups,
+            keep_blob=self.settings.keep_batches or histograms_next,
+        )  # fmt: skip
+        if stored and histograms_next:
+            self._add_histograms(job, tensors, result)
 
-    def _store(self, job, worker, *, status, result, error, report, groups) -> None:
+    def _add_histograms(self, job: dict[str, Any], tensors: dict[str, torch.Tensor], result: dict) -> None:
+        """The dashboard's ratio/advantage histograms, after the result is already visible (so they
+        never delay it); then the tensors are dropped unless ``keep_batches``."""
+        from rlvitals.service.dashboard.histograms import batch_histograms
+
+        histograms = None
+        try:
+            histograms = jsonable(batch_histograms(tensors, config=job["config"] or {}))
+        except Exception as exc:  # histograms are an extra: the audit stands without them
+            log.warning("histograms of audit %s failed: %s", job["id"], exc)
+        with self.db.write() as session:
+            repo.finish_histograms(
+                session=session,
+                audit_id=job["id"],
+                result={**result, "histograms": histograms} if histograms is not None else None,
+                drop_blob=not self.settings.keep_batches,
+            )
+
+    def _store(self, job, worker, *, status, result, error, report, groups, keep_blob) -> bool:
         run_id, step, now = job["run_id"], job["step"], time.time()
         events: list[Event] = []
 
@@ -270,16 +294,21 @@ class AuditPool:
             return findings, last_step
 
         try:
-            self._store_in_transaction(job, worker, status, result, error, report, observe, events, now)
+            self._store_in_transaction(
+                job, worker, status, result, error, report, observe, events, now, keep_blob
+            )
         except _Superseded:  # re-claimed by another worker after a stall: its result wins
             self.health.discard(run_id)
-            return
+            return False
         except BaseException:
             self.health.discard(run_id)
             raise
         self.bus.flush(events)
+        return True
 
-    def _store_in_transaction(self, job, worker, status, result, error, report, observe, events, now) -> None:
+    def _store_in_transaction(
+        self, job, worker, status, result, error, report, observe, events, now, keep_blob
+    ) -> None:
         run_id = job["run_id"]
         with self.db.write() as session:
             observation = None
@@ -301,7 +330,7 @@ class AuditPool:
                 result=result,
                 error=error,
                 now=now,
-                keep_blob=self.settings.keep_batches,
+                keep_blob=keep_blob,
             )
             if not stored:
                 raise _Superseded

@@ -78,6 +78,11 @@ class Settings(BaseSettings):
     audit_claim_timeout: float = Field(
         300.0, gt=0, description="Seconds after which a job claimed by a dead replica is handed out again."
     )
+    audit_histograms: bool = Field(
+        True,
+        description="After each audit, store the importance-ratio and advantage histograms the "
+        "dashboard's audits page draws (computed after the result is visible, so never delaying it).",
+    )
     keep_batches: bool = Field(
         False, description="Keep uploaded tensors after their audit finished (default: drop them)."
     )

@@ -362,6 +362,17 @@ def finish_audit(
     return res.rowcount == 1
 
 
+def finish_histograms(*, session: Session, audit_id: int, result: dict | None, drop_blob: bool) -> None:
+    """Store the result with its histograms (``None``: leave it) and drop the tensors if asked."""
+    values: dict[str, Any] = {}
+    if result is not None:
+        values["result"] = result
+    if drop_blob:
+        values["blob"] = None
+    if values:
+        session.execute(update(AUDITS).where(AUDITS.c.id == audit_id).values(**values))
+
+
 def get_audit(*, session: Session, audit_id: int) -> dict | None:
     return _row(session.execute(select(*_AUDIT_COLUMNS).where(AUDITS.c.id == audit_id)).first())
 

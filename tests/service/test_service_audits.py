@@ -115,18 +115,42 @@ def test_a_job_that_cannot_be_audited_is_marked_error_and_the_worker_survives(ap
     assert follow["status"] == "done"
 
 
-def test_tensors_are_dropped_after_the_audit_unless_kept(app_client, database_url):
+def _settled_row(api, audit_id, timeout=10.0):
+    """The audit row once the worker is completely done with it (histograms stored)."""
     from rlvitals.service.storage import repository as repo
 
-    for keep in (False, True):
-        api = app_client(database_url, keep_batches=keep)
-        run_id = api.create_run(f"keep-{keep}")
-        audit_id = _upload(api, run_id, make_batch(0))
-        _wait_done(api, audit_id)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
         with api.services.db.read() as session:
+            row = repo.get_audit(session=session, audit_id=audit_id)
             blob = repo.get_audit_blob(session=session, audit_id=audit_id)
+        if row["status"] == "done" and "histograms" in (row["result"] or {}):
+            return row, blob
+        time.sleep(0.02)
+    raise AssertionError(f"audit {audit_id} got no histograms: {row}")
+
+
+def test_histograms_are_stored_then_the_tensors_dropped_unless_kept(app_client, database_url):
+    for keep in (False, True):
+        api = app_client(database_url, keep_batches=keep, audit_histograms=True)
+        run_id = api.create_run(f"keep-{keep}")
+        row, blob = _settled_row(api, _upload(api, run_id, make_batch(0)))
+        histograms = row["result"]["histograms"]
+        assert isinstance(histograms, dict) and histograms
         assert (blob is not None) is keep
         api.stop()  # on PostgreSQL the next app would otherwise share its jobs with this one
+
+
+def test_without_histograms_the_tensors_go_with_the_result(app_client, sqlite_url):
+    from rlvitals.service.storage import repository as repo
+
+    api = app_client(sqlite_url, audit_histograms=False)
+    run_id = api.create_run()
+    audit_id = _upload(api, run_id, make_batch(0))
+    _wait_done(api, audit_id)
+    with api.services.db.read() as session:
+        assert repo.get_audit_blob(session=session, audit_id=audit_id) is None
+        assert "histograms" not in repo.get_audit(session=session, audit_id=audit_id)["result"]
 
 
 def test_bool_and_integer_masks_are_accepted(api):
