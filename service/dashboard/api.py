@@ -5,8 +5,8 @@
 - ``GET /dashboard-api/runs/{run_id}/names``: ``{"names": [...]}``, every metric the run logged.
 - ``GET /dashboard-api/audits/{audit_id}/histograms``: histograms of the importance ratio and the
   advantages of the batch behind an audit (see ``histograms.batch_histograms``). Served from the audit
-  result when the worker stored them there, else computed from the batch's tensors when the server
-  keeps batches (``RLVITALS_KEEP_BATCHES=true``); otherwise 404 saying why.
+  result (the audit worker stores them there after each audit), else computed from the batch's
+  tensors while the server still holds them; otherwise 404 saying why.
 
 Reads are open, like API v1's.
 """
@@ -43,8 +43,9 @@ def audit_histograms(ctx, audit_id: int) -> dict[str, Any]:
         blob = _audit_blob(session, audit_id)
     if blob is None:
         raise NotFound(
-            f"the tensors of audit {audit_id} were dropped after its audit; start the server with "
-            "RLVITALS_KEEP_BATCHES=true to keep them for the histograms"
+            f"audit {audit_id} has no histograms and its tensors were dropped; the server stores them "
+            "after each audit unless RLVITALS_AUDIT_HISTOGRAMS=false (RLVITALS_KEEP_BATCHES=true keeps "
+            "the tensors themselves)"
         )
     return batch_histograms(load_tensors(blob), config=row.get("config") or {})
 
@@ -52,10 +53,10 @@ def audit_histograms(ctx, audit_id: int) -> dict[str, Any]:
 def run_series(ctx, run_id: int, *, names, start, end, max_points) -> dict[str, Any]:
     from rlvitals.service.dashboard.series import read_series
 
-    with ctx.db.read() as session:
-        if not repo.run_exists(session=session, run_id=run_id):
+    with ctx.db.read() as conn:
+        if not repo.run_exists(session=conn, run_id=run_id):
             raise NotFound(f"run {run_id} does not exist")
-        return read_series(session, run_id=run_id, names=names, start=start, end=end, max_points=max_points)
+        return read_series(conn, run_id=run_id, names=names, start=start, end=end, max_points=max_points)
 
 
 def run_metric_names(ctx, run_id: int) -> dict[str, Any]:

@@ -21,11 +21,16 @@ _QUANTILE_LIMIT = 1 << 24  # torch.quantile's input size limit
 _CLIP_FIELDS = ("clip_ratio", "clip_ratio_low", "clip_ratio_high", "clip_ratio_c")
 
 
-def _clip_bounds(config: Mapping[str, Any] | None) -> dict[str, float]:
+def _clip_bounds(config: Mapping[str, Any] | None) -> dict[str, float] | None:
+    """The ratio's clip bounds under ``config``; None when its clip fields are not valid (the audit
+    itself reports that), so the histograms still show."""
     from rlvitals.analyzers import LossConfig
 
     # only the clip fields: the rest of a batch's config (dp_size, token counts) does not matter here
-    cfg = LossConfig(**{k: v for k, v in (config or {}).items() if k in _CLIP_FIELDS})
+    try:
+        cfg = LossConfig(**{k: v for k, v in (config or {}).items() if k in _CLIP_FIELDS})
+    except (TypeError, ValueError):
+        return None
     return {"low": 1.0 - cfg.clip_low, "high": 1.0 + cfg.clip_high, "dual": float(cfg.clip_ratio_c)}
 
 
@@ -82,12 +87,13 @@ def batch_histograms(
 
     finite_ratio = ratio[torch.isfinite(ratio)]
     finite_adv = advantages[torch.isfinite(advantages)]
+    low, high = (clip["low"], clip["high"]) if clip else (0.8, 1.2)
     if finite_ratio.numel():
         q_lo, q_hi = _quantiles(finite_ratio, RANGE_QUANTILES)
-        margin = 0.5 * (clip["high"] - clip["low"])
-        r_lo, r_hi = max(0.0, min(q_lo, clip["low"] - margin)), max(q_hi, clip["high"] + margin)
+        margin = 0.5 * (high - low)
+        r_lo, r_hi = max(0.0, min(q_lo, low - margin)), max(q_hi, high + margin)
     else:
-        r_lo, r_hi = clip["low"], clip["high"]
+        r_lo, r_hi = low, high
     if finite_adv.numel():
         a_lo, a_hi = float(finite_adv.min()), float(finite_adv.max())
     else:

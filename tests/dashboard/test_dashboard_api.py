@@ -87,25 +87,46 @@ def test_unknown_run_and_audit_are_404(client):
         assert resp.json()["error"]["code"] == "not_found"
 
 
-def test_histograms_need_the_batch_or_say_why(client, tmp_path):
-    g = torch.Generator().manual_seed(0)
-    tensors = {
-        "log_prob": torch.randn(4, 32, generator=g) * 0.1,
-        "old_log_prob": torch.randn(4, 32, generator=g) * 0.1,
-        "advantages": torch.randn(4, 32, generator=g),
-        "response_mask": (torch.rand(4, 32, generator=g) > 0.25).to(torch.int64),
-    }
+def _upload_and_wait(client, tensors) -> int:
     run = client.post("/api/v1/runs", json={"name": "hist"}).json()["id"]
     meta = {"step": "1", "config": json.dumps({"clip_ratio": 0.2}), "reported": json.dumps({})}
     audit = client.post(f"/api/v1/runs/{run}/batches", content=save(tensors, metadata=meta)).json()["id"]
     for _ in range(200):
         if client.get(f"/api/v1/audits/{audit}").json()["status"] in ("done", "error"):
-            break
+            return audit
         time.sleep(0.05)
+    raise AssertionError(f"audit {audit} did not finish")
+
+
+def _tensors() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return {
+        "log_prob": torch.randn(4, 32, generator=g) * 0.1,
+        "old_log_prob": torch.randn(4, 32, generator=g) * 0.1,
+        "advantages": torch.randn(4, 32, generator=g),
+        "response_mask": (torch.rand(4, 32, generator=g) > 0.25).to(torch.int64),
+    }
+
+
+def test_histograms_of_an_audited_batch(client):
+    tensors = _tensors()
+    audit = _upload_and_wait(client, tensors)
     resp = client.get(f"/dashboard-api/audits/{audit}/histograms")
-    # this server drops batches after their audit (the default): the reply says how to keep them
-    assert resp.status_code == 404
-    assert "RLVITALS_KEEP_BATCHES" in resp.json()["error"]["message"]
+    assert resp.status_code == 200
+    assert resp.json() == batch_histograms(tensors, config={"clip_ratio": 0.2})
+
+
+def test_without_stored_histograms_or_tensors_the_reply_says_why(tmp_path):
+    app = AppClient(
+        Settings(database_url=f"sqlite:///{tmp_path / 'h.db'}", data_dir=tmp_path, audit_histograms=False)
+    )
+    try:
+        audit = _upload_and_wait(app, _tensors())
+        resp = app.get(f"/dashboard-api/audits/{audit}/histograms")
+        assert resp.status_code == 404
+        assert "RLVITALS_AUDIT_HISTOGRAMS" in resp.json()["error"]["message"]
+    finally:
+        app.close()
 
 
 def test_batch_histograms_count_every_valid_token():
@@ -142,6 +163,16 @@ def test_batch_histograms_count_every_valid_token():
         batch_histograms(noisy, config={"clip_ratio": 0.2, "clip_ratio_high": 0.28}, bins=30)["ratio"]
         == h["ratio"]
     )
+
+
+def test_an_invalid_clip_config_still_gives_histograms_without_bounds():
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 8, generator=g)
+    h = batch_histograms(
+        {"log_prob": x, "old_log_prob": x, "advantages": x, "response_mask": torch.ones(2, 8)},
+        config={"clip_ratio": 7},
+    )
+    assert h["clip"] is None and sum(h["ratio"]["counts"]) == 16
 
 
 def test_empty_mask_gives_empty_histograms():
