@@ -94,13 +94,9 @@ class Api:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Iterator[ServerProcess]:
-    """One real server per test module (SQLite, kept batches so the histograms can read them)."""
+    """One real server per test module, with default settings, on SQLite."""
     workdir = tmp_path_factory.mktemp("dash-server")
-    proc = start_server(
-        database_url=f"sqlite:///{workdir / 'rlvitals.db'}",
-        workdir=workdir,
-        env={"RLVITALS_KEEP_BATCHES": "true"},
-    )
+    proc = start_server(database_url=f"sqlite:///{workdir / 'rlvitals.db'}", workdir=workdir)
     yield proc
     proc.stop()
 
