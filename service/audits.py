@@ -285,13 +285,13 @@ class AuditPool:
         run_id, step, now = job["run_id"], job["step"], time.time()
         events: list[Event] = []
 
-        def observe(monitor, last_step):
+        def observe(monitor, cursor):
             findings = []
             if report is not None:
                 findings.extend(monitor.observe_audit(step, report))
             if groups is not None:
                 findings.extend(monitor.observe_groups(step, groups))
-            return findings, last_step
+            return findings, cursor
 
         try:
             self._store_in_transaction(

@@ -82,7 +82,7 @@ def run_rule_overrides(config: Mapping[str, Any] | None) -> dict[str, dict[str, 
 class _Cached:
     version: int
     monitor: Any
-    last_step: int | None
+    cursor: dict[str, Any]  # {"step": newest step observed, "names": metric names observed at it}
     signals: dict[str, Any] | None = None
     dirty: bool = False
 
@@ -164,7 +164,7 @@ class HealthEngine:
         return len(dirty)
 
     def _save(self, session: Session, run_id: int, cached: _Cached, now: float) -> None:
-        state = json.dumps({"monitor": cached.monitor.state_dict(), "last_step": cached.last_step})
+        state = json.dumps({"monitor": cached.monitor.state_dict(), "cursor": cached.cursor})
         cached.version += 1
         repo.save_health_state(
             session=session,
@@ -188,7 +188,8 @@ class HealthEngine:
         else:
             monitor = HealthMonitor(settings=rules, run_config=config)
         signals = dict(row["signals"] or {}) if row else None
-        return _Cached(version=version, monitor=monitor, last_step=stored.get("last_step"), signals=signals)
+        cursor = stored.get("cursor") or {"step": stored.get("last_step"), "names": []}
+        return _Cached(version=version, monitor=monitor, cursor=cursor, signals=signals)
 
     # --- the update --------------------------------------------------------------------------------
     def update(
@@ -197,14 +198,15 @@ class HealthEngine:
         session: Session,
         run_id: int,
         run_config: Callable[[], Mapping[str, Any]],
-        observe: Callable[[Any, int | None], tuple[list, int | None]],
+        observe: Callable[[Any, dict[str, Any]], tuple[list, dict[str, Any]]],
         now: float,
         signals: Mapping[str, Any] | None = None,
     ) -> Observation | None:
-        """Apply ``observe(monitor, last_step) -> (findings, new_last_step)`` to the run's monitor.
+        """Apply ``observe(monitor, cursor) -> (findings, new_cursor)`` to the run's monitor.
 
-        ``last_step`` is the newest step the monitor has seen (``None`` at first); ``observe`` feeds
-        only newer steps, so resent or late points never count twice. Returns ``None`` when the run
+        ``cursor`` is ``{"step": newest step the monitor has seen (None at first), "names": the
+        metric names it saw at that step}``; ``observe`` feeds only newer steps and names not yet
+        seen at the newest step, so resent or late points never count twice. Returns ``None`` when the run
         does not exist. ``run_config`` is only called when the monitor must be rebuilt. Callers whose
         transaction fails afterwards call ``discard(run_id)``.
         """
@@ -216,7 +218,7 @@ class HealthEngine:
                 return None
             if cached is None or cached.version != version:
                 cached = self._load(session, run_id, version, run_config)
-        findings, cached.last_step = observe(cached.monitor, cached.last_step)
+        findings, cached.cursor = observe(cached.monitor, cached.cursor)
         if signals:
             cached.signals = {**(cached.signals or {}), **signals}
         cached.dirty = True
@@ -225,5 +227,5 @@ class HealthEngine:
         with self._lock:
             self._cache[run_id] = cached
         return Observation(
-            findings=findings, firing=list(cached.monitor.firing()), last_step=cached.last_step
+            findings=findings, firing=list(cached.monitor.firing()), last_step=cached.cursor["step"]
         )

@@ -59,13 +59,22 @@ def ingest(ctx: Services, run_id: int, steps: list[StepIn]) -> dict[str, int]:
     ordered = sorted(by_step)
     newest = ordered[-1] if ordered else None
 
-    def observe(monitor, last_step):
+    def observe(monitor, cursor):
+        # Newer steps go to the rules whole; at the newest step already seen, only metric names not
+        # seen there yet (a trainer logging one step in several calls); anything else was seen.
         findings = []
+        last, seen = cursor["step"], set(cursor["names"])
         for step in ordered:
-            if last_step is None or step > last_step:
-                findings.extend(monitor.observe(step, by_step[step]))
-                last_step = step
-        return findings, last_step
+            metrics = by_step[step]
+            if last is None or step > last:
+                findings.extend(monitor.observe(step, metrics))
+                last, seen = step, set(metrics)
+            elif step == last:
+                fresh = {name: value for name, value in metrics.items() if name not in seen}
+                if fresh:
+                    findings.extend(monitor.observe(step, fresh))
+                    seen.update(fresh)
+        return findings, {"step": last, "names": sorted(seen)}
 
     events: list[Event] = []
     try:

@@ -143,3 +143,14 @@ def test_clipfrac_out_of_band_fires_on_a_real_signal_stream(api):
     api.log(run_id, steps)
     rules = {a["rule"] for a in _alerts(api, run_id, state="firing")["data"]}
     assert "pg_clipfrac_range" in rules
+
+
+def test_a_step_logged_in_several_requests_is_checked_whole(api):
+    run_id = api.create_run()
+    api.log(run_id, _clean_steps(0, 5))
+    api.log(run_id, [{"step": 5, "metrics": {"actor/pg_loss": 0.1}}])
+    api.log(run_id, [{"step": 5, "metrics": {"actor/entropy": "NaN"}}])  # same step, another call
+    alerts = _alerts(api, run_id)["data"]
+    assert [(a["rule"], a["first_step"]) for a in alerts] == [("non_finite", 5)]
+    api.log(run_id, [{"step": 5, "metrics": {"actor/entropy": "NaN"}}])  # resent: not counted again
+    assert _alerts(api, run_id)["count"] == 1
