@@ -6,43 +6,18 @@ from __future__ import annotations
 import time
 
 import pytest
-import torch
 
-CONFIG = {"clip_ratio": 0.2, "clip_ratio_high": 0.28, "loss_agg_mode": "token-mean"}
-AGG_MODES = [
-    "token-mean",
-    "token-sum",
-    "seq-mean-token-sum",
-    "seq-mean-token-sum-norm",
-    "seq-mean-token-mean",
-]
-
-
-def _batch(seed: int, batch: int = 8, length: int = 64) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    old = -torch.rand(batch, length, generator=g) * 2
-    return {
-        "log_prob": old + 0.1 * torch.randn(batch, length, generator=g),
-        "old_log_prob": old,
-        "advantages": torch.randn(batch, 1, generator=g).expand(batch, length).contiguous(),
-        "response_mask": (torch.rand(batch, length, generator=g) > 0.2).to(torch.int64),
-    }
-
-
-def _reported(tensors: dict[str, torch.Tensor]) -> dict[str, float]:
-    from rlvitals.analyzers import LossConfig, recompute
-
-    return recompute(LossConfig(**CONFIG), **tensors)
+from tests.dashboard.dashdata import AGG_MODES, CONFIG, batch, reported
 
 
 @pytest.fixture(scope="module")
 def audited(api) -> dict:
     run = api.create_run("audited-run", project="dash")
-    good = _batch(1)
-    bad = _batch(2)
-    wrong = dict(_reported(bad))
+    good = batch(1)
+    bad = batch(2)
+    wrong = dict(reported(bad))
     wrong["pg_loss"] *= 8  # what a dp_size=8 token-mean mix-up looks like
-    ok_id = api.upload_batch(run, good, step=100, config=CONFIG, reported=_reported(good))
+    ok_id = api.upload_batch(run, good, step=100, config=CONFIG, reported=reported(good))
     bad_id = api.upload_batch(run, bad, step=200, config=CONFIG, reported=wrong)
     api.wait_audit(ok_id)
     assert api.wait_audit(bad_id)["status"] == "done"
@@ -100,9 +75,9 @@ def test_counterfactuals_and_histograms_of_a_batch(tab, audited):
 def test_a_new_audit_appears_live(api, tab, audited):
     tab.open(f"/runs/{audited['run']}/audits", ready="window.RLV && RLV.timing.rendered")
     tab.wait("document.getElementById('live').textContent === 'live'")
-    tensors = _batch(3)
+    tensors = batch(3)
     sent = time.monotonic()
-    audit_id = api.upload_batch(audited["run"], tensors, step=300, config=CONFIG, reported=_reported(tensors))
+    audit_id = api.upload_batch(audited["run"], tensors, step=300, config=CONFIG, reported=reported(tensors))
     tab.wait(
         "id => [...document.querySelectorAll(`#audits-body tr[data-audit-id='${id}'] .badge`)].some(b => b.textContent === 'match')",
         str(audit_id),

@@ -8,6 +8,9 @@ import time
 
 import pytest
 
+from tests.dashboard.conftest import Api, Tab
+from tests.dashboard.dashdata import CONFIG, batch, reported
+
 VERL = [
     "actor/ppo_kl",
     "actor/pg_clipfrac",
@@ -165,6 +168,17 @@ def test_points_and_alerts_arrive_live_without_reload(api, tab):
     entropy = _panel(tab, "actor/entropy")
     assert any(s["name"].startswith("alert-onset") and s["x0"] == step + 2 for s in entropy["shapes"])
 
+    # an audit result: in the run's latest-audits list
+    tensors = batch(7)
+    sent = time.monotonic()
+    api.upload_batch(run_id, tensors, step=step, config=CONFIG, reported=reported(tensors))
+    tab.wait(
+        "document.getElementById('audits-mini-list').textContent.includes('match')", timeout=5, interval=0.01
+    )
+    latency = time.monotonic() - sent
+    print(f"live audit on the run page: upload -> listed in {latency * 1000:.0f} ms")
+    assert latency < 1.0
+
     assert tab.js("window.__same_page") is True  # no reload
     refetches = [u for u in requests if "/series" in u and "start=" not in u]
     assert not refetches, f"full refetch during live updates: {refetches}"
@@ -210,3 +224,33 @@ def test_a_saved_api_key_goes_with_every_request_and_the_live_stream(api, tab):
         timeout=5,
     )
     tab.assert_clean()
+
+
+def test_the_live_chart_survives_a_server_restart(browser, serve):
+    server = serve()
+    trainer = Api(server.url)
+    run_id = trainer.create_run("restarted", project="dash")
+    trainer.log_series(run_id, _metrics, range(30))
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    tab = Tab(page=context.new_page(), base=server.url)
+    tab.page.on("pageerror", lambda e: tab.page_errors.append(str(e)))
+    try:
+        _open(tab, run_id)
+        tab.wait("document.getElementById('live').textContent === 'live'")
+        server.restart()
+        trainer.log(run_id, [{"step": 30, "metrics": {"actor/ppo_kl": 0.3}}])  # maybe before the page is back
+        tab.wait(
+            "() => { const x = document.querySelector('.panel .plot').data[0].x; return x[x.length - 1] === 30; }",
+            timeout=20,
+        )
+        tab.wait("document.getElementById('live').textContent === 'live'", timeout=20)
+        trainer.log(run_id, [{"step": 31, "metrics": {"actor/ppo_kl": 0.31}}])
+        tab.wait(
+            "() => { const x = document.querySelector('.panel .plot').data[0].x; return x[x.length - 1] === 31; }",
+            timeout=5,
+        )
+        assert _panel(tab, "actor/ppo_kl")["data"][0]["n"] == 32  # nothing missed, nothing twice
+        assert not tab.page_errors
+    finally:
+        context.close()
+        trainer.client.close()
