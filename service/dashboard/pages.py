@@ -19,6 +19,7 @@ from functools import cache
 from html import escape as html_escape
 from importlib import resources
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlencode
 
 from fastapi import APIRouter
@@ -95,19 +96,24 @@ def _load(path: Path) -> Asset:
     return _asset(path.read_bytes(), path.name)
 
 
-def signals_script() -> bytes:
-    """``window.RLV_SIGNALS``: the analyzers' alias tables, so the charts group metrics exactly as the
-    health rules read them (one source of truth for verl / TRL / OpenRLHF names)."""
+@cache
+def signal_table() -> dict[str, Any]:
+    """The analyzers' alias tables in panel order: the charts group metrics exactly as the health
+    rules read them (one source of truth for verl / TRL / OpenRLHF names)."""
     from rlvitals.analyzers.health import signals
 
-    table = {
+    return {
         "order": [s for s in PANEL_ORDER if s in signals.ALIASES]
         + [s for s in signals.ALIASES if s not in PANEL_ORDER],
         "aliases": {name: list(raws) for name, raws in signals.ALIASES.items()},
-        "prefixes": list(signals._PREFIXES),
+        "prefixes": list(signals._PREFIXES),  # ("train/",): how W&B / HF Trainer prefix TRL's logs
     }
+
+
+def signals_script() -> bytes:
+    """``window.RLV_SIGNALS = <signal_table()>`` for the browser."""
     # JSON is a JS expression; "</" is escaped so the text can never close a script element.
-    text = json.dumps(table, separators=(",", ":")).replace("</", "<\\/")
+    text = json.dumps(signal_table(), separators=(",", ":")).replace("</", "<\\/")
     return f"window.RLV_SIGNALS = {text};\n".encode()
 
 
@@ -163,10 +169,9 @@ def _page(page: str) -> HTMLResponse:
 
 def first_series_url(run_id: int) -> str:
     """The run page's first request: the first panel's metric, asked for by all its aliases."""
-    from rlvitals.analyzers.health import signals
-
-    aliases = list(signals.ALIASES[PANEL_ORDER[0]])
-    names = aliases + [prefix + a for prefix in signals._PREFIXES for a in aliases]
+    table = signal_table()
+    aliases = table["aliases"][table["order"][0]]
+    names = aliases + [prefix + a for prefix in table["prefixes"] for a in aliases]
     query = urlencode({"names": ",".join(names), "max_points": FIRST_SERIES_POINTS})
     return f"/dashboard-api/runs/{int(run_id)}/series?{query}"
 
@@ -189,7 +194,7 @@ def build_router() -> APIRouter:
         return _run_page(run_id)
 
     @router.get("/runs/{run_id}/audits")
-    def audits_page(run_id: str) -> HTMLResponse:
+    def audits_page(run_id: int) -> HTMLResponse:
         return _page("audits")
 
     @router.get("/alerts")
