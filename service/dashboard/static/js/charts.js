@@ -1,4 +1,5 @@
-// rlvitals dashboard: chart helpers shared by the run, audits and compare pages (needs plotly.js).
+// rlvitals dashboard: chart helpers shared by the run, audits and compare pages (plotly.js is only
+// called once loaded; the SVG preview needs nothing).
 (function () {
   "use strict";
   const RLV = window.RLV;
@@ -11,7 +12,6 @@
   TABLE.order.forEach(function (signal, si) {
     (TABLE.aliases[signal] || []).forEach(function (alias, ai) { if (!ALIAS.has(alias)) ALIAS.set(alias, [si, ai]); });
   });
-  C.SIGNAL_ORDER = TABLE.order.slice();
 
   function lookup(name) {
     const n = String(name);
