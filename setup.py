@@ -1,6 +1,7 @@
 """Maps the top-level folders onto the `rlvitals` namespace (works with editable installs).
 
 analyzers/ -> rlvitals.analyzers, client/ -> rlvitals.client, service/ -> rlvitals.service,
+examples/ -> rlvitals.examples (so `rlvitals demo` works from a wheel),
 src/rlvitals/ -> rlvitals. Subpackages are found automatically.
 """
 
@@ -11,6 +12,7 @@ ROOTS = {
     "rlvitals.analyzers": "analyzers",
     "rlvitals.client": "client",
     "rlvitals.service": "service",
+    "rlvitals.examples": "examples",
 }
 
 packages = []

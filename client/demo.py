@@ -24,20 +24,11 @@ from typing import TextIO
 import httpx
 
 DEFAULT_PORT = 8000
-TINY_GRPO = Path(__file__).resolve().parents[1] / "examples" / "tiny_grpo.py"
 
 
 def load_tiny_grpo() -> ModuleType:
-    """``examples/tiny_grpo.py`` as a module (it ships with the source tree, not as a package)."""
-    if "rlvitals_tiny_grpo" in sys.modules:
-        return sys.modules["rlvitals_tiny_grpo"]
-    if not TINY_GRPO.is_file():
-        raise FileNotFoundError(f"{TINY_GRPO} not found: the demo needs a source checkout of rlvitals")
-    spec = importlib.util.spec_from_file_location("rlvitals_tiny_grpo", TINY_GRPO)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    """``examples/tiny_grpo.py``, installed as ``rlvitals.examples.tiny_grpo`` (see setup.py)."""
+    return importlib.import_module("rlvitals.examples.tiny_grpo")
 
 
 def _port_free(host: str, port: int) -> bool:
