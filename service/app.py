@@ -67,17 +67,19 @@ def build_services(settings: Settings) -> Services:
     )
 
 
-class HealthFlusher:
-    """Writes the live health monitors' state every ``health_flush_interval`` s (deferred mode)."""
+class Housekeeper:
+    """Background chores, once every ``health_flush_interval`` seconds: write the live health
+    monitors' state (deferred mode) and, on SQLite, checkpoint the WAL (``Database.checkpoint``),
+    so neither ever runs inside an ingest request."""
 
     def __init__(self, services: Services):
         self.services = services
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="rlvitals-health-flush", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="rlvitals-housekeeping", daemon=True)
         self._thread.start()
 
     def flush(self) -> None:
-        if not self.services.health.has_unsaved():
+        if not (self.services.health.deferred and self.services.health.has_unsaved()):
             return
         with self.services.db.write() as session:
             self.services.health.flush(session=session, now=time.time())
@@ -88,6 +90,10 @@ class HealthFlusher:
                 self.flush()
             except Exception as exc:  # database busy/away: the state stays dirty, next tick retries
                 log.warning("writing health state failed: %s", exc)
+            try:
+                self.services.db.checkpoint()
+            except Exception as exc:  # a long reader: the next tick continues where this one stopped
+                log.warning("WAL checkpoint failed: %s", exc)
 
     def stop(self) -> None:
         self._stop.set()
@@ -108,7 +114,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await run_in_threadpool(services.bus.start, asyncio.get_running_loop())
         services.audits.start()
         services.webhooks.start()
-        flusher = HealthFlusher(services) if services.health.deferred else None
+        housekeeper = Housekeeper(services)
         log.info("rlvitals ready on %s (%s)", services.db.dialect, services.db.url.render_as_string())
         try:
             yield
@@ -116,8 +122,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             services.bus.stop()
             await run_in_threadpool(services.audits.stop)
             await run_in_threadpool(services.webhooks.stop)
-            if flusher is not None:
-                await run_in_threadpool(flusher.stop)  # writes what is left
+            await run_in_threadpool(housekeeper.stop)  # writes what is left
             services.db.dispose()
 
     app = FastAPI(

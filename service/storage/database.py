@@ -78,6 +78,8 @@ class Database:
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.execute("PRAGMA foreign_keys=ON")
             cur.execute("PRAGMA busy_timeout=30000")
+            if immediate:  # writers never checkpoint inside a request: the housekeeper does (below)
+                cur.execute("PRAGMA wal_autocheckpoint=0")
             cur.close()
 
         @event.listens_for(engine, "begin")
@@ -116,6 +118,20 @@ class Database:
                 conn.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": _MIGRATION_LOCK_ID})
             cfg.attributes["connection"] = conn
             command.upgrade(cfg, "head")
+
+    def checkpoint(self) -> None:
+        """SQLite: copy the WAL back into the database file (PASSIVE: never waits for, nor blocks,
+        readers or writers). Called by the server's housekeeping thread; a no-op on PostgreSQL."""
+        if not self.is_sqlite or self._memory:
+            return
+        raw = self.read_engine.raw_connection()  # outside any transaction (a checkpoint needs that)
+        try:
+            cur = raw.cursor()
+            cur.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            cur.fetchall()
+            cur.close()
+        finally:
+            raw.close()
 
     def ping(self) -> None:
         with self.read_engine.connect() as conn:
