@@ -100,8 +100,8 @@ class Settings(BaseSettings):
         1.0,
         gt=0,
         le=300,
-        description="SQLite, one process: seconds between writes of the health detectors' state "
-        "(PostgreSQL and --workers > 1 write it with every update).",
+        description="Seconds between housekeeping rounds: writing the health detectors' state (SQLite "
+        "with one process; otherwise it is written with every update) and SQLite WAL checkpoints.",
     )
 
     # --- alert delivery --------------------------------------------------------------------------
