@@ -49,7 +49,11 @@ class ServerProcess:
             cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.workdir, start_new_session=True
         )
         log.close()
-        self.wait_ready(timeout)
+        try:
+            self.wait_ready(timeout)
+        except BaseException:
+            self.kill()  # never leak a half-started server
+            raise
         return self
 
     def wait_ready(self, timeout: float = 30.0) -> None:
