@@ -4,12 +4,12 @@ with spike-preserving downsampling."""
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import time
 from typing import Any
 
 import numpy as np
+import orjson
 from rlvitals.service.alerts import apply_findings
 from rlvitals.service.context import Services
 from rlvitals.service.encoding import encode_float, jsonable
@@ -161,8 +161,27 @@ def query(ctx: Services, run_id: int, *, names: list[str] | None, max_points: in
 def _query(session, run_id: int, names: list[str] | None, max_points: int) -> dict[str, Any]:
     if names is None:
         names = repo.metric_names(session=session, run_id=run_id)
-    raw = {name: repo.series(session=session, run_id=run_id, name=name) for name in names}
-    return {"series": {name: _series(points, max_points) for name, points in raw.items()}}
+    out: dict[str, dict[str, list]] = {}
+    for name, (steps, values) in repo.series_columns(session=session, run_id=run_id, names=names).items():
+        if max_points and len(steps) > max_points:
+            out[name] = _series(_points(steps, values), max_points)
+        else:
+            out[name] = {"step": steps, "value": values}
+    return {"series": out}
+
+
+def _points(steps: list[int], values: list) -> list[tuple[int, float | None, int]]:
+    """API-spelled columns (see ``repo.series_columns``) back to ``(step, value, flag)`` points."""
+    return [
+        (
+            step,
+            (None if value is None else _SPELLED[value])
+            if value is None or value.__class__ is str
+            else value,
+            1 if value == "NaN" else 0,
+        )
+        for step, value in zip(steps, values, strict=True)
+    ]
 
 
 def query_encoded(
@@ -190,16 +209,9 @@ def query_encoded(
 
 
 def _encode(result: dict[str, Any]) -> bytes:
-    """The JSON of a query result; metrics logged at the same steps share one encoding of them."""
-    dump = json.JSONEncoder(separators=(",", ":"), allow_nan=False, ensure_ascii=False).encode
-    parts: list[str] = []
-    last_steps: list | None = None
-    last_json = ""
-    for name, series in result["series"].items():
-        if series["step"] != last_steps:
-            last_steps, last_json = series["step"], dump(series["step"])
-        parts.append(f'{dump(name)}:{{"step":{last_json},"value":{dump(series["value"])}}}')
-    return ('{"series":{' + ",".join(parts) + "}}").encode()
+    """The JSON of a query result (orjson: values are floats, None or the strings "NaN",
+    "Infinity", "-Infinity" already, so nothing reaches it that it would turn into null)."""
+    return orjson.dumps(result)
 
 
 def _series(points: list[tuple[int, float | None, int]], max_points: int) -> dict[str, list]:

@@ -8,7 +8,10 @@ data) so callers do not hold ORM objects across transactions. Bulk paths (points
 
 from __future__ import annotations
 
+import gc
+import math
 from collections.abc import Iterable, Sequence
+from operator import itemgetter
 from typing import Any
 
 from rlvitals.service.storage.models import (
@@ -191,6 +194,62 @@ def series(*, session: Session, run_id: int, name: str) -> list[tuple[int, float
         return cur.fetchall()
     finally:
         cur.close()
+
+
+_MAX_DOUBLE = "1.7976931348623157e308"
+# SQLite: the API spelling is made in SQL, so the rows come out ready to encode ("NaN" for a flagged
+# NULL, "Infinity"/"-Infinity" past the largest double) and no Python runs per point.
+_SQLITE_COLUMNS = (
+    "SELECT step, CASE WHEN value IS NULL THEN (CASE WHEN flag = 1 THEN 'NaN' END) "
+    f"WHEN value > {_MAX_DOUBLE} THEN 'Infinity' WHEN value < -{_MAX_DOUBLE} THEN '-Infinity' "
+    "ELSE value END FROM points WHERE run_id = ? AND name = ? ORDER BY step"
+)
+_SPELL = {1: "NaN", 0: None}
+
+
+def series_columns(*, session: Session, run_id: int, names: Sequence[str]) -> dict[str, tuple[list, list]]:
+    """Every point of each of ``names`` in step order as two columns, ``{name: (steps, values)}``,
+    values spelled as the API answers them: floats, ``None`` (null), ``"NaN"``, ``"Infinity"``,
+    ``"-Infinity"``. Names without points map to empty columns.
+
+    The history read of tens of thousands of rows per metric: driver tuples only, the cyclic garbage
+    collector paused while they are built (they hold no cycles; pausing saves ~15% of the read).
+    """
+    raw, style = _driver(session)
+    out: dict[str, tuple[list, list]] = {}
+    cur = raw.cursor()
+    paused = gc.isenabled()
+    if paused:
+        gc.disable()
+    try:
+        for name in names:
+            if style == "?":
+                cur.execute(_SQLITE_COLUMNS, (run_id, name))
+                rows = cur.fetchall()
+                out[name] = (list(map(itemgetter(0), rows)), list(map(itemgetter(1), rows)))
+                continue
+            cur.execute(
+                "SELECT step, value, flag FROM points WHERE run_id = %s AND name = %s ORDER BY step",
+                (run_id, name),
+            )
+            rows = cur.fetchall()
+            steps = list(map(itemgetter(0), rows))
+            values = list(map(itemgetter(1), rows))
+            if None in values or math.inf in values or -math.inf in values or any(v != v for v in values):
+                values = [
+                    _SPELL.get(flag) if value is None else (value if math.isfinite(value) else _spell(value))
+                    for _, value, flag in rows
+                ]
+            out[name] = (steps, values)
+    finally:
+        cur.close()
+        if paused:
+            gc.enable()
+    return out
+
+
+def _spell(value: float) -> str:
+    return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
 
 
 # --- health state -----------------------------------------------------------------------------

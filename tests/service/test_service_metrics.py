@@ -137,3 +137,39 @@ def test_the_sqlite_wal_is_checkpointed_in_the_background(app_client, sqlite_url
         sizes.append(os.path.getsize(wal))
         time.sleep(0.4)  # ... the housekeeper does, so the WAL is reused instead of growing
     assert sizes[-1] < 4 * sizes[0], sizes
+
+
+def test_history_round_trips_extreme_and_non_finite_values_whole_and_downsampled(api):
+    # The history read spells non-finite values in SQL (SQLite) or per row (PostgreSQL) and encodes
+    # with orjson: every float must come back bit-exact and every spelling must survive downsampling.
+    run_id = api.create_run()
+    specials = [
+        5e-324,
+        1e300,
+        -1.7976931348623157e308,
+        0.1 + 0.2,
+        1e-5,
+        "NaN",
+        "Infinity",
+        "-Infinity",
+        None,
+    ]
+    values = [specials[s % len(specials)] if s % 3 == 0 else s * 0.001 for s in range(600)]
+    assert (
+        api.log(run_id, [{"step": s, "metrics": {"x": v}} for s, v in enumerate(values)]).status_code == 200
+    )
+    whole = _series(api, run_id, max_points=0)["x"]
+    assert whole["step"] == list(range(600))
+    assert [repr(v) for v in whole["value"]] == [repr(float(v) if isinstance(v, int) else v) for v in values]
+    reference = [
+        (s, None if v is None else (math.nan if v == "NaN" else float(v)), 1 if v == "NaN" else 0)
+        for s, v in enumerate(values)
+    ]
+    kept = downsample([(s, None if v != v else v, f) for s, v, f in reference], 40)
+    spelled = [
+        ("NaN" if f else None)
+        if v is None
+        else ("Infinity" if v == math.inf else "-Infinity" if v == -math.inf else v)
+        for _, v, f in kept
+    ]
+    assert _series(api, run_id, max_points=40)["x"] == {"step": [s for s, _, _ in kept], "value": spelled}
