@@ -15,6 +15,7 @@ unknown run ids (an immediate 404); its live behaviour has its own tests.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 
 import httpx
@@ -181,6 +182,29 @@ def test_negative_cases_are_refused_with_a_4xx_in_the_error_shape(fuzz_api) -> N
 
     problems = fuzz(fuzz_api, GenerationMode.NEGATIVE, check)
     assert not problems, f"{len(problems)} bad responses:\n" + "\n".join(problems[:20])
+
+
+def test_no_write_gets_through_without_the_api_key(fuzz_api) -> None:
+    """Once a key exists, fuzzed writes without it are refused (401, or 4xx for bad input) in the
+    error shape, and nothing they carried is stored."""
+    from rlvitals.service.auth import create_key
+
+    create_key(fuzz_api.services.db, name="fuzz")
+    time.sleep(fuzz_api.services.auth.ttl + 0.2)  # a new key takes effect within the auth cache's ttl
+    writes = [op for op in operations(fuzz_api) if op.method.upper() == "POST"]
+    assert writes
+    before = fuzz_api.get("/api/v1/runs").json()["count"]
+
+    def check(case, response: httpx.Response) -> str | None:
+        if response.status_code < 400:
+            return f"write accepted without a key: {response.status_code} {response.text[:200]}"
+        return no_5xx_and_error_shape(case, response)
+
+    problems: list[str] = []
+    for op in writes:
+        _fuzz_operation(fuzz_api, op, GenerationMode.POSITIVE, check, problems)()
+    assert not problems, f"{len(problems)} bad responses:\n" + "\n".join(problems[:20])
+    assert fuzz_api.get("/api/v1/runs").json()["count"] == before
 
 
 def test_every_api_operation_is_in_the_schema_and_fuzzed(fuzz_api) -> None:
