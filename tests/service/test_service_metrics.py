@@ -173,3 +173,48 @@ def test_history_round_trips_extreme_and_non_finite_values_whole_and_downsampled
         for _, v, f in kept
     ]
     assert _series(api, run_id, max_points=40)["x"] == {"step": [s for s, _, _ in kept], "value": spelled}
+
+
+def test_ingest_fast_lane_and_generic_path_agree(app_client, sqlite_url):
+    # POST …/metrics takes a plain `application/json` body to a plain run id on a fast lane; every
+    # other request (content-type parameters, odd ids, bad bodies) goes through FastAPI's own path.
+    # Both must authenticate, store and answer alike.
+    from rlvitals.service.auth import create_key
+
+    api = app_client(sqlite_url)
+    run_id = api.create_run()
+    body = b'{"steps": [{"step": 1, "metrics": {"a": 1, "b": "NaN"}}]}'
+    for content_type in ("application/json", "application/json; charset=utf-8"):
+        response = api.post(
+            f"/api/v1/runs/{run_id}/metrics", content=body, headers={"content-type": content_type}
+        )
+        assert response.status_code == 200, response.text
+        assert response.json() == {"accepted": 2, "steps": 1}
+        assert response.headers["content-type"] == "application/json"
+    padded = api.post(
+        f"/api/v1/runs/00{run_id}/metrics", content=body, headers={"content-type": "application/json"}
+    )
+    assert padded.status_code == 200, padded.text
+    for bad_id in ("-1", str(2**63), "x1", "١"):
+        response = api.post(
+            f"/api/v1/runs/{bad_id}/metrics", content=body, headers={"content-type": "application/json"}
+        )
+        assert response.status_code in (404, 422), (bad_id, response.text)
+        assert "error" in response.json()
+    missing = api.post(
+        "/api/v1/runs/987654/metrics", content=body, headers={"content-type": "application/json"}
+    )
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+    assert _series(api, run_id, max_points=0)["b"] == {"step": [1], "value": ["NaN"]}
+
+    _, key = create_key(api.services.db, name="ci")
+    api.services.auth.invalidate()
+    for headers in ({}, {"authorization": "Bearer nope"}, {"authorization": "Basic abc"}):
+        headers = {"content-type": "application/json", **headers}
+        response = api.post(f"/api/v1/runs/{run_id}/metrics", content=body, headers=headers)
+        assert response.status_code == 401 and response.json()["error"]["code"] == "unauthorized"
+    headers = {"content-type": "application/json", "authorization": f"Bearer {key}"}
+    assert api.post(f"/api/v1/runs/{run_id}/metrics", content=body, headers=headers).status_code == 200
+    bad = api.post(f"/api/v1/runs/{run_id}/metrics", content=b'{"steps": [{"step": 1.5}]}', headers=headers)
+    assert bad.status_code == 422 and bad.json()["error"]["code"] == "validation_error"
+    assert api.post(f"/api/v1/runs/{run_id}/metrics", content=b"", headers=headers).status_code == 422
