@@ -16,9 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _run(*args: str, timeout: float = 240) -> str:
-    done = subprocess.run(
-        [sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
-    )
+    done = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 

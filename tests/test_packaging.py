@@ -14,7 +14,9 @@ def test_parts_import_under_the_rlvitals_namespace():
 
 def test_no_generic_top_level_modules_are_installed():
     # Run outside the repo so the checkout itself is not on sys.path.
-    code = "import importlib.util as u; print([n for n in ('client','service','analyzers') if u.find_spec(n)])"
+    code = (
+        "import importlib.util as u; print([n for n in ('client','service','analyzers') if u.find_spec(n)])"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd="/", capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
