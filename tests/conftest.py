@@ -17,9 +17,7 @@ import pytest
 
 from tests.support.servers import ServerProcess, start_server
 
-PG_ADMIN_URL = os.environ.get(
-    "RLVITALS_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-)
+PG_ADMIN_URL = os.environ.get("RLVITALS_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
 
 def _pg_connect(dbname: str | None = None):
