@@ -100,11 +100,13 @@ class HealthMonitor:
     def observe(self, step: int, metrics: Mapping[str, float | None]) -> list[Finding]:
         """One training step's scalar metrics (raw trainer names; ``None`` = absent)."""
         step = _step(step)
-        raw = {
-            name: value
-            for name, value in ((n, to_float(n, v)) for n, v in metrics.items())
-            if value is not None
-        }
+        raw: dict[str, float] = {}
+        for name, value in metrics.items():
+            if value.__class__ is not float:  # floats (nearly every value) pass as they are
+                value = to_float(name, value)
+                if value is None:
+                    continue
+            raw[name] = value
         signals = {name: value for name, value in canonical_signals(raw).items() if math.isfinite(value)}
         return self._dispatch(step, lambda rule: rule.observe(step, signals, raw))
 

@@ -127,11 +127,14 @@ def canonical_signals(metrics: Mapping[str, object]) -> dict[str, float]:
     ``non_finite`` rule reports them, the other rules skip them). O(len(metrics)).
     """
     best: dict[str, tuple[int, float]] = {}
+    hits = _HITS
     for name, raw in metrics.items():
-        hit = _REVERSE.get(_strip(name))
+        hit = hits.get(name, _UNSEEN)
+        if hit is _UNSEEN:
+            hit = _remember(name)
         if hit is None:
             continue
-        value = to_float(name, raw)
+        value = raw if raw.__class__ is float else to_float(name, raw)
         if value is None:
             continue
         signal, rank = hit
@@ -139,3 +142,18 @@ def canonical_signals(metrics: Mapping[str, object]) -> dict[str, float]:
         if current is None or rank < current[0]:
             best[signal] = (rank, value)
     return {signal: value for signal, (_, value) in best.items()}
+
+
+# raw name -> _REVERSE hit (or None), remembered: the same few dozen names arrive every step. Bounded,
+# since names come from trainers; a full memo starts over.
+_HITS: dict[str, tuple[str, int] | None] = {}
+_HITS_MAX = 65_536
+_UNSEEN = object()
+
+
+def _remember(name: str) -> tuple[str, int] | None:
+    hit = _REVERSE.get(_strip(name))
+    if len(_HITS) >= _HITS_MAX:
+        _HITS.clear()
+    _HITS[name] = hit
+    return hit
