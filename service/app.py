@@ -27,6 +27,7 @@ from rlvitals.service.api.limits import BodyLimitMiddleware
 from rlvitals.service.audits import AuditPool
 from rlvitals.service.auth import Authenticator
 from rlvitals.service.cache import SeriesCache
+from rlvitals.service.columns import SeriesColumns
 from rlvitals.service.context import Services
 from rlvitals.service.encoding import JSONResponse
 from rlvitals.service.errors import install_error_handlers
@@ -64,6 +65,7 @@ def build_services(settings: Settings) -> Services:
         webhooks=WebhookSender(settings, db, telemetry),
         audits=AuditPool(settings, db, bus, health, telemetry),
         series_cache=SeriesCache(settings.query_cache_bytes) if settings.query_cache_bytes else None,
+        columns=SeriesColumns(settings.series_memory_points) if settings.series_memory_points else None,
     )
 
 

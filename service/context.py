@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from rlvitals.service.audits import AuditPool
     from rlvitals.service.auth import Authenticator
     from rlvitals.service.cache import SeriesCache
+    from rlvitals.service.columns import SeriesColumns
     from rlvitals.service.events import EventBus
     from rlvitals.service.health import HealthEngine
     from rlvitals.service.settings import Settings
@@ -30,3 +31,4 @@ class Services:
     webhooks: WebhookSender
     audits: AuditPool
     series_cache: SeriesCache | None = None
+    columns: SeriesColumns | None = None

@@ -77,6 +77,7 @@ def ingest(ctx: Services, run_id: int, steps: list[StepIn]) -> dict[str, int]:
         return findings, {"step": last, "names": sorted(seen)}
 
     events: list[Event] = []
+    version: int | None = None
     try:
         with ctx.db.write() as session:
             run_cache: dict[str, Any] = {}
@@ -88,6 +89,8 @@ def ingest(ctx: Services, run_id: int, steps: list[StepIn]) -> dict[str, int]:
 
             if newest is not None:
                 exists = repo.advance_run(session=session, run_id=run_id, last_step=newest, now=now)
+                if exists and ctx.columns is not None and ctx.columns.holds(run_id):
+                    version = repo.data_version(session=session, run_id=run_id)
             else:
                 exists = repo.run_exists(session=session, run_id=run_id)
             if not exists:
@@ -125,11 +128,26 @@ def ingest(ctx: Services, run_id: int, steps: list[StepIn]) -> dict[str, int]:
     except BaseException:
         ctx.health.discard(run_id)  # the monitor saw points that were not stored
         raise
+    if version is not None:
+        ctx.columns.extend(run_id, version, _column_rows(rows, ctx.db.is_sqlite))
     ctx.bus.flush(events)
     if changed:
         ctx.webhooks.wake()
     ctx.telemetry.observe_ingest(points=len(rows), seconds=time.perf_counter() - started)
     return {"accepted": len(rows), "steps": len(ordered)}
+
+
+def _column_rows(rows: list[tuple], sqlite: bool):
+    """Stored rows as ``(name, step, value)`` the way a history query reads them back."""
+    for _, name, step, value, flag, _ in rows:
+        if value is None:
+            yield name, step, ("NaN" if flag else None)
+        elif value == 0.0:
+            yield name, step, (0.0 if sqlite else value)  # SQLite stores -0.0 as 0.0
+        elif value - value != 0.0:
+            yield name, step, ("Infinity" if value > 0 else "-Infinity")
+        else:
+            yield name, step, value
 
 
 def _signals(metrics: dict[str, float | None]) -> dict[str, Any] | None:
@@ -158,11 +176,21 @@ def query(ctx: Services, run_id: int, *, names: list[str] | None, max_points: in
         return _query(session, run_id, names, max_points)
 
 
-def _query(session, run_id: int, names: list[str] | None, max_points: int) -> dict[str, Any]:
+def _query(
+    session, run_id: int, names: list[str] | None, max_points: int, columns=None, version: int | None = None
+) -> dict[str, Any]:
     if names is None:
         names = repo.metric_names(session=session, run_id=run_id)
+    held = columns.get(run_id, version, names) if columns is not None else {}
+    missing = [name for name in names if name not in held]
+    if missing:
+        loaded = repo.series_columns(session=session, run_id=run_id, names=missing)
+        if columns is not None:
+            columns.put(run_id, version, loaded)
+        held.update(loaded)
     out: dict[str, dict[str, list]] = {}
-    for name, (steps, values) in repo.series_columns(session=session, run_id=run_id, names=names).items():
+    for name in names:
+        steps, values = held[name]
         if max_points and len(steps) > max_points:
             out[name] = _series(_points(steps, values), max_points)
         else:
@@ -202,7 +230,7 @@ def query_encoded(
         cache = ctx.series_cache
         body = cache.get(key) if cache is not None else None
         if body is None:
-            body = _encode(_query(session, run_id, names, max_points))
+            body = _encode(_query(session, run_id, names, max_points, ctx.columns, version))
             if cache is not None:
                 cache.put(key, body)
     return etag, body

@@ -53,6 +53,13 @@ class Settings(BaseSettings):
         100_000, ge=1, description="Most steps one POST /metrics may carry; more -> 413."
     )
 
+    series_memory_points: int = Field(
+        4_000_000,
+        ge=0,
+        description="Metric points kept in memory as columns for history queries (about 70 bytes each; "
+        "0 disables). Extended by this process's ingest, checked against the run's data version, so "
+        "answers always match the database.",
+    )
     query_cache_bytes: int = Field(
         64 * 1024 * 1024,
         ge=0,

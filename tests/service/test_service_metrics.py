@@ -218,3 +218,66 @@ def test_ingest_fast_lane_and_generic_path_agree(app_client, sqlite_url):
     bad = api.post(f"/api/v1/runs/{run_id}/metrics", content=b'{"steps": [{"step": 1.5}]}', headers=headers)
     assert bad.status_code == 422 and bad.json()["error"]["code"] == "validation_error"
     assert api.post(f"/api/v1/runs/{run_id}/metrics", content=b"", headers=headers).status_code == 422
+
+
+def test_history_columns_in_memory_always_match_the_database(app_client, database_url):
+    # Two server apps on one database, both keeping history columns in memory, and a third reading
+    # the points table every time. Whatever order the writes come in (new steps, resends with other
+    # values, steps out of order, another writer, non-finite and signed-zero values), all three answer
+    # the same.
+    first, second = app_client(database_url), app_client(database_url)
+    plain = app_client(database_url, series_memory_points=0, query_cache_bytes=0)
+    assert first.services.columns is not None and plain.services.columns is None
+    run_id = first.create_run()
+
+    def answers(**params):
+        out = [_series(api, run_id, max_points=0, **params) for api in (first, second, plain)]
+        assert out[0] == out[1] == out[2]
+        assert [[repr(v) for v in s["value"]] for s in out[0].values()] == [
+            [repr(v) for v in s["value"]] for s in out[2].values()
+        ]
+        return out[0]
+
+    def log(api, steps):
+        assert api.log(run_id, [{"step": s, "metrics": m} for s, m in steps]).status_code == 200
+
+    log(first, [(s, {"a": s * 0.5, "b": "NaN" if s == 3 else -0.0}) for s in range(10)])
+    answers(names="a,b")
+    log(first, [(s, {"a": s * 0.25}) for s in range(10, 15)])  # extends first's columns
+    log(first, [(12, {"a": 99.0}), (15, {"a": "Infinity", "b": None})])  # resend keeps 12's old value
+    answers(names="a,b")
+    log(second, [(16, {"a": 1.0})])  # the other writer: first must re-read
+    log(first, [(17, {"a": 2.0, "c": "-Infinity"})])
+    log(first, [(5, {"c": 3.0}), (18, {"c": 4.0})])  # c out of order
+    log(first, [(20, {"a": 5.0}), (19, {"a": 6.0})])  # out of order within one request
+    got = answers(names="a,b,c")
+    assert got["a"]["step"] == [*range(18), 19, 20] and got["a"]["value"][12] == 3.0
+    assert got["c"] == {"step": [5, 17, 18], "value": [3.0, "-Infinity", 4.0]}
+    assert answers(names="a,b,c,d")["d"] == {"step": [], "value": []}
+    log(second, [(21, {"d": 7.0})])
+    log(first, [(22, {"d": 8.0})])
+    assert answers(names="d")["d"] == {"step": [21, 22], "value": [7.0, 8.0]}
+    whole = answers()
+    assert sorted(whole) == ["a", "b", "c", "d"]
+    assert first.services.columns.hits > 0
+
+
+def test_history_columns_stay_within_their_point_budget():
+    from rlvitals.service.columns import SeriesColumns
+
+    columns = SeriesColumns(max_points=100)
+    columns.put(1, 5, {"a": (list(range(20)), [0.0] * 20)})
+    columns.put(2, 7, {"a": (list(range(30)), [1.0] * 30)})  # too big for a quarter: not kept
+    assert columns.get(2, 7, ["a"]) == {}
+    held = columns.get(1, 5, ["a", "b"])
+    assert held == {"a": (list(range(20)), [0.0] * 20)}
+    held["a"][0].append(99)  # a copy: the store is untouched
+    assert columns.get(1, 6, ["a"]) == {}  # another version: nothing
+    columns.extend(1, 6, [("a", 20, 2.0), ("a", 20, 3.0), ("b", 1, 1.0)])
+    assert columns.get(1, 6, ["a", "b"]) == {"a": ([*range(21)], [0.0] * 20 + [2.0])}
+    columns.extend(1, 8, [("a", 21, 2.0)])  # a write it did not see: the run is dropped
+    assert columns.get(1, 8, ["a"]) == {} and columns.get(1, 6, ["a"]) == {}
+    for run in range(10, 20):
+        columns.put(run, 1, {"x": (list(range(25)), [0.5] * 25)})
+    assert columns._points <= 100
+    assert columns.get(19, 1, ["x"]) and not columns.get(10, 1, ["x"])  # least recently used went first
