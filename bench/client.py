@@ -15,7 +15,7 @@ Prints, against a real ``rlvitals serve`` on loopback (embedded SQLite):
   call until the server acknowledged every batch.
 - the peer: trackio's ``trackio.log`` (its own background batch sender into local SQLite, its default
   mode), in a subprocess of the trackio virtual environment (``--trackio-python``, default
-  ``/work/peer-venvs/trackio/bin/python``), same metrics, same pacing.
+  ``<checkout>/../peer-venvs/trackio/bin/python``), same metrics, same pacing.
 - tiny_grpo step time with and without the hook, from ``examples/tiny_grpo.py --bench`` (an offline run:
   everything the client does but the HTTP) when it exists.
 """
@@ -37,7 +37,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_TRACKIO = Path(os.environ.get("RLVITALS_BENCH_TRACKIO_PYTHON", "/work/peer-venvs/trackio/bin/python"))
+DEFAULT_TRACKIO = Path(
+    os.environ.get("RLVITALS_BENCH_TRACKIO_PYTHON", ROOT.parent / "peer-venvs" / "trackio" / "bin" / "python")
+)
 METRICS = 12
 BATCH_SHAPE = (64, 4096)
 BATCH_TENSORS = ("log_prob", "old_log_prob", "advantages", "response_mask", "ref_log_prob", "entropy")
