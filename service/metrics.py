@@ -50,7 +50,7 @@ def ingest(ctx: Services, run_id: int, steps: list[StepIn]) -> dict[str, int]:
         decoded = by_step.setdefault(step, {})
         wall.setdefault(step, wall_time)
         for name, raw in item.metrics.items():
-            value = _decode(raw)
+            value = raw if raw is None or raw.__class__ is float else _decode(raw)
             decoded[name] = value
             if value is not None and value != value:
                 rows.append((run_id, name, step, None, _NAN_FLAG, wall_time))
