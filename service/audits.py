@@ -21,9 +21,8 @@ import os
 import socket
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from rlvitals.service.alerts import apply_findings
 from rlvitals.service.batches import Batch
 from rlvitals.service.encoding import jsonable
@@ -34,6 +33,9 @@ from rlvitals.service.settings import Settings
 from rlvitals.service.storage import repository as repo
 from rlvitals.service.storage.database import Database
 from rlvitals.service.telemetry import Telemetry
+
+if TYPE_CHECKING:  # torch is imported with the first audit: a scalar-only server never loads it
+    import torch
 
 log = logging.getLogger("rlvitals.service.audits")
 
@@ -98,6 +100,7 @@ def _grpo_norm_by_std(config: dict[str, Any]) -> bool:
 def check_grpo_advantages(config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
     """Recompute GRPO advantages from ``token_level_rewards`` ``(batch, len)`` and ``group_index``
     ``(batch,)`` and compare with the sent ``advantages`` on valid tokens."""
+    import torch
     from rlvitals.analyzers import grpo_advantages
 
     norm = _grpo_norm_by_std(config)
@@ -166,11 +169,18 @@ class AuditPool:
         self._threads: list[threading.Thread] = []
 
     # --- producer side -----------------------------------------------------------------------------
-    def submit(self, *, run_id: int, batch: Batch, blob: bytes) -> int:
+    def submit(self, *, run_id: int, batch: Batch, blob: bytes) -> tuple[int, str | None]:
+        """Store and queue one upload -> (audit id, ``None``), or for a resend of an upload already
+        stored (same ``record_id`` on this run) -> (its id, its current public status); a resend is
+        neither stored, counted nor queued again, and never refused as ``Busy``."""
         now = time.time()
         with self.db.write() as session:
             if not repo.run_exists(session=session, run_id=run_id):
                 raise NotFound(f"run {run_id} does not exist")
+            if batch.record_id is not None:
+                existing = repo.audit_id_for_record(session=session, run_id=run_id, record_id=batch.record_id)
+                if existing is not None:
+                    return existing, self._status(session, existing)
             repo.lock_audit_queue(session=session)
             waiting = repo.count_waiting_audits(session=session)
             if waiting >= self.settings.audit_queue_size:
@@ -180,25 +190,34 @@ class AuditPool:
                     retry_after=1.0,
                     detail={"waiting": waiting, "limit": self.settings.audit_queue_size},
                 )
-            audit_id = repo.insert_audit(
-                session=session,
-                values={
-                    "run_id": run_id,
-                    "step": batch.step,
-                    "rank": batch.rank,
-                    "micro_batch": batch.micro_batch,
-                    "status": "pending",
-                    "config": batch.config,
-                    "reported": jsonable(batch.reported),
-                    "blob": blob,
-                    "nbytes": len(blob),
-                    "created_at": now,
-                },
-            )
+            values = {
+                "run_id": run_id,
+                "step": batch.step,
+                "rank": batch.rank,
+                "micro_batch": batch.micro_batch,
+                "status": "pending",
+                "config": batch.config,
+                "reported": jsonable(batch.reported),
+                "blob": blob,
+                "nbytes": len(blob),
+                "created_at": now,
+            }
+            if batch.record_id is None:
+                audit_id = repo.insert_audit(session=session, values=values)
+            else:
+                audit_id, inserted = repo.insert_audit_once(
+                    session=session, values={**values, "record_id": batch.record_id}
+                )
+                if not inserted:  # an identical upload committed meanwhile
+                    return audit_id, self._status(session, audit_id)
             self.bus.stage_job(session=session, kind="audit")
         self.telemetry.count_batch()
         self._wake.set()
-        return audit_id
+        return audit_id, None
+
+    @staticmethod
+    def _status(session, audit_id: int) -> str:
+        return audit_public(repo.get_audit(session=session, audit_id=audit_id))["status"]
 
     # --- workers -------------------------------------------------------------------------------
     def start(self) -> None:

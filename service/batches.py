@@ -10,8 +10,9 @@ response_len)`` unless noted:
 
 safetensors metadata (all strings): ``step`` (int >= 0, required), ``config`` (JSON object of verl
 LossConfig fields), ``reported`` (JSON object: the metrics the trainer computed on exactly these
-tensors), optional ``rank`` and ``micro_batch`` (ints). Anything wrong -> ``InvalidInput`` (422)
-naming the tensor or field.
+tensors), optional ``rank`` and ``micro_batch`` (ints) and ``record_id`` (the client's id of the
+upload, 1-128 printable ASCII characters without spaces: a resend with the same id is stored once).
+Anything wrong -> ``InvalidInput`` (422) naming the tensor or field.
 """
 
 from __future__ import annotations
@@ -20,16 +21,19 @@ import json
 import math
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from rlvitals.service.encoding import jsonable
 from rlvitals.service.errors import InvalidInput
+
+if TYPE_CHECKING:  # torch is imported with the first batch: a scalar-only server never loads it
+    import torch
 
 REQUIRED = ("log_prob", "old_log_prob", "advantages", "response_mask")
 OPTIONAL_FLOAT = ("ref_log_prob", "entropy", "token_level_rewards")
 ALLOWED = (*REQUIRED, *OPTIONAL_FLOAT, "group_index")
 FLOAT_TENSORS = ("log_prob", "old_log_prob", "advantages", *OPTIONAL_FLOAT)
+RECORD_ID_MAX = 128  # the column's width
 _SPELLED = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
@@ -41,6 +45,7 @@ class Batch:
     rank: int | None
     micro_batch: int | None
     shape: tuple[int, int]
+    record_id: str | None = None  # the client's upload id: a resend is recognised by it
 
 
 def read_metadata(body: bytes) -> dict[str, str]:
@@ -87,6 +92,18 @@ def _int_field(meta: dict[str, str], name: str, *, required: bool) -> int | None
     return value
 
 
+def _record_id(meta: dict[str, str]) -> str | None:
+    raw = meta.get("record_id")
+    if raw is None:
+        return None
+    if not 1 <= len(raw) <= RECORD_ID_MAX or not all("!" <= ch <= "~" for ch in raw):
+        raise InvalidInput(
+            f"safetensors metadata 'record_id' must be 1-{RECORD_ID_MAX} printable ASCII characters "
+            f"without spaces; got {raw[:80]!r}{'...' if len(raw) > 80 else ''}"
+        )
+    return raw
+
+
 def _json_object(meta: dict[str, str], name: str) -> dict[str, Any]:
     raw = meta.get(name)
     if raw is None or raw.strip() == "":
@@ -116,6 +133,8 @@ def _reported(meta: dict[str, str]) -> dict[str, Any]:
 
 def validate(body: bytes) -> tuple[Batch, dict[str, torch.Tensor]]:
     """Parse and check one upload; returns the batch description and its tensors."""
+    import torch
+
     meta = read_metadata(body)
     tensors = load_tensors(body)
     unknown = sorted(set(tensors) - set(ALLOWED))
@@ -166,6 +185,7 @@ def validate(body: bytes) -> tuple[Batch, dict[str, torch.Tensor]]:
         rank=_int_field(meta, "rank", required=False),
         micro_batch=_int_field(meta, "micro_batch", required=False),
         shape=(int(shape[0]), int(shape[1])),
+        record_id=_record_id(meta),
     )
     return batch, tensors
 

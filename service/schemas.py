@@ -123,7 +123,8 @@ class AuditsPublic(BaseModel):
 
 class BatchAccepted(BaseModel):
     id: int
-    status: Literal["pending"] = "pending"
+    # a new upload is "pending"; a resend (same record_id) answers its audit's current status
+    status: Literal["pending", "done", "error"] = "pending"
 
 
 class SeriesPublic(BaseModel):

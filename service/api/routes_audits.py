@@ -21,12 +21,12 @@ _BINARY_BODY = {
         "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
         "description": "A safetensors file: tensors log_prob, old_log_prob, advantages, response_mask "
         "(+ ref_log_prob, entropy, token_level_rewards, group_index); metadata step, config, reported, "
-        "rank, micro_batch.",
+        "rank, micro_batch, record_id (a resend with the same record_id is stored once).",
     }
 }
 
 
-def _submit(services: Services, run_id: int, body: bytes) -> int:
+def _submit(services: Services, run_id: int, body: bytes) -> tuple[int, str | None]:
     try:
         batch, _tensors = batches.validate(body)
     except InvalidInput:
@@ -41,17 +41,26 @@ def _submit(services: Services, run_id: int, body: bytes) -> int:
     status_code=202,
     dependencies=[WriteAuth],
     openapi_extra=_BINARY_BODY,
+    responses={
+        200: {
+            "model": BatchAccepted,
+            "description": "A resend of an upload already stored (same metadata record_id on this run): "
+            "the same audit id and its current status; nothing is stored or queued again.",
+        }
+    },
 )
 async def post_batch(run_id: RunId, request: Request, services: ServicesDep) -> JSONResponse:
-    """Queue a tensor batch for audit (202). Bad tensors/metadata -> 422; too big -> 413;
-    queue full -> 429 with Retry-After."""
+    """Queue a tensor batch for audit (202). A resend with the same ``record_id`` -> 200, same id.
+    Bad tensors/metadata -> 422; too big -> 413; queue full -> 429 with Retry-After."""
     ctype = request.headers.get("content-type", "application/octet-stream").split(";")[0].strip().lower()
     if ctype in ("application/json", "application/x-www-form-urlencoded", "multipart/form-data"):
         raise UnsupportedMediaType(
             f"send the batch as safetensors bytes with Content-Type application/octet-stream, not {ctype}"
         )
     body = await read_body(request, services.settings.max_batch_bytes)
-    audit_id = await run_in_threadpool(_submit, services, run_id, body)
+    audit_id, resent_status = await run_in_threadpool(_submit, services, run_id, body)
+    if resent_status is not None:
+        return JSONResponse({"id": audit_id, "status": resent_status}, status_code=200)
     return JSONResponse({"id": audit_id, "status": "pending"}, status_code=202)
 
 

@@ -121,12 +121,17 @@ class Alert(Base):
 
 
 class Audit(Base):
-    """An uploaded batch and, once a worker ran it, its audit. Also the job queue (status)."""
+    """An uploaded batch and, once a worker ran it, its audit. Also the job queue (status).
+
+    ``record_id`` is the client's id of the upload: a resend of the same (run, record_id) finds the
+    existing row instead of adding one (NULLs are distinct, so uploads without one are always new).
+    """
 
     __tablename__ = "audits"
     __table_args__ = (
         Index("ix_audits_status_id", "status", "id"),
         Index("ix_audits_run_id_step", "run_id", "step"),
+        Index("uq_audits_run_id_record_id", "run_id", "record_id", unique=True),
     )
 
     id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
@@ -145,6 +150,7 @@ class Audit(Base):
     claimed_at: Mapped[float | None] = mapped_column(Double, nullable=True)
     created_at: Mapped[float] = mapped_column(Double)
     finished_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+    record_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
 
 
 class WebhookDelivery(Base):

@@ -586,3 +586,31 @@ def event_payloads_after(*, session: Session, after_id: int, limit: int = 1000) 
 def get_audit_blob(*, session: Session, audit_id: int) -> bytes | None:
     """The uploaded safetensors bytes of an audit (``None`` once dropped; see ``keep_batches``)."""
     return session.execute(select(AUDITS.c.blob).where(AUDITS.c.id == audit_id)).scalar()
+
+
+# --- idempotent batch uploads -----------------------------------------------------------------
+
+
+def audit_id_for_record(*, session: Session, run_id: int, record_id: str) -> int | None:
+    """The audit already stored for the client's upload ``record_id`` on this run, if any."""
+    return session.execute(
+        select(AUDITS.c.id).where(AUDITS.c.run_id == run_id, AUDITS.c.record_id == record_id)
+    ).scalar()
+
+
+def insert_audit_once(*, session: Session, values: dict[str, Any]) -> tuple[int, bool]:
+    """Insert an audit unless (run_id, record_id) exists -> (its id, whether this call inserted it).
+
+    ``INSERT ... ON CONFLICT DO NOTHING`` then a select: of two concurrent identical uploads one
+    inserts, the other waits for it (PostgreSQL's unique index; SQLite's single writer) and finds its
+    row, so both answer the same id. A NULL ``record_id`` never conflicts: always a new row.
+    """
+    audit_id = session.execute(
+        _dialect_insert(session, AUDITS).values(**values).on_conflict_do_nothing().returning(AUDITS.c.id)
+    ).scalar()
+    if audit_id is not None:
+        return audit_id, True
+    existing = audit_id_for_record(session=session, run_id=values["run_id"], record_id=values["record_id"])
+    if existing is None:  # a conflict on anything but (run_id, record_id): not an idempotent resend
+        raise RuntimeError(f"audit insert for record {values['record_id']!r} conflicted but no row matches")
+    return existing, False
