@@ -249,8 +249,10 @@ def _series(points: list[tuple[int, float | None, int]], max_points: int) -> dic
         return {"step": [], "value": []}
     steps = [p[0] for p in points]
     values = [p[1] for p in points]
-    # Fast path: no null/NaN (NULL in the table) and no infinities -> the values go out as they are.
-    if None in values or max(values) == math.inf or min(values) == -math.inf:
+    # Fast path: no null, no NaN (NULL in the table, or a float NaN read back from the in-memory
+    # columns) and no infinities -> the values go out as they are. max()/min() cannot be used to
+    # find these: a comparison with NaN is always false, and orjson would write NaN as null.
+    if None in values or not all(map(math.isfinite, values)):
         values = [
             ("NaN" if flag else None)
             if value is None

@@ -175,6 +175,18 @@ def test_history_round_trips_extreme_and_non_finite_values_whole_and_downsampled
     assert _series(api, run_id, max_points=40)["x"] == {"step": [s for s, _, _ in kept], "value": spelled}
 
 
+def test_a_lone_nan_survives_downsampling_as_nan_not_null(api):
+    # Only finite values and one NaN: no null or infinity forces the careful encoding path, and a
+    # NaN compares false with everything, so it must be found explicitly (orjson writes NaN as null).
+    run_id = api.create_run()
+    steps = [{"step": s, "metrics": {"x": "NaN" if s == 500 else math.sin(s / 10)}} for s in range(1000)]
+    assert api.log(run_id, steps).status_code == 200
+    for _ in range(2):  # the first read comes from the table, the second from the in-memory columns
+        series = _series(api, run_id, max_points=100)["x"]
+        assert "NaN" in series["value"] and None not in series["value"]
+        assert series["value"][series["step"].index(500)] == "NaN"
+
+
 def test_ingest_fast_lane_and_generic_path_agree(app_client, sqlite_url):
     # POST …/metrics takes a plain `application/json` body to a plain run id on a fast lane; every
     # other request (content-type parameters, odd ids, bad bodies) goes through FastAPI's own path.
