@@ -123,6 +123,11 @@ def test_smoothing_log_y_wall_time_and_zoom(tab, run_id):
 
 
 def test_points_and_alerts_arrive_live_without_reload(api, tab):
+    # A server imports torch with the first batch it ever receives (~1 s, once; a scalar-only server
+    # never does). Pay that on another run first, so the latency timed below is the live path.
+    warm = api.create_run("run-page-live-warmup", project="dash")
+    warm_tensors = batch(3)
+    api.upload_batch(warm, warm_tensors, step=0, config=CONFIG, reported=reported(warm_tensors))
     run_id = api.create_run("run-page-live", project="dash")
     api.log_series(run_id, _metrics, range(50))
     requests: list[str] = []
