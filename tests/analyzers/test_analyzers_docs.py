@@ -12,10 +12,7 @@ from rlvitals.analyzers.config import AggMode
 from rlvitals.analyzers.trl import TRL_LOSS_TYPES
 
 ROOT = Path(__file__).resolve().parents[2]
-# the section lives in docs/readme/ until the lead merges it into README.md
-DOC = next(
-    p for p in (ROOT / "docs" / "readme" / "analyzers.md", ROOT / "README.md") if p.exists()
-).read_text()
+DOC = (ROOT / "README.md").read_text()
 
 
 @pytest.mark.parametrize("name", [f.name for f in dataclasses.fields(LossConfig)])

@@ -1,4 +1,4 @@
-"""The health docs (docs/readme/health.md) cover every built-in rule, its settings and every alias."""
+"""The README's health-rules section covers every built-in rule, its settings and every alias."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from rlvitals.analyzers.health import ALIASES, RULES, RuleId
 from rlvitals.analyzers.health.registry import COMMON_DEFAULTS
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "readme" / "health.md"
+DOC = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def _sections() -> dict[str, str]:

@@ -89,7 +89,7 @@ def test_instrumented_run_sends_scalars_every_step_and_sampled_batches(tmp_path)
 def test_hook_overhead_is_measured_and_small():
     result = tiny.bench(tiny.PRESETS["healthy"], steps=30)
     assert result["step_s_without_hook"] > 0 and result["step_s_with_hook"] > 0
-    # The target is < 1% (measured 0.2-0.5% on the dev box, see docs/readme/integrations.md); on a
+    # The target is < 1% (measured 0.2-0.5% on the dev box, see README.md, Integrations); on a
     # loaded shared CI machine the GIL hand-offs to the client's thread add noise, so these are sanity
     # bounds that still catch a hook doing real work in the caller.
     assert 0 < result["hook_s_per_step"] < 2e-3 and result["hook_pct"] < 5.0

@@ -7,7 +7,7 @@ from pathlib import Path
 from rlvitals.service.app import create_app
 from rlvitals.service.settings import Settings
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "readme" / "service.md"
+DOC = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def test_every_setting_is_documented_with_its_environment_variable():
