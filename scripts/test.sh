@@ -6,4 +6,5 @@ bash scripts/bootstrap.sh
 bash scripts/services.sh
 export RLVITALS_TEST_PG_URL=${RLVITALS_TEST_PG_URL:-postgresql+psycopg://postgres@127.0.0.1:5432/test}
 .venv/bin/ruff check .
+.venv/bin/ruff format --check .
 exec .venv/bin/python -m pytest "$@"
