@@ -291,9 +291,19 @@ def test_the_probe_itself_sees_a_blocking_call():
     """The latency bound is only meaningful if the probe catches a call that blocks."""
     from rlvitals.client.testing import LatencyProbe
 
-    probe = LatencyProbe(0.001)
     lock = threading.Lock()
     lock.acquire()
-    threading.Timer(0.005, lock.release).start()
-    probe(lock.acquire)
-    assert probe.summary()["max_unpreempted_us"] >= 4000
+
+    def blocked_for_5_ms() -> None:
+        # The timer starts inside the probed call, so the whole 5 ms falls within it.
+        threading.Timer(0.005, lock.release).start()
+        lock.acquire()
+
+    seen = []
+    for _ in range(5):  # a call the kernel happened to preempt is (rightly) set aside: try again
+        probe = LatencyProbe(0.001)
+        probe(blocked_for_5_ms)
+        seen.append(probe.summary()["max_unpreempted_us"])
+        if seen[-1] >= 4000:
+            break
+    assert max(seen) >= 4000, seen

@@ -111,8 +111,10 @@ def api(server: ServerProcess) -> Iterator[Api]:
 # --- the browser ---------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
+    # Module scope, not session: playwright's sync API keeps an asyncio loop marked as running on
+    # the main thread while it is open, and later test modules that call asyncio.run() would fail.
     if not os.path.exists(CHROMIUM):
         pytest.fail(
             f"Chromium not found at {CHROMIUM}: the dashboard tests need a real browser. "
