@@ -33,6 +33,7 @@ from rlvitals.service.settings import Settings
 from rlvitals.service.storage import repository as repo
 from rlvitals.service.storage.database import Database
 from rlvitals.service.telemetry import Telemetry
+from rlvitals.service.workers import WorkerThreads
 
 if TYPE_CHECKING:  # torch is imported with the first audit: a scalar-only server never loads it
     import torch
@@ -149,7 +150,9 @@ class _Superseded(Exception):
     """The job was handed to another worker meanwhile (this one stalled past the claim timeout)."""
 
 
-class AuditPool:
+class AuditPool(WorkerThreads):
+    thread_name = "rlvitals-audit"
+
     def __init__(
         self,
         settings: Settings,
@@ -163,10 +166,8 @@ class AuditPool:
         self.bus = bus
         self.health = health
         self.telemetry = telemetry
+        super().__init__()
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}"
-        self._stop = threading.Event()
-        self._wake = threading.Event()
-        self._threads: list[threading.Thread] = []
 
     # --- producer side -----------------------------------------------------------------------------
     def submit(self, *, run_id: int, batch: Batch, blob: bytes) -> tuple[int, str | None]:
@@ -220,22 +221,11 @@ class AuditPool:
         return audit_public(repo.get_audit(session=session, audit_id=audit_id))["status"]
 
     # --- workers -------------------------------------------------------------------------------
-    def start(self) -> None:
-        self._stop.clear()
-        for i in range(self.settings.audit_workers):
-            thread = threading.Thread(target=self._run, name=f"rlvitals-audit-{i}", daemon=True)
-            thread.start()
-            self._threads.append(thread)
+    def _thread_count(self) -> int:
+        return self.settings.audit_workers
 
-    def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        for thread in self._threads:
-            thread.join(timeout=30)
-        self._threads.clear()
-
-    def wake(self, _kind: str | None = None) -> None:
-        self._wake.set()
+    def _join_timeout(self) -> float:
+        return 30.0
 
     def _run(self) -> None:
         worker = f"{self.worker_id}:{threading.current_thread().name}"

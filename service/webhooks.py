@@ -11,7 +11,6 @@ A slow or dead endpoint only ever occupies a sender thread, never an ingest requ
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from typing import Any
 
@@ -20,6 +19,7 @@ from rlvitals.service.settings import Settings
 from rlvitals.service.storage import repository as repo
 from rlvitals.service.storage.database import Database
 from rlvitals.service.telemetry import Telemetry
+from rlvitals.service.workers import WorkerThreads
 
 log = logging.getLogger("rlvitals.service.webhooks")
 
@@ -31,32 +31,21 @@ def backoff_delay(attempts: int, *, base: float, cap: float) -> float:
     return min(cap, base * (2 ** max(0, attempts - 1)))
 
 
-class WebhookSender:
+class WebhookSender(WorkerThreads):
+    thread_name = "rlvitals-webhook"
+
     def __init__(self, settings: Settings, db: Database, telemetry: Telemetry):
+        super().__init__()
         self.settings = settings
         self.db = db
         self.telemetry = telemetry
         self.enabled = bool(settings.webhook_urls or settings.slack_webhook_urls)
-        self._stop = threading.Event()
-        self._wake = threading.Event()
-        self._threads: list[threading.Thread] = []
 
-    def start(self) -> None:
-        self._stop.clear()
-        for i in range(self.settings.webhook_workers):
-            thread = threading.Thread(target=self._run, name=f"rlvitals-webhook-{i}", daemon=True)
-            thread.start()
-            self._threads.append(thread)
+    def _thread_count(self) -> int:
+        return self.settings.webhook_workers
 
-    def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        for thread in self._threads:
-            thread.join(timeout=self.settings.webhook_timeout + 5)
-        self._threads.clear()
-
-    def wake(self, _kind: str | None = None) -> None:
-        self._wake.set()
+    def _join_timeout(self) -> float:
+        return self.settings.webhook_timeout + 5
 
     def _run(self) -> None:
         with httpx.Client(timeout=self.settings.webhook_timeout, follow_redirects=False) as client:
