@@ -23,6 +23,7 @@ from rlvitals.service.api import (
     routes_runs,
     routes_system,
 )
+from rlvitals.service.api.fastlane import App
 from rlvitals.service.api.limits import BodyLimitMiddleware
 from rlvitals.service.audits import AuditPool
 from rlvitals.service.auth import Authenticator
@@ -37,6 +38,7 @@ from rlvitals.service.settings import Settings
 from rlvitals.service.storage.database import Database
 from rlvitals.service.telemetry import Telemetry
 from rlvitals.service.webhooks import WebhookSender
+from rlvitals.service.writer import IngestWriter
 
 from rlvitals import __version__
 
@@ -55,7 +57,7 @@ def build_services(settings: Settings) -> Services:
     telemetry = Telemetry()
     # One process on SQLite is the only writer: its live monitors are authoritative (see HealthEngine).
     health = HealthEngine(settings, deferred=db.is_sqlite and settings.workers == 1)
-    return Services(
+    services = Services(
         settings=settings,
         db=db,
         bus=bus,
@@ -67,6 +69,8 @@ def build_services(settings: Settings) -> Services:
         series_cache=SeriesCache(settings.query_cache_bytes) if settings.query_cache_bytes else None,
         columns=SeriesColumns(settings.series_memory_points) if settings.series_memory_points else None,
     )
+    services.writer = IngestWriter(services)
+    return services
 
 
 class Housekeeper:
@@ -121,13 +125,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield
         finally:
+            await run_in_threadpool(services.writer.stop)  # what was accepted is written first
             services.bus.stop()
             await run_in_threadpool(services.audits.stop)
             await run_in_threadpool(services.webhooks.stop)
             await run_in_threadpool(housekeeper.stop)  # writes what is left
             services.db.dispose()
 
-    app = FastAPI(
+    app = App(
         title="rlvitals",
         version=__version__,
         summary="Training-health diagnostics for PPO/GRPO trainers: ingest, audit, alert.",

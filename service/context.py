@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from rlvitals.service.storage.database import Database
     from rlvitals.service.telemetry import Telemetry
     from rlvitals.service.webhooks import WebhookSender
+    from rlvitals.service.writer import IngestWriter
 
 
 @dataclass
@@ -32,3 +33,4 @@ class Services:
     audits: AuditPool
     series_cache: SeriesCache | None = None
     columns: SeriesColumns | None = None
+    writer: IngestWriter = None  # type: ignore[assignment]  # set by build_services (it needs them)

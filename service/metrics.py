@@ -35,14 +35,63 @@ def ingest(ctx: Services, run_id: int, steps: list[StepIn]) -> dict[str, int]:
 
     Returns ``{"accepted": points, "steps": steps}``. Unknown run -> ``NotFound``.
     """
-    if len(steps) > ctx.settings.max_steps_per_request:
-        raise PayloadTooLarge(
-            f"{len(steps)} steps in one request; the limit is {ctx.settings.max_steps_per_request}",
-            detail={"limit": ctx.settings.max_steps_per_request},
-        )
+    outcome = ingest_many(ctx, [(run_id, steps)])[0]
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome
+
+
+def ingest_many(ctx: Services, items: list[tuple[int, list[StepIn]]]) -> list[dict[str, int] | Exception]:
+    """``ingest`` for several requests in one transaction (group commit); one outcome per item, in
+    order: its result, or the exception it alone would have raised.
+
+    An unknown run or an oversized request fails only its own item. Any other failure (the database)
+    rolls the whole group back, and each item is then tried alone, so a request never fails because
+    another one shared its transaction. Items are written in run-id order (a stable sort: one run's
+    requests keep their order), so replicas that lock several runs' rows always lock them in the same
+    order and never deadlock on each other.
+    """
     started = time.perf_counter()
-    now = time.time()
-    rows: list[dict[str, Any]] = []
+    outcomes: list[dict[str, int] | Exception | None] = [None] * len(items)
+    prepared: list[_Prepared] = []
+    for index, (run_id, steps) in enumerate(items):
+        if len(steps) > ctx.settings.max_steps_per_request:
+            outcomes[index] = PayloadTooLarge(
+                f"{len(steps)} steps in one request; the limit is {ctx.settings.max_steps_per_request}",
+                detail={"limit": ctx.settings.max_steps_per_request},
+            )
+        else:
+            prepared.append(_prepare(index, run_id, steps))
+    prepared.sort(key=lambda p: p.run_id)
+    if len(prepared) > 1:
+        try:
+            _publish(ctx, _write(ctx, prepared, outcomes), outcomes, started)
+            return outcomes  # type: ignore[return-value]
+        except Exception:
+            pass  # rolled back: each alone below
+    for p in prepared:
+        try:
+            stored = _write(ctx, [p], outcomes)
+        except Exception as exc:
+            outcomes[p.index] = exc
+        else:
+            _publish(ctx, stored, outcomes, started)
+    return outcomes  # type: ignore[return-value]
+
+
+class _Prepared:
+    """One request's points, decoded and arranged for storage and for the health rules."""
+
+    __slots__ = ("by_step", "index", "newest", "ordered", "rows", "run_id", "wall")
+
+    def __init__(self, index, run_id, rows, by_step, wall, ordered):
+        self.index, self.run_id, self.rows, self.by_step, self.wall = index, run_id, rows, by_step, wall
+        self.ordered = ordered
+        self.newest = ordered[-1] if ordered else None
+
+
+def _prepare(index: int, run_id: int, steps: list[StepIn]) -> _Prepared:
+    rows: list[tuple] = []
     by_step: dict[int, dict[str, float | None]] = {}
     wall: dict[int, float | None] = {}
     for item in steps:
@@ -56,16 +105,17 @@ def ingest(ctx: Services, run_id: int, steps: list[StepIn]) -> dict[str, int]:
                 rows.append((run_id, name, step, None, _NAN_FLAG, wall_time))
             else:
                 rows.append((run_id, name, step, value, 0, wall_time))
-    ordered = sorted(by_step)
-    newest = ordered[-1] if ordered else None
+    return _Prepared(index, run_id, rows, by_step, wall, sorted(by_step))
 
+
+def _observer(p: _Prepared):
     def observe(monitor, cursor):
         # Newer steps go to the rules whole; at the newest step already seen, only metric names not
         # seen there yet (a trainer logging one step in several calls); anything else was seen.
         findings = []
         last, seen = cursor["step"], set(cursor["names"])
-        for step in ordered:
-            metrics = by_step[step]
+        for step in p.ordered:
+            metrics = p.by_step[step]
             if last is None or step > last:
                 findings.extend(monitor.observe(step, metrics))
                 last, seen = step, set(metrics)
@@ -76,65 +126,100 @@ def ingest(ctx: Services, run_id: int, steps: list[StepIn]) -> dict[str, int]:
                     seen.update(fresh)
         return findings, {"step": last, "names": sorted(seen)}
 
-    events: list[Event] = []
-    version: int | None = None
+    return observe
+
+
+class _Stored:
+    __slots__ = ("changed", "events", "prepared", "version")
+
+    def __init__(self, prepared, version, events, changed):
+        self.prepared, self.version, self.events, self.changed = prepared, version, events, changed
+
+
+def _write(ctx: Services, group: list[_Prepared], outcomes: list) -> list[_Stored]:
+    """Write ``group`` in one transaction; raises (after rolling back) when it fails. An unknown
+    run's outcome becomes ``NotFound``, with nothing written for it."""
+    now = time.time()
+    stored: list[_Stored] = []
     try:
         with ctx.db.write() as session:
-            run_cache: dict[str, Any] = {}
-
-            def run_row() -> dict[str, Any]:
-                if "row" not in run_cache:
-                    run_cache["row"] = repo.get_run(session=session, run_id=run_id)
-                return run_cache["row"]
-
-            if newest is not None:
-                exists = repo.advance_run(session=session, run_id=run_id, last_step=newest, now=now)
-                if exists and ctx.columns is not None and ctx.columns.holds(run_id):
-                    version = repo.data_version(session=session, run_id=run_id)
-            else:
-                exists = repo.run_exists(session=session, run_id=run_id)
-            if not exists:
-                raise NotFound(f"run {run_id} does not exist")
-            repo.add_points(session=session, rows=rows)
-            observation = ctx.health.update(
-                session=session,
-                run_id=run_id,
-                run_config=lambda: run_row()["config"] or {},
-                observe=observe,
-                now=now,
-                signals=_signals(by_step[newest]) if newest is not None else None,
-            )
-            if observation is None:
-                raise NotFound(f"run {run_id} does not exist")
-            changed = apply_findings(
-                session=session,
-                run_id=run_id,
-                run=run_row,
-                findings=observation.findings,
-                open_episodes=bool(observation.firing),
-                newest_step=newest,
-                now=now,
-                settings=ctx.settings,
-            )
-            if ctx.bus.wants(run_id):
-                if rows:
-                    events.append(Event(run_id, "points", _points_event(run_id, ordered, by_step, wall)))
-                events.extend(Event(run_id, "alert", alert) for alert in changed)
-                ctx.bus.stage(session=session, events=events)
-            if changed and ctx.webhooks.enabled:
-                ctx.bus.stage_job(session=session, kind="webhook")
-    except NotFound:
-        raise
+            for p in group:
+                done = _store(ctx, session, p, now)
+                if done is None:
+                    outcomes[p.index] = NotFound(f"run {p.run_id} does not exist")
+                else:
+                    stored.append(done)
     except BaseException:
-        ctx.health.discard(run_id)  # the monitor saw points that were not stored
+        for p in group:
+            ctx.health.discard(p.run_id)  # the monitor saw points that were not stored
         raise
-    if version is not None:
-        ctx.columns.extend(run_id, version, _column_rows(rows, ctx.db.is_sqlite))
-    ctx.bus.flush(events)
-    if changed:
+    return stored
+
+
+def _publish(ctx: Services, stored: list[_Stored], outcomes: list, started: float) -> None:
+    """After the commit: the in-memory history columns, live events, webhooks, telemetry."""
+    wake = False
+    for done in stored:
+        p = done.prepared
+        if done.version is not None:
+            ctx.columns.extend(p.run_id, done.version, _column_rows(p.rows, ctx.db.is_sqlite))
+        ctx.bus.flush(done.events)
+        wake = wake or bool(done.changed)
+        ctx.telemetry.observe_ingest(points=len(p.rows), seconds=time.perf_counter() - started)
+        outcomes[p.index] = {"accepted": len(p.rows), "steps": len(p.ordered)}
+    if wake:
         ctx.webhooks.wake()
-    ctx.telemetry.observe_ingest(points=len(rows), seconds=time.perf_counter() - started)
-    return {"accepted": len(rows), "steps": len(ordered)}
+
+
+def _store(ctx: Services, session, p: _Prepared, now: float) -> _Stored | None:
+    """One request's share of the transaction; ``None`` (nothing written) when the run is unknown."""
+    run_id, newest = p.run_id, p.newest
+    run_cache: dict[str, Any] = {}
+
+    def run_row() -> dict[str, Any]:
+        if "row" not in run_cache:
+            run_cache["row"] = repo.get_run(session=session, run_id=run_id)
+        return run_cache["row"]
+
+    version: int | None = None
+    if newest is not None:
+        exists = repo.advance_run(session=session, run_id=run_id, last_step=newest, now=now)
+        if exists and ctx.columns is not None and ctx.columns.holds(run_id):
+            version = repo.data_version(session=session, run_id=run_id)
+    else:
+        exists = repo.run_exists(session=session, run_id=run_id)
+    if not exists:
+        return None
+    repo.add_points(session=session, rows=p.rows)
+    observation = ctx.health.update(
+        session=session,
+        run_id=run_id,
+        run_config=lambda: run_row()["config"] or {},
+        observe=_observer(p),
+        now=now,
+        signals=_signals(p.by_step[newest]) if newest is not None else None,
+    )
+    if observation is None:  # deleted since advance_run saw it: roll back
+        raise NotFound(f"run {run_id} does not exist")
+    changed = apply_findings(
+        session=session,
+        run_id=run_id,
+        run=run_row,
+        findings=observation.findings,
+        open_episodes=bool(observation.firing),
+        newest_step=newest,
+        now=now,
+        settings=ctx.settings,
+    )
+    events: list[Event] = []
+    if ctx.bus.wants(run_id):
+        if p.rows:
+            events.append(Event(run_id, "points", _points_event(run_id, p.ordered, p.by_step, p.wall)))
+        events.extend(Event(run_id, "alert", alert) for alert in changed)
+        ctx.bus.stage(session=session, events=events)
+    if changed and ctx.webhooks.enabled:
+        ctx.bus.stage_job(session=session, kind="webhook")
+    return _Stored(p, version, events, changed)
 
 
 def _column_rows(rows: list[tuple], sqlite: bool):

@@ -1,0 +1,225 @@
+"""Group commit (``service.writer``) and the ingest fast lane (``service.api.fastlane``).
+
+The writer is held inside its first group by a gate around the real ``ingest_many``, so the requests
+queued meanwhile are known to form the next group: grouping is asserted, not hoped for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+
+import pytest
+from rlvitals.service import metrics
+from rlvitals.service.schemas import StepIn
+from rlvitals.service.storage import repository as repo
+
+
+def _steps(step: int, **values) -> list[StepIn]:
+    return [StepIn(step=step, metrics=values or {"actor/ppo_kl": 0.001, "actor/pg_clipfrac": 0.2})]
+
+
+class Gate:
+    """Wraps ``metrics.ingest_many``: the first call waits until ``open()``; records group sizes."""
+
+    def __init__(self, monkeypatch):
+        self.real = metrics.ingest_many
+        self.entered = threading.Event()
+        self._open = threading.Event()
+        self.sizes: list[int] = []
+        monkeypatch.setattr(metrics, "ingest_many", self)
+
+    def __call__(self, ctx, items):
+        self.sizes.append(len(items))
+        if len(self.sizes) == 1:
+            self.entered.set()
+            assert self._open.wait(30), "the test never opened the gate"
+        return self.real(ctx, items)
+
+    def open(self) -> None:
+        self._open.set()
+
+
+async def _queued_behind_first(api, gate: Gate, first: tuple[int, list[StepIn]], rest):
+    """Submit ``first`` (the writer takes it and waits at the gate), queue ``rest``, open the gate."""
+    writer = api.services.writer
+    head = asyncio.ensure_future(writer.submit(*first))
+    while not gate.entered.is_set():
+        await asyncio.sleep(0.005)
+    tail = [asyncio.ensure_future(writer.submit(run_id, steps)) for run_id, steps in rest]
+    await asyncio.sleep(0.05)  # every submit has queued its item
+    gate.open()
+    return await asyncio.gather(head, *tail, return_exceptions=True)
+
+
+def test_concurrent_requests_share_one_commit_and_an_unknown_run_fails_alone(api, monkeypatch):
+    runs = [api.create_run(f"trainer-{i}") for i in range(6)]
+    gate = Gate(monkeypatch)
+    rest = [(run_id, _steps(1)) for run_id in runs[1:]] + [(987_654, _steps(1))]
+    rest.append((runs[2], _steps(2, **{"actor/ppo_kl": 0.002})))  # a second request of one run
+    outcomes = api._call(_queued_behind_first(api, gate, (runs[0], _steps(1)), rest))
+
+    assert gate.sizes == [1, len(rest)]  # everything queued behind the first went in one group
+    assert outcomes[0] == {"accepted": 2, "steps": 1}
+    assert all(o == {"accepted": 2, "steps": 1} for o in outcomes[1:6])
+    assert type(outcomes[6]).__name__ == "NotFound" and "987654" in str(outcomes[6])
+    assert outcomes[7] == {"accepted": 1, "steps": 1}
+    for run_id in runs:
+        series = api.get(f"/api/v1/runs/{run_id}/metrics", params={"max_points": 0}).json()["series"]
+        expected = [1, 2] if run_id == runs[2] else [1]
+        assert series["actor/ppo_kl"]["step"] == expected
+        assert api.get(f"/api/v1/runs/{run_id}").json()["last_step"] == expected[-1]
+
+
+def test_a_failing_request_does_not_sink_its_group(api, monkeypatch):
+    # One request's write fails inside the shared transaction: the group is rolled back and each
+    # request is written alone, so only the failing one fails; its health monitor is rebuilt and the
+    # run goes on normally afterwards.
+    runs = [api.create_run(f"trainer-{i}") for i in range(4)]
+    for run_id in runs:
+        assert api.log(run_id, [{"step": 0, "metrics": {"actor/ppo_kl": 0.001}}]).status_code == 200
+    broken = runs[2]
+    real_add = repo.add_points
+
+    def add_points(*, session, rows):
+        if rows and rows[0][0] == broken:
+            raise sqlite3.OperationalError("disk I/O error (injected)")
+        return real_add(session=session, rows=rows)
+
+    monkeypatch.setattr(repo, "add_points", add_points)
+    gate = Gate(monkeypatch)
+    rest = [(run_id, _steps(1)) for run_id in runs[1:]]
+    outcomes = api._call(_queued_behind_first(api, gate, (runs[0], _steps(1)), rest))
+
+    assert gate.sizes == [1, 3]
+    assert [type(o).__name__ for o in outcomes] == ["dict", "dict", "OperationalError", "dict"]
+    monkeypatch.setattr(repo, "add_points", real_add)
+    for run_id in runs:
+        series = api.get(f"/api/v1/runs/{run_id}/metrics", params={"max_points": 0}).json()["series"]
+        assert series["actor/ppo_kl"]["step"] == ([0] if run_id == broken else [0, 1])
+    assert api.log(broken, [{"step": 1, "metrics": {"actor/ppo_kl": 0.001}}]).status_code == 200
+
+
+def test_a_database_error_over_http_keeps_the_error_shape(api, monkeypatch):
+    # The fast lane passes a non-service error on to FastAPI's path, whose handlers turn a database
+    # that is away into 503 + Retry-After in the one error shape.
+    run_id = api.create_run()
+    real_add = repo.add_points
+
+    def add_points(*, session, rows):
+        raise sqlite3.OperationalError("database is locked (injected)")
+
+    monkeypatch.setattr(repo, "add_points", add_points)
+    response = api.log(run_id, [{"step": 1, "metrics": {"a": 1.0}}])
+    assert response.status_code == 503, response.text
+    assert response.json()["error"]["code"] == "unavailable" and response.headers["retry-after"] == "1"
+    monkeypatch.setattr(repo, "add_points", real_add)
+    assert api.log(run_id, [{"step": 1, "metrics": {"a": 1.0}}]).json() == {"accepted": 1, "steps": 1}
+
+
+def test_stop_writes_everything_queued_and_a_later_submit_starts_again(api, monkeypatch):
+    runs = [api.create_run(f"trainer-{i}") for i in range(3)]
+    writer = api.services.writer
+    gate = Gate(monkeypatch)
+
+    async def scenario():
+        head = asyncio.ensure_future(writer.submit(runs[0], _steps(1)))
+        while not gate.entered.is_set():
+            await asyncio.sleep(0.005)
+        tail = [asyncio.ensure_future(writer.submit(r, _steps(1))) for r in runs[1:]]
+        await asyncio.sleep(0.05)
+        stopper = threading.Thread(target=writer.stop)
+        stopper.start()  # stop() waits for the queue to drain
+        await asyncio.sleep(0.05)
+        assert stopper.is_alive()
+        gate.open()
+        results = await asyncio.gather(head, *tail)
+        await asyncio.get_running_loop().run_in_executor(None, stopper.join, 10)
+        assert not stopper.is_alive()
+        assert writer._thread is None
+        again = await writer.submit(runs[0], _steps(2))
+        return results, again
+
+    results, again = api._call(scenario())
+    assert results == [{"accepted": 2, "steps": 1}] * 3
+    assert again == {"accepted": 2, "steps": 1}
+
+
+def test_a_client_that_hangs_up_still_gets_its_points_stored(api, monkeypatch):
+    run_id = api.create_run()
+    gate = Gate(monkeypatch)
+    writer = api.services.writer
+
+    async def scenario():
+        task = asyncio.ensure_future(writer.submit(run_id, _steps(7)))
+        while not gate.entered.is_set():
+            await asyncio.sleep(0.005)
+        task.cancel()  # the request's task is cancelled while its item is being written
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        gate.open()
+        for _ in range(200):  # the writer finishes the item, skipping the cancelled future
+            if writer.requests:
+                return
+            await asyncio.sleep(0.01)
+
+    api._call(scenario())
+    series = api.get(f"/api/v1/runs/{run_id}/metrics", params={"max_points": 0}).json()["series"]
+    assert series["actor/ppo_kl"]["step"] == [7]
+
+
+class _CountingStack:
+    """Stands in for FastAPI's middleware stack and counts the requests that reach it."""
+
+    def __init__(self, app):
+        self.app, self.calls = app, 0
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            self.calls += 1
+        await self.app(scope, receive, send)
+
+
+def test_fast_lane_answers_the_plain_request_and_passes_the_rest_on(app_client, sqlite_url):
+    api = app_client(sqlite_url, max_request_bytes=2_000)
+    run_id = api.create_run()
+    api.get("/healthz")  # builds the middleware stack
+    stack = _CountingStack(api.app.middleware_stack)
+    api.app.middleware_stack = stack
+    url = f"/api/v1/runs/{run_id}/metrics"
+    body = b'{"steps": [{"step": 1, "metrics": {"a": 1.5}}]}'
+
+    plain = api.post(url, content=body, headers={"content-type": "application/json"})
+    assert plain.status_code == 200 and plain.json() == {"accepted": 1, "steps": 1}
+    assert plain.headers["content-length"] == str(len(plain.content))
+    assert stack.calls == 0
+
+    async def chunked(parts):
+        for part in parts:
+            yield part
+
+    parts = [body[:10], body[10:30], body[30:]]
+    streamed = api.post(url, content=chunked(parts), headers={"content-type": "application/json"})
+    assert streamed.status_code == 200 and stack.calls == 0  # a body in several messages
+
+    missing = api.post(
+        "/api/v1/runs/424242/metrics", content=body, headers={"content-type": "application/json"}
+    )
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+    assert stack.calls == 0  # service errors are answered in the lane, in the one error shape
+
+    charset = api.post(url, content=body, headers={"content-type": "application/json; charset=utf-8"})
+    assert charset.status_code == 200 and stack.calls == 1
+
+    big = b'{"steps": [{"step": 2, "metrics": {"a": 1.0}}], "pad": "' + b"x" * 3_000 + b'"}'
+    declared = api.post(url, content=big, headers={"content-type": "application/json"})
+    assert declared.status_code == 413 and declared.json()["error"]["code"] == "payload_too_large"
+    undeclared = api.post(
+        url, content=chunked([big[:1_500], big[1_500:]]), headers={"content-type": "application/json"}
+    )
+    assert undeclared.status_code == 413 and undeclared.json()["error"]["code"] == "payload_too_large"
+    assert stack.calls == 3
+
+    series = api.get(url, params={"max_points": 0}).json()["series"]
+    assert series["a"] == {"step": [1], "value": [1.5]}
