@@ -223,3 +223,26 @@ def test_fast_lane_answers_the_plain_request_and_passes_the_rest_on(app_client, 
 
     series = api.get(url, params={"max_points": 0}).json()["series"]
     assert series["a"] == {"step": [1], "value": [1.5]}
+
+
+def test_sqlite_writes_reuse_the_connection_that_wrote_last(tmp_path):
+    # SQLite drops a connection's page cache when another connection wrote since; the write pool
+    # must hand out the connection used last (LIFO), or each insert re-reads its B-tree pages. A
+    # second connection exists once two writes overlapped (here: a write inside a write).
+    from rlvitals.service.storage.database import Database
+
+    db = Database(f"sqlite:///{tmp_path / 'lifo.db'}")
+    try:
+        db.migrate()
+        with db.engine.connect() as outer:
+            first = outer.connection.driver_connection
+            with db.engine.connect() as inner:
+                second = inner.connection.driver_connection
+        assert first is not second
+        seen = []
+        for _ in range(4):
+            with db.write() as session:
+                seen.append(session.connection.driver_connection)
+        assert all(conn is seen[0] for conn in seen), "writes moved between pooled connections"
+    finally:
+        db.dispose()
