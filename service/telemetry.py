@@ -63,8 +63,30 @@ class Telemetry:
         with self._lock:
             self.webhook_attempts[outcome] = self.webhook_attempts.get(outcome, 0) + 1
 
-    def render(self, db: Database, *, sse_clients: int, live_signals: dict[int, dict] | None = None) -> str:
+    def render(
+        self,
+        db: Database,
+        *,
+        sse_clients: int,
+        live_signals: dict[int, dict] | None = None,
+        ingest_commits: int = 0,
+        ingest_queued: int = 0,
+    ) -> str:
         out: list[str] = []
+        _metric(
+            out,
+            "rlvitals_ingest_commits_total",
+            "counter",
+            "Transactions the ingest writer committed (requests / commits = the mean group size).",
+            [({}, ingest_commits)],
+        )
+        _metric(
+            out,
+            "rlvitals_ingest_queued",
+            "gauge",
+            "Ingest requests waiting for the writer now.",
+            [({}, ingest_queued)],
+        )
         with self._lock:
             _metric(
                 out,

@@ -40,7 +40,7 @@ class IngestWriter:
         self._cond = threading.Condition(threading.Lock())
         self._thread: threading.Thread | None = None
         self._stopping = False
-        self.groups = 0  # transactions written (for tests and /metrics)
+        self.groups = 0  # transactions written (/metrics: rlvitals_ingest_commits_total)
         self.requests = 0
 
     async def submit(self, run_id: int, steps: list[StepIn]) -> dict[str, int]:
@@ -57,6 +57,10 @@ class IngestWriter:
         # A client that hangs up cancels the future, not the write: the points stay queued and are
         # stored; the writer skips answering a cancelled future.
         return await future
+
+    def queued(self) -> int:
+        """Requests waiting for the writer now."""
+        return len(self._queue)
 
     def _start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="rlvitals-ingest", daemon=True)

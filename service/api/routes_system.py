@@ -29,5 +29,7 @@ async def prometheus(services: ServicesDep) -> PlainTextResponse:
         services.db,
         sse_clients=services.bus.subscriber_count(),
         live_signals=services.health.live_signals(),
+        ingest_commits=services.writer.groups,
+        ingest_queued=services.writer.queued(),
     )
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -76,6 +76,7 @@ def test_prometheus_metrics_text(serve):
     assert "rlvitals_ingest_requests_total 1" in text
     assert "rlvitals_ingest_points_total 6" in text
     assert 'rlvitals_ingest_seconds_bucket{le="+Inf"} 1' in text
+    assert "rlvitals_ingest_commits_total 1" in text and "rlvitals_ingest_queued 0" in text
     assert (
         f'rlvitals_health_signal{{run_id="{run_id}",project="default",run="prom",signal="ppo_kl"}} 0.002'
         in text
