@@ -57,13 +57,13 @@ async def ingest(app: FastAPI, scope: MutableMapping[str, Any], receive: Receive
     services = app.state.services
     settings = services.settings
     content_type = authorization = length = None
-    for name, value in scope["headers"]:
+    for name, value in scope["headers"]:  # the first of repeated headers, as Starlette's .get() does
         if name == b"content-type":
-            content_type = value
+            content_type = value if content_type is None else content_type
         elif name == b"authorization":
-            authorization = value
+            authorization = value if authorization is None else authorization
         elif name == b"content-length":
-            length = value
+            length = value if length is None else length
     limit = settings.max_request_bytes
     if (
         run_id > MAX_ID
@@ -73,7 +73,7 @@ async def ingest(app: FastAPI, scope: MutableMapping[str, Any], receive: Receive
         return receive
     try:
         services.auth.check_write(authorization.decode("latin-1") if authorization is not None else None)
-    except ServiceError:
+    except Exception:  # refused, or the key table unreadable: FastAPI's path answers either
         return receive
     messages: list[Message] = []
     chunks: list[bytes] = []
