@@ -3,6 +3,7 @@ with spike-preserving downsampling."""
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import math
 import time
@@ -252,17 +253,35 @@ def _points_event(run_id, ordered, by_step, wall) -> dict[str, Any]:
 # --- queries --------------------------------------------------------------------------------------
 
 
-def query(ctx: Services, run_id: int, *, names: list[str] | None, max_points: int) -> dict[str, Any]:
+def query(
+    ctx: Services,
+    run_id: int,
+    *,
+    names: list[str] | None,
+    max_points: int,
+    start: int | None = None,
+    end: int | None = None,
+) -> dict[str, Any]:
     """``{"series": {name: {"step": [...], "value": [...]}}}``; at most ``max_points`` per series
-    (0: all), downsampled keeping each bucket's minimum and maximum so spikes survive."""
+    (0: all), downsampled keeping each bucket's minimum and maximum so spikes survive. ``start`` /
+    ``end`` (inclusive) keep only the steps in that range, before downsampling: a zoomed-in chart
+    gets the range at full resolution."""
     with ctx.db.read() as session:
         if not repo.run_exists(session=session, run_id=run_id):
             raise NotFound(f"run {run_id} does not exist")
-        return _query(session, run_id, names, max_points)
+        return _query(session, run_id, names, max_points, start=start, end=end)
 
 
 def _query(
-    session, run_id: int, names: list[str] | None, max_points: int, columns=None, version: int | None = None
+    session,
+    run_id: int,
+    names: list[str] | None,
+    max_points: int,
+    columns=None,
+    version: int | None = None,
+    *,
+    start: int | None = None,
+    end: int | None = None,
 ) -> dict[str, Any]:
     if names is None:
         names = repo.metric_names(session=session, run_id=run_id)
@@ -274,8 +293,14 @@ def _query(
             columns.put(run_id, version, loaded)
         held.update(loaded)
     out: dict[str, dict[str, list]] = {}
+    ranged = start is not None or end is not None
     for name in names:
         steps, values = held[name]
+        if ranged:  # steps are in order (the table is read ORDER BY step; columns keep that order)
+            lo = 0 if start is None else bisect.bisect_left(steps, start)
+            hi = len(steps) if end is None else bisect.bisect_right(steps, end)
+            if lo or hi < len(steps):
+                steps, values = steps[lo:hi], values[lo:hi]
         if max_points and len(steps) > max_points:
             out[name] = _series(_points(steps, values), max_points)
         else:
@@ -298,7 +323,14 @@ def _points(steps: list[int], values: list) -> list[tuple[int, float | None, int
 
 
 def query_encoded(
-    ctx: Services, run_id: int, *, names: list[str] | None, max_points: int, if_none_match: str | None = None
+    ctx: Services,
+    run_id: int,
+    *,
+    names: list[str] | None,
+    max_points: int,
+    if_none_match: str | None = None,
+    start: int | None = None,
+    end: int | None = None,
 ) -> tuple[str, bytes | None]:
     """``(etag, JSON body)`` of :func:`query`, served from the cache while the run's data is
     unchanged; the body is ``None`` when ``if_none_match`` already names this version (-> 304)."""
@@ -307,15 +339,17 @@ def query_encoded(
         version = repo.data_version(session=session, run_id=run_id)  # before the data it stands for
         if version is None:
             raise NotFound(f"run {run_id} does not exist")
-        tag = hashlib.blake2s(repr((key_names, max_points)).encode(), digest_size=6).hexdigest()
+        tag = hashlib.blake2s(repr((key_names, max_points, start, end)).encode(), digest_size=6).hexdigest()
         etag = f'W/"{run_id}.{version}.{tag}"'
         if if_none_match and etag in (part.strip() for part in if_none_match.split(",")):
             return etag, None
-        key = (run_id, version, key_names, max_points)
+        key = (run_id, version, key_names, max_points, start, end)
         cache = ctx.series_cache
         body = cache.get(key) if cache is not None else None
         if body is None:
-            body = _encode(_query(session, run_id, names, max_points, ctx.columns, version))
+            body = _encode(
+                _query(session, run_id, names, max_points, ctx.columns, version, start=start, end=end)
+            )
             if cache is not None:
                 cache.put(key, body)
     return etag, body

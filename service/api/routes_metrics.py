@@ -10,7 +10,7 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query
 from fastapi.concurrency import run_in_threadpool
 from rlvitals.service import metrics
-from rlvitals.service.api.deps import RunId, ServicesDep, WriteAuth
+from rlvitals.service.api.deps import MAX_ID, RunId, ServicesDep, WriteAuth
 from rlvitals.service.encoding import JSONResponse
 from rlvitals.service.errors import BadRequest
 from rlvitals.service.schemas import AcceptedPublic, MetricsIn, MetricsPublic
@@ -44,10 +44,15 @@ async def get_metrics(
     max_points: Annotated[
         int, Query(ge=0, le=100_000_000, description="Most points per series; 0 returns every point.")
     ] = 2000,
+    start: Annotated[int | None, Query(ge=0, le=MAX_ID, description="First step (inclusive).")] = None,
+    end: Annotated[int | None, Query(ge=0, le=MAX_ID, description="Last step (inclusive).")] = None,
     if_none_match: Annotated[str | None, Header()] = None,
 ) -> Response:
-    """Series of the run's metrics. The answer carries an ETag that changes with every ingest into
-    the run: send it back as If-None-Match to get 304 while nothing changed."""
+    """Series of the run's metrics; ``start``/``end`` keep a step range (before downsampling, so a
+    zoomed-in chart gets it at full resolution). The answer carries an ETag that changes with every
+    ingest into the run: send it back as If-None-Match to get 304 while nothing changed."""
+    if start is not None and end is not None and end < start:
+        raise BadRequest(f"end ({end}) must not be before start ({start})")
     wanted = None
     if names is not None:
         wanted = [n for n in (part.strip() for part in names.split(",")) if n]
@@ -60,6 +65,8 @@ async def get_metrics(
         names=wanted,
         max_points=max_points,
         if_none_match=if_none_match,
+        start=start,
+        end=end,
     )
     if body is None:
         return Response(status_code=304, headers={"ETag": etag})

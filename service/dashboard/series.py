@@ -1,12 +1,12 @@
 """The dashboard's read of metric series: a step range, wall times, and speed on long runs.
 
-``GET /api/v1/runs/{id}/metrics`` answers ``{name: {step, value}}`` for whole series. The charts also
-need (1) a step range (``start``/``end``, inclusive) so that zooming fetches the visible part at full
-resolution, (2) each point's ``wall_time`` for an x axis in wall-clock time, and (3) a 100k-step ×
+``GET /api/v1/runs/{id}/metrics`` answers ``{name: {step, value}}``, for a step range too. The charts
+also need (1) a step range (``start``/``end``, inclusive) so that zooming fetches the visible part at
+full resolution, (2) each point's ``wall_time`` for an x axis in wall-clock time, and (3) a 100k-step ×
 12-metric overview fast enough to open in under a second. This module adds exactly that on top of the
 service's storage and reuses its downsampling and encoding (``metrics._series``: each bucket's
 minimum and maximum survive, non-finite values too), so both endpoints draw the same overview. Once API v1's
-metrics query takes ``start``/``end`` and returns ``wall_time``, the dashboard can switch to it.
+metrics query returns ``wall_time`` too, the dashboard can switch to it.
 
 Reply: ``{"series": {name: {"step": [...], "value": [...], "wall_time": [...]}}}``; values as in API
 v1 (numbers, null, "NaN", "Infinity", "-Infinity").

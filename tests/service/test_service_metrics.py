@@ -278,7 +278,44 @@ def test_history_columns_in_memory_always_match_the_database(app_client, databas
     assert answers(names="d")["d"] == {"step": [21, 22], "value": [7.0, 8.0]}
     whole = answers()
     assert sorted(whole) == ["a", "b", "c", "d"]
+    ranged = answers(names="a,c", start=5, end=17)  # a step range, from memory and from the table
+    assert ranged["a"]["step"] == list(range(5, 18)) and ranged["c"]["step"] == [5, 17]
     assert first.services.columns.hits > 0
+
+
+def test_a_step_range_is_cut_before_downsampling(api):
+    run_id = api.create_run()
+    steps = [{"step": s, "metrics": {"a": 10.0 if s == 500 else 0.001 * s, "b": 1.0}} for s in range(1000)]
+    assert api.log(run_id, steps).status_code == 200
+    every = _series(api, run_id, names="a", start=400, end=599, max_points=0)["a"]
+    assert every["step"] == list(range(400, 600))
+    small = _series(api, run_id, names="a,b", start=400, end=599, max_points=20)
+    assert len(small["a"]["step"]) <= 20 and 10.0 in small["a"]["value"]  # the spike survives
+    assert all(400 <= s <= 599 for s in small["a"]["step"] + small["b"]["step"])
+    assert _series(api, run_id, names="a", start=990, max_points=0)["a"]["step"] == list(range(990, 1000))
+    assert _series(api, run_id, names="a", end=2, max_points=0)["a"] == {
+        "step": [0, 1, 2],
+        "value": [0.0, 0.001, 0.002],
+    }
+    assert _series(api, run_id, names="a", start=5000)["a"] == {"step": [], "value": []}
+    assert _series(api, run_id, names="a", start=7, end=7)["a"]["step"] == [7]
+
+    bad = api.get(f"/api/v1/runs/{run_id}/metrics", params={"start": 10, "end": 9})
+    assert (
+        bad.status_code == 400 and "end (9) must not be before start (10)" in bad.json()["error"]["message"]
+    )
+    negative = api.get(f"/api/v1/runs/{run_id}/metrics", params={"start": -1})
+    assert negative.status_code == 422 and negative.json()["error"]["code"] == "validation_error"
+
+    # the ETag names the range: another range is another answer, the same range is 304
+    url = f"/api/v1/runs/{run_id}/metrics"
+    first = api.get(url, params={"names": "a", "start": 0, "end": 9})
+    other = api.get(url, params={"names": "a", "start": 0, "end": 10})
+    assert first.headers["etag"] != other.headers["etag"]
+    again = api.get(
+        url, params={"names": "a", "start": 0, "end": 9}, headers={"if-none-match": first.headers["etag"]}
+    )
+    assert again.status_code == 304
 
 
 def test_history_columns_stay_within_their_point_budget():
