@@ -31,20 +31,11 @@ def _decode(value: float | str | None) -> float | None:
     return float(value)
 
 
-def ingest(ctx: Services, run_id: int, steps: list[StepIn]) -> dict[str, int]:
-    """Store the points (insert-or-ignore), feed the health rules, raise/resolve alerts, emit events.
-
-    Returns ``{"accepted": points, "steps": steps}``. Unknown run -> ``NotFound``.
-    """
-    outcome = ingest_many(ctx, [(run_id, steps)])[0]
-    if isinstance(outcome, Exception):
-        raise outcome
-    return outcome
-
-
 def ingest_many(ctx: Services, items: list[tuple[int, list[StepIn]]]) -> list[dict[str, int] | Exception]:
-    """``ingest`` for several requests in one transaction (group commit); one outcome per item, in
-    order: its result, or the exception it alone would have raised.
+    """Store the points of several requests in one transaction (group commit): insert-or-ignore,
+    feed the health rules, raise/resolve alerts, emit events. One outcome per item, in order:
+    ``{"accepted": points, "steps": steps}``, or the exception it alone would have raised
+    (``NotFound`` for an unknown run, ``PayloadTooLarge`` past ``max_steps_per_request``).
 
     An unknown run or an oversized request fails only its own item. Any other failure (the database)
     rolls the whole group back, and each item is then tried alone, so a request never fails because
@@ -253,25 +244,6 @@ def _points_event(run_id, ordered, by_step, wall) -> dict[str, Any]:
 # --- queries --------------------------------------------------------------------------------------
 
 
-def query(
-    ctx: Services,
-    run_id: int,
-    *,
-    names: list[str] | None,
-    max_points: int,
-    start: int | None = None,
-    end: int | None = None,
-) -> dict[str, Any]:
-    """``{"series": {name: {"step": [...], "value": [...]}}}``; at most ``max_points`` per series
-    (0: all), downsampled keeping each bucket's minimum and maximum so spikes survive. ``start`` /
-    ``end`` (inclusive) keep only the steps in that range, before downsampling: a zoomed-in chart
-    gets the range at full resolution."""
-    with ctx.db.read() as session:
-        if not repo.run_exists(session=session, run_id=run_id):
-            raise NotFound(f"run {run_id} does not exist")
-        return _query(session, run_id, names, max_points, start=start, end=end)
-
-
 def _query(
     session,
     run_id: int,
@@ -332,8 +304,12 @@ def query_encoded(
     start: int | None = None,
     end: int | None = None,
 ) -> tuple[str, bytes | None]:
-    """``(etag, JSON body)`` of :func:`query`, served from the cache while the run's data is
-    unchanged; the body is ``None`` when ``if_none_match`` already names this version (-> 304)."""
+    """``(etag, JSON body)`` of ``{"series": {name: {"step": [...], "value": [...]}}}``: at most
+    ``max_points`` per series (0: all), downsampled keeping each bucket's minimum and maximum so
+    spikes survive; ``start`` / ``end`` (inclusive) keep only that step range, cut before
+    downsampling so a zoomed-in chart gets it at full resolution. Served from the cache while the
+    run's data is unchanged; the body is ``None`` when ``if_none_match`` already names this version
+    (-> 304)."""
     key_names = tuple(names) if names is not None else None
     with ctx.db.read() as session:
         version = repo.data_version(session=session, run_id=run_id)  # before the data it stands for

@@ -44,7 +44,7 @@ class IngestWriter:
         self.requests = 0
 
     async def submit(self, run_id: int, steps: list[StepIn]) -> dict[str, int]:
-        """Queue one request's steps; returns ``metrics.ingest``'s result or raises its error."""
+        """Queue one request's steps; returns its ``metrics.ingest_many`` outcome or raises its error."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         points = sum(len(step.metrics) for step in steps)

@@ -5,8 +5,9 @@ That machinery (six middleware layers each wrapping ``send``, route matching ove
 dependency solving, a thread-pool hop) cost ~0.3 ms of CPU per request, as much as storing the
 points. ``App.__call__`` sends a request here when its method and path match; the lane checks
 exactly what the generic route checks, in the same order (the API key as ``WriteAuth`` does, the
-body limit as ``BodyLimitMiddleware`` does, ``MetricsIn`` validation in the same Python mode,
-``max_steps_per_request``), hands the steps to the group-commit writer and answers. It parses with
+body limit as ``BodyLimitMiddleware`` does, ``MetricsIn`` validation in the same Python mode), hands
+the steps to the group-commit writer (which refuses more than ``max_steps_per_request`` itself) and
+answers. It parses with
 ``orjson``, stricter than Starlette's ``json.loads`` (no ``NaN`` tokens, no lone surrogates),
 otherwise yielding the same objects.
 
@@ -94,8 +95,6 @@ async def ingest(app: FastAPI, scope: MutableMapping[str, Any], receive: Receive
     try:
         parsed = MetricsIn.model_validate(orjson.loads(body))
     except (ValueError, ValidationError):  # malformed JSON, wrong types: FastAPI says what is wrong
-        return _replay(messages, receive)
-    if len(parsed.steps) > settings.max_steps_per_request:
         return _replay(messages, receive)
     try:
         result = await services.writer.submit(run_id, parsed.steps)

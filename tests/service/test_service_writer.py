@@ -182,7 +182,7 @@ class _CountingStack:
 
 
 def test_fast_lane_answers_the_plain_request_and_passes_the_rest_on(app_client, sqlite_url):
-    api = app_client(sqlite_url, max_request_bytes=2_000)
+    api = app_client(sqlite_url, max_request_bytes=2_000, max_steps_per_request=3)
     run_id = api.create_run()
     api.get("/healthz")  # builds the middleware stack
     stack = _CountingStack(api.app.middleware_stack)
@@ -209,8 +209,19 @@ def test_fast_lane_answers_the_plain_request_and_passes_the_rest_on(app_client, 
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
     assert stack.calls == 0  # service errors are answered in the lane, in the one error shape
 
+    four = b'{"steps": [' + b",".join(b'{"step": %d, "metrics": {"a": 1.0}}' % s for s in range(5, 9)) + b"]}"
+    too_many = api.post(url, content=four, headers={"content-type": "application/json"})
+    assert too_many.status_code == 413 and stack.calls == 0  # the writer refuses; the lane answers
+    assert too_many.json()["error"] == {
+        "code": "payload_too_large",
+        "message": "4 steps in one request; the limit is 3",
+        "detail": {"limit": 3},
+    }
+
     charset = api.post(url, content=body, headers={"content-type": "application/json; charset=utf-8"})
     assert charset.status_code == 200 and stack.calls == 1
+    generic = api.post(url, content=four, headers={"content-type": "application/json; charset=utf-8"})
+    assert generic.status_code == 413 and generic.json() == too_many.json() and stack.calls == 2
 
     big = b'{"steps": [{"step": 2, "metrics": {"a": 1.0}}], "pad": "' + b"x" * 3_000 + b'"}'
     declared = api.post(url, content=big, headers={"content-type": "application/json"})
@@ -219,7 +230,7 @@ def test_fast_lane_answers_the_plain_request_and_passes_the_rest_on(app_client, 
         url, content=chunked([big[:1_500], big[1_500:]]), headers={"content-type": "application/json"}
     )
     assert undeclared.status_code == 413 and undeclared.json()["error"]["code"] == "payload_too_large"
-    assert stack.calls == 3
+    assert stack.calls == 4
 
     series = api.get(url, params={"max_points": 0}).json()["series"]
     assert series["a"] == {"step": [1], "value": [1.5]}
