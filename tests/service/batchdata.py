@@ -1,8 +1,9 @@
-"""Build safetensors batch uploads for the service tests."""
+"""Build safetensors batch uploads for the service tests, and wait for their audits."""
 
 from __future__ import annotations
 
 import json
+import time
 
 import torch
 from safetensors.torch import save
@@ -51,3 +52,14 @@ def make_batch(
 
 
 OCTET = {"content-type": "application/octet-stream"}
+
+
+def wait_done(api, audit_id: int, timeout: float = 10.0) -> dict:
+    """Poll ``GET /api/v1/audits/{id}`` until the audit is no longer pending; its JSON."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        audit = api.get(f"/api/v1/audits/{audit_id}").json()
+        if audit["status"] != "pending":
+            return audit
+        time.sleep(0.01)
+    raise AssertionError(f"audit {audit_id} still pending after {timeout}s")

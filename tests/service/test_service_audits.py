@@ -8,7 +8,7 @@ import time
 import torch
 from rlvitals.analyzers import LossConfig, grpo_advantages, recompute
 
-from tests.service.batchdata import OCTET, make_batch, make_tensors
+from tests.service.batchdata import OCTET, make_batch, make_tensors, wait_done
 
 CORE = ("log_prob", "old_log_prob", "advantages", "response_mask")
 
@@ -18,16 +18,6 @@ def _upload(api, run_id, body):
     assert response.status_code == 202, response.text
     assert response.json()["status"] == "pending"
     return response.json()["id"]
-
-
-def _wait_done(api, audit_id, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        audit = api.get(f"/api/v1/audits/{audit_id}").json()
-        if audit["status"] != "pending":
-            return audit
-        time.sleep(0.01)
-    raise AssertionError(f"audit {audit_id} still pending after {timeout}s")
 
 
 def _honest(tensors, config=None):
@@ -40,7 +30,7 @@ def test_a_64x4096_batch_is_audited_within_a_second(api):
     body = make_batch(5, tensors=tensors, reported=_honest(tensors))
     started = time.monotonic()
     audit_id = _upload(api, run_id, body)
-    audit = _wait_done(api, audit_id, timeout=5)
+    audit = wait_done(api, audit_id, timeout=5)
     elapsed = time.monotonic() - started
     assert elapsed < 1.0, f"audit result visible after {elapsed:.2f}s"
     assert audit["status"] == "done" and audit["ok"] is True and audit["step"] == 5
@@ -55,7 +45,7 @@ def test_a_wrong_reported_loss_fails_the_audit_and_raises_an_alert(api):
     tensors = make_tensors(8, 64, seed=1)
     reported = _honest(tensors)
     reported["pg_loss"] = reported["pg_loss"] * 3 + 0.5  # e.g. a different aggregation
-    audit = _wait_done(api, _upload(api, run_id, make_batch(1, tensors=tensors, reported=reported)))
+    audit = wait_done(api, _upload(api, run_id, make_batch(1, tensors=tensors, reported=reported)))
     assert audit["status"] == "done" and audit["ok"] is False
     assert audit["verdicts"]["pg_loss"]["ok"] is False and audit["verdicts"]["pg_loss"]["abs_err"] > 0
     alerts = api.get(f"/api/v1/runs/{run_id}/alerts", params={"state": "firing"}).json()["data"]
@@ -69,7 +59,7 @@ def test_verl_prefixed_reported_names_and_config(api):
     reported = {f"actor/{k}": v for k, v in _honest(tensors, config).items()}
     body = make_batch(2, tensors=tensors, reported=reported, config=config.to_dict(),
                       metadata={"rank": "3", "micro_batch": "1"})  # fmt: skip
-    audit = _wait_done(api, _upload(api, run_id, body))
+    audit = wait_done(api, _upload(api, run_id, body))
     assert audit["ok"] is True, audit["explanation"]
     assert audit["rank"] == 3 and audit["micro_batch"] == 1
 
@@ -79,11 +69,11 @@ def test_grpo_advantages_are_recomputed_and_checked(api):
     tensors = make_tensors(16, 32, grpo=True)
     tensors["advantages"], _ = grpo_advantages(tensors["token_level_rewards"], tensors["response_mask"],
                                                tensors["group_index"])  # fmt: skip
-    good = _wait_done(api, _upload(api, run_id, make_batch(0, tensors=tensors, reported=_honest(tensors))))
+    good = wait_done(api, _upload(api, run_id, make_batch(0, tensors=tensors, reported=_honest(tensors))))
     assert good["ok"] is True and good["advantages"]["ok"] is True
     assert good["groups"]["num_groups"] == 4
     tensors["advantages"] = tensors["advantages"] * 2  # e.g. normalised twice
-    bad = _wait_done(api, _upload(api, run_id, make_batch(1, tensors=tensors, reported=_honest(tensors))))
+    bad = wait_done(api, _upload(api, run_id, make_batch(1, tensors=tensors, reported=_honest(tensors))))
     assert bad["ok"] is False and bad["advantages"]["ok"] is False
     assert "GRPO" in bad["explanation"]
 
@@ -108,10 +98,10 @@ def test_a_job_that_cannot_be_audited_is_marked_error_and_the_worker_survives(ap
             "run_id": run_id, "step": 0, "status": "pending", "config": {}, "reported": {},
             "blob": b"garbage", "nbytes": 7, "created_at": time.time()})  # fmt: skip
     api.services.audits.wake()
-    audit = _wait_done(api, broken)
+    audit = wait_done(api, broken)
     assert audit["status"] == "error" and "safetensors" in audit["error"]
     tensors = make_tensors(4, 16)
-    follow = _wait_done(api, _upload(api, run_id, make_batch(1, tensors=tensors, reported=_honest(tensors))))
+    follow = wait_done(api, _upload(api, run_id, make_batch(1, tensors=tensors, reported=_honest(tensors))))
     assert follow["status"] == "done"
 
 
@@ -147,7 +137,7 @@ def test_without_histograms_the_tensors_go_with_the_result(app_client, sqlite_ur
     api = app_client(sqlite_url, audit_histograms=False)
     run_id = api.create_run()
     audit_id = _upload(api, run_id, make_batch(0))
-    _wait_done(api, audit_id)
+    wait_done(api, audit_id)
     with api.services.db.read() as session:
         assert repo.get_audit_blob(session=session, audit_id=audit_id) is None
         assert "histograms" not in repo.get_audit(session=session, audit_id=audit_id)["result"]
@@ -158,4 +148,4 @@ def test_bool_and_integer_masks_are_accepted(api):
     for dtype in (torch.bool, torch.int64, torch.uint8):
         tensors = make_tensors(4, 16)
         tensors["response_mask"] = tensors["response_mask"].to(dtype)
-        _wait_done(api, _upload(api, run_id, make_batch(0, tensors=tensors)))
+        wait_done(api, _upload(api, run_id, make_batch(0, tensors=tensors)))

@@ -4,12 +4,11 @@ and audited once and answers the same id; on SQLite and PostgreSQL, also under c
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 from rlvitals.service.storage import repository as repo
 
-from tests.service.batchdata import OCTET, make_batch
+from tests.service.batchdata import OCTET, make_batch, wait_done
 
 
 def _post(api, run_id, body):
@@ -27,16 +26,6 @@ def _batches_total(api) -> float:
     raise AssertionError("rlvitals_batches_total missing from /metrics")
 
 
-def _wait_done(api, audit_id, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        audit = api.get(f"/api/v1/audits/{audit_id}").json()
-        if audit["status"] != "pending":
-            return audit
-        time.sleep(0.01)
-    raise AssertionError(f"audit {audit_id} still pending after {timeout}s")
-
-
 def test_a_resend_answers_the_same_id_and_is_audited_once(api):
     run_id = api.create_run()
     body = make_batch(3, metadata={"record_id": "1a2b-00ff00ff00ff"})
@@ -44,7 +33,7 @@ def test_a_resend_answers_the_same_id_and_is_audited_once(api):
     assert first.status_code == 202, first.text
     assert first.json()["status"] == "pending"
     audit_id = first.json()["id"]
-    done = _wait_done(api, audit_id)
+    done = wait_done(api, audit_id)
     again = _post(api, run_id, body)
     assert again.status_code == 200, again.text
     assert again.json() == {"id": audit_id, "status": done["status"]}
