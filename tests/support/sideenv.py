@@ -5,7 +5,7 @@ numpy and friends that must never leak into the project's ``.venv``. Each lives 
 at the repository root, built by the test command itself (CI starts from a fresh clone)::
 
     py = ensure("trl", [["torch==2.13.0"], ["trl==1.16.0", "-c", "{constraints}"]])
-    subprocess.run([str(py), script, ...], check=True)
+    subprocess.run([str(py), script, ...], check=True, env={**os.environ, "PYTHONPATH": str(rlvitals_path())})
 
 ``steps`` are pip argument lists run in order; ``{constraints}`` in an argument is replaced by a
 constraints file pinning ``torch==2.13.0`` (an unpinned torch would pull a multi-GB CUDA build). The env
@@ -29,6 +29,26 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 SIDE_ENVS = Path(os.environ.get("RLVITALS_SIDEENV_DIR", ROOT / ".sidenv"))
 TORCH = "torch==2.13.0"
+
+
+# Shared recipes: several test modules use the same library, so they share one env (same name, same steps).
+VERL = (
+    (TORCH,),
+    ("verl==0.9.1", "--no-deps"),
+    (
+        "numpy",
+        "packaging",
+        "tensordict==0.10.0",
+        "transformers==5.10.4",
+        "omegaconf",
+        "codetiming",
+        "orjson",
+        "safetensors",
+        "-c",
+        "{constraints}",
+    ),
+)
+TRL = ((TORCH,), ("trl==1.16.0", "-c", "{constraints}"))
 
 
 class SideEnvError(RuntimeError):
@@ -82,3 +102,24 @@ def ensure(name: str, steps: Sequence[Sequence[str]]) -> Path:
             _run(pip + _torch_args(args), log)
         stamp.write_text(want)
         return python
+
+
+def rlvitals_path() -> Path:
+    """A folder to put on a side env's ``PYTHONPATH`` so that it imports *this checkout's* rlvitals.
+
+    The project maps top-level folders onto the ``rlvitals`` namespace (see setup.py); a symlink farm
+    reproduces that mapping without installing anything into the side env (which several checkouts may
+    share through ``RLVITALS_SIDEENV_DIR``).
+    """
+    farm = ROOT / ".sidenv-src"
+    pkg = farm / "rlvitals"
+    pkg.mkdir(parents=True, exist_ok=True)
+    links = {p.name: p for p in (ROOT / "src" / "rlvitals").iterdir() if p.name != "__pycache__"}
+    links.update({n: ROOT / n for n in ("analyzers", "client", "service", "examples")})
+    for name, target in links.items():
+        link = pkg / name
+        if not link.is_symlink():
+            if link.exists():
+                shutil.rmtree(link) if link.is_dir() else link.unlink()
+            link.symlink_to(target)
+    return farm
