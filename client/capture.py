@@ -140,13 +140,28 @@ def _config_json(config: Any) -> str:
         except ImportError:  # analyzers not installed alongside: the server validates instead
             LossConfig = None
         if LossConfig is not None:
+            algorithm = _algorithm_json(data)
             data = LossConfig.from_verl(data).to_dict()  # misuse (bad values) raises here, in the caller
+            if algorithm:
+                data["algorithm"] = algorithm
     else:
         raise TypeError(f"config must be a LossConfig or a dict, got {type(config).__name__}")
     try:
         return json.dumps(data, allow_nan=False, default=str)
     except ValueError as exc:
         raise ValueError(f"config is not JSON-serialisable: {exc}") from None
+
+
+def _algorithm_json(data: Mapping[str, Any]) -> dict[str, Any] | None:
+    """verl's ``algorithm`` section (``adv_estimator``, ``norm_adv_by_std_in_grpo``, ``gamma``,
+    ``rollout_correction``), validated when the analyzers and torch are importable, else sent as given."""
+    try:
+        from rlvitals.analyzers.algorithm import AlgorithmConfig
+    except ImportError:  # no torch here: the server validates
+        section = data.get("algorithm")
+        return dict(section) if isinstance(section, Mapping) else None
+    algorithm = AlgorithmConfig.from_verl(data)  # misuse (bad values) raises here, in the caller
+    return algorithm.to_dict() if algorithm.present else None
 
 
 def _group_ids(value: Any, batch: int, pending_cuda: dict):

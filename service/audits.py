@@ -4,8 +4,9 @@
 every replica can read them, and refuses with ``Busy`` (429 + Retry-After) once
 ``audit_queue_size`` jobs are waiting, so memory and disk never grow without bound. Worker threads
 claim jobs exactly once (``SELECT ... FOR UPDATE SKIP LOCKED`` on PostgreSQL; SQLite serialises its
-writers), run ``rlvitals.analyzers.audit`` (+ ``group_diagnostics`` and a GRPO advantage recompute
-when ``token_level_rewards``/``group_index`` came along), store the result, feed the run's health
+writers), run ``rlvitals.analyzers.audit`` (+ ``group_diagnostics``, the advantages of
+``algorithm.adv_estimator`` when ``token_level_rewards`` came along, and the rollout correction when
+``rollout_log_probs`` did), store the result, feed the run's health
 monitor (``audit_mismatch``, ``zero_advantage_groups``) and publish an ``audit`` event.
 
 Idle workers wake at once when this process queues a job, on a NOTIFY from another replica, or at
@@ -41,8 +42,6 @@ if TYPE_CHECKING:  # torch is imported with the first audit: a scalar-only serve
 log = logging.getLogger("rlvitals.service.audits")
 
 _SPELLED = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
-ADVANTAGE_ATOL = 1e-4  # float32 advantages recomputed in float64
-ADVANTAGE_RTOL = 1e-4
 
 
 def audit_public(row: dict[str, Any]) -> dict[str, Any]:
@@ -63,6 +62,7 @@ def audit_public(row: dict[str, Any]) -> dict[str, Any]:
         "counterfactuals": result.get("counterfactuals"),
         "groups": result.get("groups"),
         "advantages": result.get("advantages"),
+        "rollout": result.get("rollout"),
         "ok": result.get("ok"),
         "error": row.get("error"),
         "created_at": row["created_at"],
@@ -90,59 +90,56 @@ def _decode_reported(reported: dict[str, Any]) -> dict[str, float | None]:
     return {k: (_SPELLED[v] if isinstance(v, str) else v) for k, v in (reported or {}).items()}
 
 
-def _grpo_norm_by_std(config: dict[str, Any]) -> bool:
-    """verl's ``algorithm.norm_adv_by_std_in_grpo`` (False: Dr.GRPO), read from the batch config."""
-    for section in (config, config.get("algorithm") if isinstance(config.get("algorithm"), dict) else {}):
-        if "norm_adv_by_std_in_grpo" in section:
-            return bool(section["norm_adv_by_std_in_grpo"])
-    return True
-
-
-def check_grpo_advantages(config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """Recompute GRPO advantages from ``token_level_rewards`` ``(batch, len)`` and ``group_index``
-    ``(batch,)`` and compare with the sent ``advantages`` on valid tokens."""
-    import torch
-    from rlvitals.analyzers import grpo_advantages
-
-    norm = _grpo_norm_by_std(config)
-    mask = tensors["response_mask"]
-    expected, _ = grpo_advantages(
-        tensors["token_level_rewards"], mask, tensors["group_index"], norm_adv_by_std_in_grpo=norm
-    )
-    sent = tensors["advantages"].to(torch.float64)
-    valid = mask.bool()
-    diff = (expected.to(torch.float64) - sent).abs()[valid]
-    max_err = float(diff.max()) if diff.numel() else 0.0
-    scale = float(expected.to(torch.float64).abs()[valid].max()) if diff.numel() else 0.0
-    ok = max_err <= ADVANTAGE_ATOL + ADVANTAGE_RTOL * scale
-    return {"ok": bool(ok), "max_abs_err": max_err, "norm_adv_by_std_in_grpo": norm}
-
-
-def run_audit(config: dict[str, Any], tensors: dict[str, torch.Tensor], reported: dict[str, Any]):
+def run_audit(
+    config: dict[str, Any],
+    tensors: dict[str, torch.Tensor],
+    reported: dict[str, Any],
+    run_config: dict[str, Any] | None = None,
+):
     """Audit one batch -> (JSON-safe result, the result as the monitor reads it, group diagnostics).
 
-    ``rlvitals.analyzers.audit`` checks the reported loss metrics; with ``token_level_rewards`` and
-    ``group_index`` the GRPO advantages are recomputed too, and a mismatch there fails the audit.
+    ``rlvitals.analyzers.audit`` checks the reported loss metrics. The ``algorithm`` section of the batch
+    config (else of the run config: verl's ``algorithm.*``) drives two more checks, each of which fails
+    the audit on a mismatch: with ``token_level_rewards`` (+ ``group_index``) the advantages are
+    recomputed with ``adv_estimator``; with ``rollout_log_probs`` the rollout correction is recomputed
+    and the reported ``rollout_corr/*`` values checked (``result["rollout"]``).
     """
     from rlvitals.analyzers import LossConfig, audit, group_diagnostics
+    from rlvitals.analyzers.algorithm import AlgorithmConfig, audit_rollout, check_advantages
 
-    report = audit(LossConfig.from_verl(config), tensors, _decode_reported(reported))
+    decoded = _decode_reported(reported)
+    algorithm = AlgorithmConfig.from_verl(config)
+    if not algorithm.present and run_config:
+        algorithm = AlgorithmConfig.from_verl(run_config)
+    report = audit(LossConfig.from_verl(config), tensors, decoded)
     result = report.to_dict()
     groups = None
+    extra: list[str] = []
     if "token_level_rewards" in tensors and "group_index" in tensors:
         groups = group_diagnostics(
             tensors["token_level_rewards"], tensors["response_mask"], tensors["group_index"]
         ).to_dict()
         result["groups"] = groups
-        advantages = check_grpo_advantages(config, tensors)
+    if "token_level_rewards" in tensors and ("group_index" in tensors or algorithm.adv_estimator is not None):
+        advantages = check_advantages(algorithm, tensors)
         result["advantages"] = advantages
-        if not advantages["ok"]:
-            result["ok"] = False
-            result["explanation"] = (
-                f"{result['explanation']} The sent advantages differ from GRPO advantages recomputed from "
-                f"token_level_rewards and group_index by up to {advantages['max_abs_err']:.3g} "
-                f"(norm_adv_by_std_in_grpo={advantages['norm_adv_by_std_in_grpo']})."
-            ).strip()
+        if advantages["ok"] is False:
+            name = advantages["estimator"]
+            extra.append(
+                f"The sent advantages differ from {name.upper()} advantages (adv_estimator={name!r}) recomputed "
+                f"from token_level_rewards and group_index by up to {advantages['max_abs_err']:.3g} "
+                f"(norm_adv_by_std_in_grpo={advantages['norm_adv_by_std_in_grpo']}, gamma={advantages['gamma']})."
+            )
+    rollout = audit_rollout(algorithm, tensors, decoded)
+    if rollout is not None:
+        rollout.pop("_mask", None)
+        rollout.pop("_weights", None)
+        result["rollout"] = rollout
+        if rollout["ok"] is False:
+            extra.append(rollout["explanation"])
+    if extra:
+        result["ok"] = False
+        result["explanation"] = " ".join([result["explanation"], *extra]).strip()
     return jsonable(result), result, groups
 
 
@@ -258,7 +255,13 @@ class AuditPool(WorkerThreads):
             from rlvitals.service.batches import load_tensors
 
             tensors = load_tensors(job["blob"])
-            result, report, groups = run_audit(job["config"] or {}, tensors, job["reported"] or {})
+            run_config = None
+            if "rollout_log_probs" in tensors or "token_level_rewards" in tensors:
+                with self.db.read() as session:  # the run's algorithm config, if the batch has none
+                    run_config = (repo.get_run(session=session, run_id=job["run_id"]) or {}).get("config")
+            result, report, groups = run_audit(
+                job["config"] or {}, tensors, job["reported"] or {}, run_config=run_config
+            )
             status = "done"
         except Exception as exc:  # a bad batch must not kill the worker: the audit is marked 'error'
             log.exception("audit %s failed", job["id"])

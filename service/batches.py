@@ -10,7 +10,8 @@ response_len)`` unless noted:
   ``(batch,)`` int64 (the GRPO group of each sequence; needs ``token_level_rewards``).
 
 safetensors metadata (all strings): ``step`` (int >= 0, required), ``config`` (JSON object of verl
-LossConfig fields), ``reported`` (JSON object: the metrics the trainer computed on exactly these
+LossConfig fields, optionally with verl's ``algorithm`` section: ``adv_estimator``,
+``norm_adv_by_std_in_grpo``, ``gamma``, ``rollout_correction``), ``reported`` (JSON object: the metrics the trainer computed on exactly these
 tensors), optional ``rank`` and ``micro_batch`` (ints) and ``record_id`` (the client's id of the
 upload, 1-128 printable ASCII characters without spaces: a resend with the same id is stored once).
 Anything wrong -> ``InvalidInput`` (422) naming the tensor or field.
@@ -193,8 +194,15 @@ def validate(body: bytes) -> tuple[Batch, dict[str, torch.Tensor]]:
 
 def _check_config(config: dict[str, Any]) -> None:
     from rlvitals.analyzers import LossConfig
+    from rlvitals.analyzers.algorithm import AlgorithmConfig
 
     try:
         LossConfig.from_verl(config)
     except (ValueError, TypeError) as exc:
         raise InvalidInput(f"safetensors metadata 'config' is not a valid loss config: {exc}") from exc
+    try:
+        AlgorithmConfig.from_verl(config)
+    except (ValueError, TypeError) as exc:
+        raise InvalidInput(
+            f"safetensors metadata 'config' has an invalid 'algorithm' section: {exc}"
+        ) from exc

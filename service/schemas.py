@@ -108,7 +108,14 @@ class AuditPublic(BaseModel):
     counterfactuals: dict[str, Any] | None
     groups: dict[str, Any] | None = Field(None, description="GRPO group diagnostics (with group_index).")
     advantages: dict[str, Any] | None = Field(
-        None, description="GRPO advantages recomputed from token_level_rewards/group_index vs the sent ones."
+        None,
+        description="Advantages of algorithm.adv_estimator (default grpo) recomputed from "
+        "token_level_rewards/group_index vs the sent ones.",
+    )
+    rollout: dict[str, Any] | None = Field(
+        None,
+        description="Rollout correction recomputed from old_log_prob/rollout_log_probs/response_mask with "
+        "algorithm.rollout_correction: verdicts on the reported rollout_corr/* and training/rollout_* values.",
     )
     ok: bool | None = None
     error: str | None = None

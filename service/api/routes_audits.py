@@ -20,7 +20,7 @@ _BINARY_BODY = {
         "required": True,
         "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
         "description": "A safetensors file: tensors log_prob, old_log_prob, advantages, response_mask "
-        "(+ ref_log_prob, entropy, token_level_rewards, group_index); metadata step, config, reported, "
+        "(+ ref_log_prob, entropy, token_level_rewards, group_index, rollout_log_probs); metadata step, config, reported, "
         "rank, micro_batch, record_id (a resend with the same record_id is stored once).",
     }
 }

@@ -236,15 +236,26 @@ def test_log_batch_torch_tensors_and_uid_groups(fake, tmp_path):
         assert json.loads(handle.metadata()["reported"]) == {"kl": "Infinity"}
 
 
-def test_log_batch_sends_rollout_log_probs(fake, tmp_path):
+def test_log_batch_sends_rollout_log_probs_and_verls_algorithm_section(fake, tmp_path):
     run = start(fake, tmp_path)
     rollout = batch_arrays()["old_log_prob"] - 0.01
-    run.log_batch(0, **batch_arrays(), rollout_log_probs=rollout, reported={"rollout_corr/kl": 0.01})
+    correction = {"rollout_is": "token", "rollout_is_threshold": 2.0, "rollout_rs": "token_k1",
+                  "rollout_rs_threshold": "0.9_1.1"}  # fmt: skip
+    verl = {"actor_rollout_ref": {"actor": {"clip_ratio": 0.25}},
+            "algorithm": {"adv_estimator": "rloo", "rollout_correction": correction, "lam": 1.0}}  # fmt: skip
+    run.log_batch(
+        0, **batch_arrays(), rollout_log_probs=rollout, config=verl, reported={"rollout_corr/kl": 0.01}
+    )
     run.finish(timeout=5)
     path = tmp_path / "b.safetensors"
     path.write_bytes(fake.batches[run.run_id][0])
     with safe_open(str(path), framework="numpy") as handle:
         np.testing.assert_array_equal(handle.get_tensor("rollout_log_probs"), rollout)
+        config = json.loads(handle.metadata()["config"])
+    assert config["clip_ratio"] == 0.25
+    assert config["algorithm"] == {"adv_estimator": "rloo", "norm_adv_by_std_in_grpo": True, "gamma": 1.0,
+                                   "rollout_correction": {**correction, "rollout_is_batch_normalize": False,
+                                                          "bypass_mode": False, "loss_type": "ppo_clip"}}  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -262,6 +273,7 @@ def test_log_batch_sends_rollout_log_probs(fake, tmp_path):
         ({"reported": [1.0]}, TypeError),
         ({"rollout_log_probs": np.zeros((4, 7), np.float32)}, ValueError),
         ({"rollout_log_probs": [[0.0] * 8] * 4}, TypeError),
+        ({"config": {"algorithm": {"rollout_correction": {"rollout_rs": "token_k9"}}}}, ValueError),
     ],
 )
 def test_log_batch_misuse_raises(fake, tmp_path, change, error):
