@@ -57,12 +57,40 @@ PREFIX = "rollout_corr/"
 
 
 # -- verl's masked reductions (verl.utils.torch_functional), exactly ---------------------------------------
-def _masked_sum(values: Tensor, mask: Tensor, axis: int | None = None) -> Tensor:
-    return (torch.where(mask.bool(), values, 0.0) * mask).sum(axis=axis)
+class _Mask:
+    """A response mask with its bool view and per-axis counts computed once per call (verl recomputes
+    them in every ``masked_mean``; at 64x4096 that is most of the time)."""
+
+    __slots__ = ("_counts", "tensor", "valid")
+
+    def __init__(self, tensor: Tensor) -> None:
+        self.tensor = tensor
+        self.valid = tensor.bool()
+        self._counts: dict[int | None, Tensor] = {}
+
+    def count(self, axis: int | None) -> Tensor:
+        if axis not in self._counts:
+            self._counts[axis] = self.tensor.sum(axis=axis)
+        return self._counts[axis]
 
 
-def _masked_mean(values: Tensor, mask: Tensor, axis: int | None = None) -> Tensor:
-    return _masked_sum(values, mask, axis) / (mask.sum(axis=axis) + 1e-8)
+def _masked_sum(values: Tensor, mask: _Mask, axis: int | None = None) -> Tensor:
+    kept = torch.where(mask.valid, values, 0.0)
+    if torch.promote_types(kept.dtype, mask.tensor.dtype) != kept.dtype:
+        kept = kept * mask.tensor  # e.g. float32 values under a float64 mask: verl's sum is float64
+    # otherwise verl's ``* mask`` multiplies kept values by exactly 1 and zeros by 0: the same tensor,
+    # without the mixed-dtype multiply that costs more than the rest of the reduction
+    return kept.sum(axis=axis)
+
+
+def _masked_mean(values: Tensor, mask: _Mask, axis: int | None = None) -> Tensor:
+    return _masked_sum(values, mask, axis) / (mask.count(axis) + 1e-8)
+
+
+def _as_factor(mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """``mask`` as the multiplier verl's ``x * mask`` uses: the same values in ``x``'s dtype when the
+    product has that dtype anyway (0/1 convert exactly), which avoids a slow mixed-dtype multiply."""
+    return mask.to(dtype) if torch.promote_types(dtype, mask.dtype) == dtype else mask
 
 
 # -- configuration ---------------------------------------------------------------------------------------
@@ -233,28 +261,29 @@ def _is_weights(
     log_ratio: Tensor, mask: Tensor, level: str, threshold: float | str, batch_normalize: bool
 ) -> tuple[Tensor, dict[str, float]]:
     upper, lower = parse_is_threshold(threshold)
+    mk = _Mask(mask)
     if level == "token":
         stat = log_ratio
         raw = torch.exp(log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND))
     elif level == "sequence":
-        stat = _masked_sum(log_ratio, mask, axis=-1).unsqueeze(-1)  # (batch, 1): log prod_t rho_t
+        stat = _masked_sum(log_ratio, mk, axis=-1).unsqueeze(-1)  # (batch, 1): log prod_t rho_t
         raw = torch.exp(stat.clamp(-SAFETY_BOUND, SAFETY_BOUND)).expand_as(log_ratio)
     else:
         raise ValueError(f"rollout_is must be 'token' or 'sequence'; got {level!r}")
-    raw = raw * mask
+    raw = raw * _as_factor(mask, raw.dtype)
     if lower is None:  # TIS: truncate
         weights = raw.clamp(max=upper)
     else:  # IcePop: zero outside [lower, upper]
         weights = torch.where((raw >= lower) & (raw <= upper), raw, torch.zeros_like(raw))
-    metrics = _is_metrics(weights, raw, stat, mask, level, upper, lower)
+    metrics = _is_metrics(weights, raw, stat, mk, level, upper, lower)
     if lower is not None:
-        metrics["rollout_is_oob_ratio"] = _masked_mean(((raw < lower) | (raw > upper)).float(), mask).item()
+        metrics["rollout_is_oob_ratio"] = _masked_mean(((raw < lower) | (raw > upper)).float(), mk).item()
     if batch_normalize:
         if level == "token":
-            mean = _masked_mean(weights, mask)
+            mean = _masked_mean(weights, mk)
         else:
-            seq_weights = _masked_mean(weights, mask, axis=-1)
-            seq_mask = (mask.sum(dim=-1) > 0).to(dtype=weights.dtype)
+            seq_weights = _masked_mean(weights, mk, axis=-1)
+            seq_mask = (mk.count(-1) > 0).to(dtype=weights.dtype)
             mean = (seq_weights * seq_mask).sum() / seq_mask.sum().clamp_min(1e-8)
         if mean > 1e-8:
             weights = weights / mean
@@ -265,7 +294,7 @@ def _is_weights(
 
 
 def _is_metrics(
-    weights: Tensor, raw: Tensor, stat: Tensor, mask: Tensor, level: str, upper: float, lower: float | None
+    weights: Tensor, raw: Tensor, stat: Tensor, mk: _Mask, level: str, upper: float, lower: float | None
 ) -> dict[str, float]:
     """verl's ``compute_is_metrics`` (before batch normalisation)."""
     lower = 1.0 / upper if lower is None else lower
@@ -273,44 +302,44 @@ def _is_metrics(
     log_upper = torch.log(torch.tensor(upper, device=weights.device))
     log_lower = torch.log(torch.tensor(lower, device=weights.device))
     m: dict[str, float] = {}
-    valid = mask.bool()
+    valid = mk.valid
     if level == "sequence":
         m["rollout_is_max"] = torch.exp(torch.clamp(stat.max(), max=SAFETY_BOUND)).item()
         m["rollout_is_min"] = torch.exp(stat.min()).item()
-        m["rollout_is_mean"] = _masked_mean(weights, mask).item()
+        m["rollout_is_mean"] = _masked_mean(weights, mk).item()
         m["rollout_is_ratio_fraction_high"] = (stat > log_upper).float().mean().item()
         m["rollout_is_ratio_fraction_low"] = (stat < log_lower).float().mean().item()
     else:
-        m["rollout_is_mean"] = _masked_mean(weights, mask).item()
-        m["rollout_is_ratio_fraction_high"] = _masked_mean((raw > upper).float(), mask).item()
-        m["rollout_is_ratio_fraction_low"] = _masked_mean((raw < lower).float(), mask).item()
+        m["rollout_is_mean"] = _masked_mean(weights, mk).item()
+        m["rollout_is_ratio_fraction_high"] = _masked_mean((raw > upper).float(), mk).item()
+        m["rollout_is_ratio_fraction_low"] = _masked_mean((raw < lower).float(), mk).item()
         m["rollout_is_max"] = weights.masked_fill(~valid, float("-inf")).max().item()
         m["rollout_is_min"] = weights.masked_fill(~valid, float("inf")).min().item()
     clipped = weights.clamp(min=0.0, max=upper)
-    if mask.sum() > 1:
-        mean = _masked_mean(clipped, mask)
-        var = _masked_mean(clipped.square(), mask) - mean.square()
+    if mk.count(None) > 1:
+        mean = _masked_mean(clipped, mk)
+        var = _masked_mean(clipped.square(), mk) - mean.square()
         m["rollout_is_std"] = torch.sqrt(torch.clamp(var, min=0.0)).item()
     else:
         m["rollout_is_std"] = 0.0
     # ESS = 1 / E[(w / E[w])^2] over valid tokens
-    normalized = clipped / (_masked_mean(clipped, mask) + 1e-8)
-    m["rollout_is_eff_sample_size"] = 1.0 / _masked_mean(normalized.square(), mask).item()
-    seq_mean = _masked_mean(weights, mask, axis=-1)
+    normalized = clipped / (_masked_mean(clipped, mk) + 1e-8)
+    m["rollout_is_eff_sample_size"] = 1.0 / _masked_mean(normalized.square(), mk).item()
+    seq_mean = _masked_mean(weights, mk, axis=-1)
     m["rollout_is_seq_mean"] = seq_mean.mean().item()
     m["rollout_is_seq_std"] = seq_mean.std().item() if seq_mean.numel() > 1 else 0.0
     m["rollout_is_seq_max"] = seq_mean.max().item()
     m["rollout_is_seq_min"] = seq_mean.min().item()
     m["rollout_is_seq_max_deviation"] = (seq_mean - 1.0).abs().max().item()
-    raw_seq_mean = _masked_mean(raw, mask, axis=-1)  # pre-truncation: a truncated mean never exceeds upper
+    raw_seq_mean = _masked_mean(raw, mk, axis=-1)  # pre-truncation: a truncated mean never exceeds upper
     m["rollout_is_seq_fraction_high"] = (raw_seq_mean > upper).float().mean().item()
     m["rollout_is_seq_fraction_low"] = (raw_seq_mean < lower).float().mean().item()
     return m
 
 
-def _seq_max(values: Tensor, mask: Tensor) -> Tensor:
+def _seq_max(values: Tensor, valid: Tensor) -> Tensor:
     neg_inf = torch.tensor(float("-inf"), device=values.device, dtype=values.dtype)
-    top = values.masked_fill(~mask.bool(), neg_inf).max(dim=-1).values
+    top = values.masked_fill(~valid, neg_inf).max(dim=-1).values
     return torch.where(top == neg_inf, torch.zeros_like(top), top)
 
 
@@ -324,8 +353,9 @@ def _rejection_mask(
         return mask, {}
     safe = log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)
     per_token = {"k1": -safe, "k2": 0.5 * safe**2, "k3": torch.exp(safe) - 1.0 - safe}
-    valid = mask.bool()
-    seq_valid = mask.sum(dim=-1) > 0
+    mk = _Mask(mask)
+    valid = mk.valid
+    seq_valid = mk.count(-1) > 0
     combined = torch.ones_like(mask, dtype=log_ratio.dtype)
     m: dict[str, float] = {}
     for option in options:
@@ -339,20 +369,20 @@ def _rejection_mask(
             stat = values
         else:
             if option.startswith("seq_sum"):
-                seq_stat = _masked_sum(values, mask, axis=-1)
+                seq_stat = _masked_sum(values, mk, axis=-1)
             elif option.startswith("seq_mean"):
-                seq_stat = _masked_mean(values, mask, axis=-1)
+                seq_stat = _masked_mean(values, mk, axis=-1)
             else:
-                seq_stat = _seq_max(values, mask)
+                seq_stat = _seq_max(values, valid)
             stat = seq_stat.unsqueeze(-1).expand_as(mask)
         keep = (stat >= lo_log) & (stat <= hi) if k1 else stat <= hi
         keep_f = keep.to(dtype=log_ratio.dtype)
         combined = combined * keep_f
         m.update(
-            _rs_metrics(option, stat, mask, seq_valid, seq_stat, hi, lo_log if k1 else 0.0, apply_lower=k1)
+            _rs_metrics(option, stat, mk, seq_valid, seq_stat, hi, lo_log if k1 else 0.0, apply_lower=k1)
         )
         seq_keep = (~((~keep) & valid)).all(dim=-1)
-        m[f"rollout_rs_{option}_masked_fraction"] = _masked_mean(1 - keep_f, mask).item()
+        m[f"rollout_rs_{option}_masked_fraction"] = _masked_mean(1 - keep_f, mk).item()
         seq_valid_f = seq_valid.float()
         if seq_valid_f.sum() > 0:
             seq_keep_f = seq_keep.to(dtype=log_ratio.dtype)
@@ -361,16 +391,16 @@ def _rejection_mask(
             ).item()
         else:
             m[f"rollout_rs_{option}_seq_masked_fraction"] = 0.0
-    m["rollout_rs_masked_fraction"] = _masked_mean(1 - combined, mask).item()
+    m["rollout_rs_masked_fraction"] = _masked_mean(1 - combined, mk).item()
     kept = (combined > 0.5) & valid
     m["rollout_rs_seq_masked_fraction"] = (~kept & valid).any(dim=-1).float().mean().item()
-    return (mask * combined).to(dtype=mask.dtype), m
+    return (_as_factor(mask, combined.dtype) * combined).to(dtype=mask.dtype), m
 
 
 def _rs_metrics(
     option: str,
     stat: Tensor,
-    mask: Tensor,
+    mk: _Mask,
     seq_valid: Tensor,
     seq_stat: Tensor | None,
     upper: float,
@@ -380,11 +410,11 @@ def _rs_metrics(
 ) -> dict[str, float]:
     """verl's ``compute_rs_metrics`` for one option (``upper``/``lower`` in the statistic's units)."""
     p = f"rollout_rs_{option}"
-    valid = mask.bool()
-    seq_values = seq_stat if seq_stat is not None else _masked_mean(stat, mask, axis=-1)
+    valid = mk.valid
+    seq_values = seq_stat if seq_stat is not None else _masked_mean(stat, mk, axis=-1)
     seq_values = seq_values[seq_valid]
     sequence = seq_stat is not None and seq_values.numel() > 0
-    m: dict[str, float] = {f"{p}_mean": _masked_mean(stat, mask).item()}
+    m: dict[str, float] = {f"{p}_mean": _masked_mean(stat, mk).item()}
     if sequence:
         m[f"{p}_max"] = seq_values.max().item()
         m[f"{p}_min"] = seq_values.min().item()
@@ -393,12 +423,12 @@ def _rs_metrics(
     else:
         m[f"{p}_max"] = stat.masked_fill(~valid, float("-inf")).max().item()
         m[f"{p}_min"] = stat.masked_fill(~valid, float("inf")).min().item()
-        m[f"{p}_fraction_high"] = _masked_mean((stat > upper).float(), mask).item()
-        m[f"{p}_fraction_low"] = _masked_mean((stat < lower).float(), mask).item() if apply_lower else 0.0
-    if mask.sum() > 1:
+        m[f"{p}_fraction_high"] = _masked_mean((stat > upper).float(), mk).item()
+        m[f"{p}_fraction_low"] = _masked_mean((stat < lower).float(), mk).item() if apply_lower else 0.0
+    if mk.count(None) > 1:
         clamped = stat.clamp(min=lower if apply_lower else 0.0, max=upper)
-        mean = _masked_mean(clamped, mask)
-        var = _masked_mean(clamped.square(), mask) - mean.square()
+        mean = _masked_mean(clamped, mk)
+        var = _masked_mean(clamped.square(), mk) - mean.square()
         m[f"{p}_std"] = torch.sqrt(torch.clamp(var, min=0.0)).item()
     else:
         m[f"{p}_std"] = 0.0
@@ -422,13 +452,14 @@ def _rs_metrics(
 def _offpolicy_metrics(log_prob: Tensor, rollout_log_prob: Tensor, mask: Tensor) -> dict[str, float]:
     """verl's ``compute_offpolicy_metrics``: KL(pi_rollout || pi_train) estimators, perplexities, chi^2."""
     m: dict[str, float] = {}
-    mean_train = _masked_mean(log_prob, mask, axis=-1)  # (batch,)
+    mk = _Mask(mask)
+    mean_train = _masked_mean(log_prob, mk, axis=-1)  # (batch,)
     m["training_ppl"] = torch.exp(-mean_train).mean().item()
     m["training_log_ppl"] = (-mean_train).mean().item()
-    m["kl"] = _masked_mean(rollout_log_prob - log_prob, mask).item()  # k1: E[log mu - log pi]
+    m["kl"] = _masked_mean(rollout_log_prob - log_prob, mk).item()  # k1: E[log mu - log pi]
     log_ratio = log_prob - rollout_log_prob
-    m["k3_kl"] = _masked_mean(torch.exp(log_ratio) - log_ratio - 1, mask).item()  # E[r - log r - 1]
-    mean_rollout = _masked_mean(rollout_log_prob, mask, axis=-1)
+    m["k3_kl"] = _masked_mean(torch.exp(log_ratio) - log_ratio - 1, mk).item()  # E[r - log r - 1]
+    mean_rollout = _masked_mean(rollout_log_prob, mk, axis=-1)
     m["rollout_ppl"] = torch.exp(-mean_rollout).mean().item()
     m["rollout_log_ppl"] = (-mean_rollout).mean().item()
     diff = mean_rollout - mean_train  # log(train_ppl / rollout_ppl) per sequence
@@ -438,8 +469,8 @@ def _offpolicy_metrics(log_prob: Tensor, rollout_log_prob: Tensor, mask: Tensor)
     m["log_ppl_diff_min"] = diff.min().item()
     m["ppl_ratio"] = torch.exp(diff).mean().item()
     rho = torch.exp(log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND))
-    m["chi2_token"] = (_masked_mean(rho.square(), mask) - 1.0).item()  # E_mu[rho^2] - 1
-    seq_log = _masked_sum(log_ratio, mask, axis=-1).clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    m["chi2_token"] = (_masked_mean(rho.square(), mk) - 1.0).item()  # E_mu[rho^2] - 1
+    seq_log = _masked_sum(log_ratio, mk, axis=-1).clamp(-SAFETY_BOUND, SAFETY_BOUND)
     m["chi2_seq"] = (torch.exp(2.0 * seq_log).mean() - 1.0).item()  # E[(prod rho_t)^2] - 1
     return m
 
