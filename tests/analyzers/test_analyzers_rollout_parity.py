@@ -76,6 +76,11 @@ def test_the_fixture_covers_every_option() -> None:
     options = {o for c in cases if c["kwargs"]["rollout_rs"] for o in c["kwargs"]["rollout_rs"].split(",")}
     assert options == set(RS_OPTIONS)
     assert any("," in (c["kwargs"]["rollout_rs"] or "") for c in cases)
+    for option in RS_OPTIONS:  # each option keeps some tokens and rejects others somewhere
+        key = f"rollout_corr/rollout_rs_{option}_masked_fraction"
+        assert any(0 < c["metrics"].get(key, 0) < 1 for c in cases), option
+    assert any(c["metrics"].get("rollout_corr/rollout_is_ratio_fraction_high", 0) > 0 for c in cases)
+    assert any(c["metrics"].get("rollout_corr/rollout_is_oob_ratio", 0) > 0 for c in cases)
     assert {c["dtype"] for c in cases} == {"float32", "float64"}
     estimators = {c["estimator"] for c in _fixture()[0]["advantage_cases"]}
     assert estimators == {"grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "grpo_passk",
