@@ -147,8 +147,11 @@ def audit_rollout(
     configuration does not produce (e.g. ``rollout_is_mean`` while ``rollout_is`` is off) are a
     configuration mismatch: the audit fails and names them.
 
+    When the batch carries the ``rollout_is_weights`` the trainer applied, they are compared with the
+    recomputed ones (``sent_weights``; without IS they must be 1).
+
     Returns ``{"ok", "config", "verdicts", "unexpected", "tokens", "rejected_tokens",
-    "rejected_sequences", "weights", "explanation"}`` plus the tensors under ``"_mask"`` /
+    "rejected_sequences", "weights", "sent_weights", "explanation"}`` plus the tensors under ``"_mask"`` /
     ``"_weights"`` (not JSON: the caller pops them).
     """
     rollout = tensors.get("rollout_log_probs")
@@ -189,8 +192,20 @@ def audit_rollout(
     if weights is not None:
         w = weights.to(torch.float64)[valid]
         summary = {"mean": float(w.mean()), "min": float(w.min()), "max": float(w.max())}
+    sent_weights = None
+    if tensors.get("rollout_is_weights") is not None:  # the weights the trainer applied, if it sent them
+        sent = tensors["rollout_is_weights"].to(torch.float64)[valid]
+        if weights is None:
+            sent_weights = {"ok": bool((sent == 1).all()), "max_abs_err": float((sent - 1).abs().max())}
+        else:
+            want = weights.to(torch.float64)[valid]
+            err = float((sent - want).abs().max())
+            sent_weights = {
+                "ok": err <= METRIC_ATOL + METRIC_RTOL * float(want.abs().max()),
+                "max_abs_err": err,
+            }
     bad = sorted(k for k, v in verdicts.items() if not v["ok"])
-    ok = not bad and not unexpected
+    ok = not bad and not unexpected and (sent_weights is None or sent_weights["ok"])
     parts = []
     setting = (
         f"rollout_is={config.rollout_is!r}, rollout_is_threshold={config.rollout_is_threshold!r}, "
@@ -201,6 +216,10 @@ def audit_rollout(
     for key in bad:
         v = verdicts[key]
         parts.append(f"{key} reported {v['reported']:.6g} but recomputed {v['recomputed']:.6g}")
+    if sent_weights is not None and not sent_weights["ok"]:
+        parts.append(
+            f"the sent rollout_is_weights differ from the recomputed ones by up to {sent_weights['max_abs_err']:.3g}"
+        )
     if unexpected:
         parts.append(
             f"{', '.join(sorted(unexpected))} reported but not produced by this configuration ({setting}): "
@@ -225,6 +244,7 @@ def audit_rollout(
         "rejected_tokens": rejected,
         "rejected_sequences": rejected_seqs,
         "weights": summary,
+        "sent_weights": sent_weights,
         "explanation": explanation,
         "_mask": new_mask,
         "_weights": weights,

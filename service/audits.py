@@ -111,7 +111,15 @@ def run_audit(
     algorithm = AlgorithmConfig.from_verl(config)
     if not algorithm.present and run_config:
         algorithm = AlgorithmConfig.from_verl(run_config)
-    report = audit(LossConfig.from_verl(config), tensors, decoded)
+    rollout = audit_rollout(algorithm, tensors, decoded)
+    loss_tensors = tensors
+    if rollout is not None and rollout["ok"] is not None and not rollout["config"]["bypass_mode"]:
+        # verl's actor trains on the mask after rejection, its loss weighted by the IS weights (when the
+        # trainer did not send the weights it applied, the loss is audited with the recomputed ones)
+        loss_tensors = {**tensors, "response_mask": rollout["_mask"]}
+        if rollout["_weights"] is not None and "rollout_is_weights" not in tensors:
+            loss_tensors["rollout_is_weights"] = rollout["_weights"]
+    report = audit(LossConfig.from_verl(config), loss_tensors, decoded)
     result = report.to_dict()
     groups = None
     extra: list[str] = []
@@ -130,7 +138,6 @@ def run_audit(
                 f"from token_level_rewards and group_index by up to {advantages['max_abs_err']:.3g} "
                 f"(norm_adv_by_std_in_grpo={advantages['norm_adv_by_std_in_grpo']}, gamma={advantages['gamma']})."
             )
-    rollout = audit_rollout(algorithm, tensors, decoded)
     if rollout is not None:
         rollout.pop("_mask", None)
         rollout.pop("_weights", None)

@@ -191,3 +191,16 @@ def test_distillation_k3_supervised_worked_example_and_guards() -> None:
         distillation_loss(student, teacher, mask)
     with pytest.raises(ValueError, match="valid token"):
         distillation_loss(student, teacher, torch.zeros(1, 2), old_log_prob=student)
+
+
+def test_sent_is_weights_are_checked_against_the_recomputed_ones() -> None:
+    old, rollout, mask = _pair(seed=5)
+    config = RolloutCorrectionConfig(rollout_is="token", rollout_is_threshold=1.1)
+    weights, _, _ = rollout_correction(old, rollout, mask, rollout_is="token", rollout_is_threshold=1.1)
+    tensors = {"log_prob": old, "old_log_prob": old, "response_mask": mask, "rollout_log_probs": rollout}
+    algorithm = AlgorithmConfig(rollout_correction=config)
+    good = audit_rollout(algorithm, {**tensors, "rollout_is_weights": weights}, {})
+    assert good["ok"] is True and good["sent_weights"]["ok"] is True
+    untruncated = torch.exp(old - rollout) * mask  # the trainer forgot TIS
+    bad = audit_rollout(algorithm, {**tensors, "rollout_is_weights": untruncated}, {})
+    assert bad["ok"] is False and "rollout_is_weights differ" in bad["explanation"]

@@ -46,7 +46,9 @@ def _rollout_batch(pick):
         "response_mask": t["response_mask"],
         "rollout_log_probs": t["rollout_log_prob"],
     }
-    reported = recompute(LossConfig(), **{k: tensors[k] for k in CORE})
+    # the actor trains on verl's mask after rejection; ppo_kl and pg_clipfrac do not depend on the IS weights
+    honest = recompute(LossConfig(), **{**{k: tensors[k] for k in CORE}, "response_mask": t["expected_mask"]})
+    reported = {f"actor/{k}": honest[k] for k in ("ppo_kl", "pg_clipfrac")}
     reported.update(case["metrics"])
     reported.update(case["debug_metrics"])
     config = {"algorithm": {"rollout_correction": dict(case["kwargs"])}}  # a copy: the fixture is cached
@@ -82,6 +84,17 @@ def test_verl_rollout_correction_report_agrees(api):
     assert "rollout_corr/rollout_is_eff_sample_size" in rollout["verdicts"]
     assert rollout["rejected_tokens"] > 0 and rollout["weights"]["min"] >= 0
     assert rollout["config"]["rollout_rs"] == case["kwargs"]["rollout_rs"]
+    assert set(audit["verdicts"]) == {"ppo_kl", "pg_clipfrac"}  # audited on the mask after rejection
+
+
+def test_a_loss_reported_on_the_mask_before_rejection_is_flagged(api):
+    run_id = api.create_run()
+    _, tensors, reported, config = _rollout_batch(_chained_is_and_rs)
+    before = recompute(LossConfig(), **{k: tensors[k] for k in CORE})  # the trainer ignored the rejection
+    reported["actor/ppo_kl"] = before["ppo_kl"]
+    audit = _upload(api, run_id, make_batch(7, tensors=tensors, reported=reported, config=config))
+    assert audit["ok"] is False and audit["rollout"]["ok"] is True
+    assert audit["verdicts"]["ppo_kl"]["ok"] is False
 
 
 def test_a_tampered_rollout_corr_value_is_flagged_with_the_reason(api):
@@ -92,7 +105,7 @@ def test_a_tampered_rollout_corr_value_is_flagged_with_the_reason(api):
     assert audit["ok"] is False and audit["rollout"]["ok"] is False
     assert audit["rollout"]["verdicts"]["rollout_corr/rollout_is_mean"]["ok"] is False
     assert "rollout_corr/rollout_is_mean reported" in audit["explanation"]
-    assert all(v["ok"] for v in audit["verdicts"].values())  # the loss metrics themselves agree
+    assert audit["verdicts"] and all(v["ok"] for v in audit["verdicts"].values())  # the loss metrics agree
     alerts = api.get(f"/api/v1/runs/{run_id}/alerts", params={"state": "firing"}).json()["data"]
     assert [a["rule"] for a in alerts] == ["audit_mismatch"]
 
