@@ -30,7 +30,7 @@ _EXPORTS: dict[str, str] = {
     "rollout_correction": "rollout",
     "rollout_corr_metrics": "rollout",
     "rollout_debug_metrics": "rollout",
-    "RolloutCorrectionConfig": "rollout",
+    "RolloutCorrectionConfig": "rollout_config",
     # distillation.py
     "distillation_loss": "distillation",
     "DistillationConfig": "distillation",

@@ -20,7 +20,8 @@ from typing import Any
 import torch
 
 from .advantages import ADV_ESTIMATORS, compute_advantages
-from .rollout import PREFIX, RolloutCorrectionConfig, rollout_correction, rollout_debug_metrics
+from .rollout import PREFIX, rollout_correction, rollout_debug_metrics
+from .rollout_config import RolloutCorrectionConfig
 
 Tensor = torch.Tensor
 

@@ -26,7 +26,7 @@ from rlvitals.analyzers import (
     rollout_correction,
     rollout_debug_metrics,
 )
-from rlvitals.analyzers.rollout import IS_LEVELS, RS_OPTIONS
+from rlvitals.analyzers.rollout_config import IS_LEVELS, RS_OPTIONS
 from safetensors.torch import load_file
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
