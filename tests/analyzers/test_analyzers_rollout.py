@@ -7,6 +7,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from rlvitals.analyzers import (
     ADV_ESTIMATORS,
     DistillationConfig,
@@ -204,3 +206,27 @@ def test_sent_is_weights_are_checked_against_the_recomputed_ones() -> None:
     untruncated = torch.exp(old - rollout) * mask  # the trainer forgot TIS
     bad = audit_rollout(algorithm, {**tensors, "rollout_is_weights": untruncated}, {})
     assert bad["ok"] is False and "rollout_is_weights differ" in bad["explanation"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    scale=st.sampled_from([0.01, 0.1, 1.0, 10.0]),
+    level=st.sampled_from(["token", "sequence"]),
+    upper=st.floats(1.01, 10.0),
+    option=st.sampled_from(["token_k2", "seq_mean_k3", "seq_max_k2", "token_k1"]),
+)
+def test_tis_weights_stay_in_bounds_ess_in_unit_interval_and_rejection_only_removes(
+    seed, scale, level, upper, option
+) -> None:
+    old, rollout, mask = _pair(seed=seed, scale=scale)
+    weights, kept, m = rollout_correction(
+        old, rollout, mask, rollout_is=level, rollout_is_threshold=upper, rollout_rs=option,
+        rollout_rs_threshold=upper if option.endswith("k1") else 0.05,
+    )  # fmt: skip
+    valid = mask.bool()
+    assert bool((weights[valid] >= 0).all()) and bool((weights[valid] <= upper).all())
+    assert bool((weights[~valid] == 0).all())
+    assert 0 < m["rollout_corr/rollout_is_eff_sample_size"] <= 1 + 1e-6  # verl's +1e-8 guards nudge it
+    assert bool((kept <= mask).all())  # rejection never adds a token
+    assert m["rollout_corr/chi2_token"] >= -1 and m["rollout_corr/k3_kl"] >= 0
