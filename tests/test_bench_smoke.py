@@ -41,3 +41,8 @@ def test_ingest_bench_runs_rlvitals_quick(tmp_path):
         "--peer-venvs", str(tmp_path), timeout=380,
     )  # fmt: skip
     assert "rlvitals" in out and "pts/s" in out
+
+
+def test_rollout_correction_bench_prints_its_table():
+    out = _run("bench/rollout_correction.py", "--small", "--repeats", "1")
+    assert "| (4, 64) | token TIS + token_k1,seq_mean_k3 |" in out and "M tok/s" in out

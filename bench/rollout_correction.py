@@ -1,0 +1,102 @@
+"""Throughput of ``rlvitals.analyzers.rollout_correction`` vs verl 0.9.1's own
+``compute_rollout_correction_and_rejection_mask``, CPU, one thread, float32.
+
+Both sides compute the same IS weights, rejection mask and ``rollout_corr/*`` metrics (ending in python
+floats) from the same tensors in the same process. Calls alternate (ours, verl's, verl's, ours, ...) so
+both see the same machine load; the table reports medians and tokens/s (valid and padded tokens alike).
+
+    .venv/bin/python bench/rollout_correction.py            # rlvitals only
+    PYTHONPATH=<rlvitals_path()> <verl side env>/bin/python bench/rollout_correction.py   # side by side
+
+(``tests/support/sideenv.py``: ``ensure("verl", VERL)`` builds the side env, ``rlvitals_path()`` the
+import path; verl's heavy runtime imports are stubbed by ``tests/analyzers/golden/verl_loader.py``.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SHAPES = ((64, 4096), (8, 16384))
+CONFIGS = {
+    "off-policy metrics only": {},
+    "token TIS 2.0": {"rollout_is": "token", "rollout_is_threshold": 2.0},
+    "sequence IcePop + batch norm": {
+        "rollout_is": "sequence",
+        "rollout_is_threshold": "0.5_5.0",
+        "rollout_is_batch_normalize": True,
+    },
+    "token TIS + token_k1,seq_mean_k3": {
+        "rollout_is": "token",
+        "rollout_rs": "token_k1,seq_mean_k3",
+        "rollout_rs_threshold": "0.8_1.25,0.01",
+    },
+}
+
+
+def make_batch(batch: int, length: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(batch, length, generator=g) * 3
+    rollout = old + 0.05 * torch.randn(batch, length, generator=g)
+    lengths = torch.randint(length // 4, length + 1, (batch,), generator=g)
+    mask = (torch.arange(length)[None, :] < lengths[:, None]).to(torch.int64)
+    return old, rollout, mask
+
+
+def _verl():
+    sys.path.insert(0, str(ROOT / "tests" / "analyzers" / "golden"))
+    try:
+        from verl_loader import load_verl
+
+        load_verl()
+        from verl.trainer.ppo import rollout_corr_helper
+    except ImportError:
+        return None
+    return rollout_corr_helper.compute_rollout_correction_and_rejection_mask
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=9, help="timed calls per side and case")
+    parser.add_argument("--small", action="store_true", help="tiny shapes (a smoke run)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    from rlvitals.analyzers import rollout_correction
+
+    verl = _verl()
+    shapes = ((4, 64),) if args.small else SHAPES
+    head = "| shape | configuration | rlvitals ms | rlvitals M tok/s |"
+    head += " verl ms | speed-up |" if verl else ""
+    print(head)
+    print("|" + "---|" * (head.count("|") - 1))
+    for batch, length in shapes:
+        tensors = make_batch(batch, length)
+        for name, options in CONFIGS.items():
+            sides = {"ours": functools.partial(rollout_correction, *tensors, **options)}
+            if verl is not None:
+                sides["verl"] = functools.partial(verl, *tensors, **options)
+            times: dict[str, list[float]] = {side: [] for side in sides}
+            for fn in sides.values():
+                fn()  # warm up
+            for i in range(args.repeats):
+                for side in sorted(sides, reverse=i % 2 == 1):  # alternate who goes first
+                    start = time.perf_counter()
+                    sides[side]()
+                    times[side].append(time.perf_counter() - start)
+            mine = statistics.median(times["ours"])
+            row = f"| {(batch, length)} | {name} | {mine * 1e3:.1f} | {batch * length / mine / 1e6:.1f} |"
+            if verl is not None:
+                other = statistics.median(times["verl"])
+                row += f" {other * 1e3:.1f} | {other / mine:.2f}x |"
+            print(row)
+
+
+if __name__ == "__main__":
+    main()
