@@ -22,6 +22,18 @@ _EXPORTS: dict[str, str] = {
     "grpo_advantages": "advantages",
     "group_diagnostics": "advantages",
     "GroupDiagnostics": "advantages",
+    "compute_advantages": "advantages",
+    "register_adv_estimator": "advantages",
+    "AdvEstimator": "advantages",
+    "ADV_ESTIMATORS": "advantages",
+    # rollout.py
+    "rollout_correction": "rollout",
+    "rollout_corr_metrics": "rollout",
+    "rollout_debug_metrics": "rollout",
+    "RolloutCorrectionConfig": "rollout",
+    # distillation.py
+    "distillation_loss": "distillation",
+    "DistillationConfig": "distillation",
     # auditing.py (not audit.py: a submodule named like an export would shadow it once imported)
     "audit": "auditing",
     "counterfactuals": "auditing",

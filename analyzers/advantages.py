@@ -1,4 +1,5 @@
-"""GRPO outcome advantages (verl's ``compute_grpo_outcome_advantage``) and group diagnostics.
+"""verl 0.9.1's outcome advantage estimators (``compute_advantages``, an open registry) and GRPO group
+diagnostics.
 
 GRPO (Shao et al. 2024, arXiv:2402.03300) scores each response by its summed token rewards and
 normalises within the group of responses to the same prompt: ``A_i = (s_i - mean_g) / (std_g + eps)``
@@ -14,8 +15,9 @@ report and :func:`group_diagnostics` does:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from enum import Enum
 from typing import Any
 
 import torch
@@ -180,3 +182,215 @@ def group_diagnostics(
         score_max=float(scores.max()),
         score_mean=float(scores.mean()),
     )
+
+
+# -- every outcome estimator verl 0.9.1 registers, on one open registry ------------------------------------
+class AdvEstimator(str, Enum):
+    """verl's ``algorithm.adv_estimator`` names reproduced here (outcome rewards, no critic)."""
+
+    GRPO = "grpo"
+    RLOO = "rloo"
+    REINFORCE_PLUS_PLUS = "reinforce_plus_plus"
+    REINFORCE_PLUS_PLUS_BASELINE = "reinforce_plus_plus_baseline"
+    GRPO_PASSK = "grpo_passk"
+    OPO = "opo"
+    GPG = "gpg"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+AdvantageFn = Callable[..., tuple[Tensor, Tensor]]
+ADV_ESTIMATORS: dict[str, AdvantageFn] = {}
+
+
+def register_adv_estimator(name: str | AdvEstimator) -> Callable[[AdvantageFn], AdvantageFn]:
+    """Register ``fn(token_level_rewards, response_mask, index, *, gamma, epsilon,
+    norm_adv_by_std_in_grpo) -> (advantages, returns)`` under ``name``; a duplicate name raises. The
+    built-ins register through this decorator exactly as a user's estimator does."""
+    key = str(name)
+    if not key:
+        raise ValueError("an advantage estimator needs a non-empty name")
+
+    def decorator(fn: AdvantageFn) -> AdvantageFn:
+        if key in ADV_ESTIMATORS:
+            raise ValueError(f"advantage estimator {key!r} is already registered")
+        ADV_ESTIMATORS[key] = fn
+        return fn
+
+    return decorator
+
+
+def get_adv_estimator(name: str | AdvEstimator) -> AdvantageFn:
+    fn = ADV_ESTIMATORS.get(str(name))
+    if fn is None:
+        raise ValueError(f"unknown adv_estimator {str(name)!r}; valid: {', '.join(sorted(ADV_ESTIMATORS))}")
+    return fn
+
+
+def compute_advantages(
+    estimator: str | AdvEstimator,
+    token_level_rewards: Tensor,
+    response_mask: Tensor,
+    index: Sequence[Any] | Tensor | None = None,
+    *,
+    gamma: float = 1.0,
+    epsilon: float = 1e-6,
+    norm_adv_by_std_in_grpo: bool = True,
+) -> tuple[Tensor, Tensor]:
+    """``(advantages, returns)``, both ``(batch, response_len)``, as verl 0.9.1's registered estimator
+    ``estimator`` computes them (``algorithm.adv_estimator``; ``gamma`` and ``norm_adv_by_std_in_grpo``
+    are ``algorithm.*`` too). ``index`` (one group id per response, verl's ``uid``) is required by every
+    group estimator; ``reinforce_plus_plus`` ignores it. An unknown name lists the valid ones.
+    """
+    fn = get_adv_estimator(estimator)
+    _check(token_level_rewards, response_mask)
+    return fn(
+        token_level_rewards,
+        response_mask,
+        index,
+        gamma=gamma,
+        epsilon=epsilon,
+        norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo,
+    )
+
+
+def _need_index(name: str, index: Any, batch: int) -> dict[Any, list[int]]:
+    if index is None:
+        raise ValueError(f"adv_estimator {name!r} needs index (one group id per response)")
+    return _groups(_group_ids(index, batch))
+
+
+def _masked_whiten(values: Tensor, mask: Tensor) -> Tensor:
+    """verl's ``masked_whiten``: ``(x - mean) / sqrt(var + 1e-8)`` with the unbiased masked variance."""
+
+    def mean(x: Tensor) -> Tensor:
+        return (torch.where(mask.bool(), x, 0.0) * mask).sum() / (mask.sum() + 1e-8)
+
+    mu = mean(values)
+    var = mean((values - mu) ** 2)
+    count = mask.sum()
+    if count == 0:
+        raise ValueError("masked_whiten needs at least one valid token")
+    if count == 1:
+        raise ValueError(
+            "masked_whiten needs at least two valid tokens (the unbiased variance divides by n-1)"
+        )
+    var = var * (count / (count - 1))
+    return (values - mu) * torch.rsqrt(var + 1e-8)
+
+
+@register_adv_estimator(AdvEstimator.GRPO)
+def _grpo(rewards, mask, index, *, gamma, epsilon, norm_adv_by_std_in_grpo):
+    """GRPO (arXiv:2402.03300): ``(s_i - mean_g) / (std_g + eps)``; Dr. GRPO (arXiv:2503.20783) when
+    ``norm_adv_by_std_in_grpo`` is False: ``s_i - mean_g``."""
+    if index is None:
+        raise ValueError("adv_estimator 'grpo' needs index (one group id per response)")
+    return grpo_advantages(
+        rewards, mask, index, epsilon=epsilon, norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo
+    )
+
+
+@register_adv_estimator(AdvEstimator.RLOO)
+def _rloo(rewards, mask, index, *, gamma, epsilon, norm_adv_by_std_in_grpo):
+    """RLOO (arXiv:2402.14740): ``s_i * n/(n-1) - mean_g * n/(n-1)`` = s_i minus the mean of the others;
+    a singleton keeps its raw score."""
+    with torch.no_grad():
+        scores = rewards.sum(dim=-1)
+        out = scores.clone()
+        for rows in _need_index("rloo", index, scores.shape[0]).values():
+            n = len(rows)
+            if n > 1:
+                at = torch.tensor(rows, dtype=torch.long)
+                group = scores[at]
+                mean = torch.mean(group)
+                out[at] = group * n / (n - 1) - mean * n / (n - 1)
+        adv = out.unsqueeze(-1) * mask
+    return adv, adv
+
+
+@register_adv_estimator(AdvEstimator.OPO)
+def _opo(rewards, mask, index, *, gamma, epsilon, norm_adv_by_std_in_grpo):
+    """OPO (arXiv:2505.23585): ``s_i - sum_g(len_j * s_j) / sum_g(len_j)`` (length-weighted baseline)."""
+    with torch.no_grad():
+        lengths = mask.sum(dim=-1)
+        scores = rewards.sum(dim=-1)
+        out = scores.clone()
+        for rows in _need_index("opo", index, scores.shape[0]).values():
+            at = torch.tensor(rows, dtype=torch.long)
+            if len(rows) == 1:
+                out[at] = (scores[at] - torch.tensor(0.0)).to(out.dtype)
+            else:
+                baseline = (lengths[at] * scores[at]).sum() / lengths[at].sum()
+                out[at] = (scores[at] - baseline).to(out.dtype)
+        adv = out.unsqueeze(-1) * mask
+    return adv, adv
+
+
+@register_adv_estimator(AdvEstimator.GPG)
+def _gpg(rewards, mask, index, *, gamma, epsilon, norm_adv_by_std_in_grpo):
+    """GPG (arXiv:2504.02546): ``alpha * (s_i - mean_g)``, ``alpha = batch / max(#non-zero scores, 1)``."""
+    with torch.no_grad():
+        scores = rewards.sum(dim=-1)
+        batch = scores.shape[0]
+        alpha = batch / torch.count_nonzero(scores).clamp(min=1)
+        out = scores.clone()
+        for rows in _need_index("gpg", index, batch).values():
+            at = torch.tensor(rows, dtype=torch.long)
+            mean = torch.tensor(0.0) if len(rows) == 1 else torch.mean(scores[at])
+            out[at] = (alpha * (scores[at] - mean) / 1.0).to(out.dtype)  # verl's f_norm = 1.0
+        adv = out.unsqueeze(-1) * mask
+    return adv, adv
+
+
+@register_adv_estimator(AdvEstimator.GRPO_PASSK)
+def _grpo_passk(rewards, mask, index, *, gamma, epsilon, norm_adv_by_std_in_grpo):
+    """Pass@k (arXiv:2503.19595): only each group's best response gets ``r_max - r_2nd`` (divided by
+    ``std_g + eps`` when normalising); groups of one raise, as in verl."""
+    with torch.no_grad():
+        scores = rewards.sum(dim=-1)
+        out = torch.zeros_like(scores)
+        for gid, rows in _need_index("grpo_passk", index, scores.shape[0]).items():
+            if len(rows) < 2:
+                raise ValueError(f"grpo_passk needs at least 2 responses per group; group {gid!r} has 1")
+            group = scores[torch.tensor(rows, dtype=torch.long)]
+            top, top_at = torch.topk(group, 2)
+            value = top[0] - top[1]
+            if norm_adv_by_std_in_grpo:
+                value = value / (torch.std(group) + epsilon)
+            out[rows[int(top_at[0])]] = value
+        adv = out.unsqueeze(-1) * mask
+    return adv, adv
+
+
+@register_adv_estimator(AdvEstimator.REINFORCE_PLUS_PLUS_BASELINE)
+def _reinforce_pp_baseline(rewards, mask, index, *, gamma, epsilon, norm_adv_by_std_in_grpo):
+    """REINFORCE++-baseline (arXiv:2501.03262): ``s_i - mean_g`` on every token, whitened over the
+    batch's valid tokens."""
+    with torch.no_grad():
+        scores = rewards.sum(dim=-1)
+        out = scores.clone()
+        for rows in _need_index("reinforce_plus_plus_baseline", index, scores.shape[0]).values():
+            at = torch.tensor(rows, dtype=torch.long)
+            mean = torch.tensor(0.0) if len(rows) == 1 else torch.mean(scores[at])
+            out[at] = (scores[at] - mean).to(out.dtype)
+        tiled = out.unsqueeze(-1).tile([1, rewards.shape[-1]]) * mask
+        adv = _masked_whiten(tiled, mask) * mask
+    return adv, adv
+
+
+@register_adv_estimator(AdvEstimator.REINFORCE_PLUS_PLUS)
+def _reinforce_pp(rewards, mask, index, *, gamma, epsilon, norm_adv_by_std_in_grpo):
+    """REINFORCE++ (arXiv:2501.03262): discounted return-to-go ``G_t = r_t + gamma * G_{t+1}`` over
+    valid tokens (masked positions carry G through unchanged), whitened over the batch."""
+    if mask.dtype == torch.bool:  # verl computes ``1 - mask``, which a bool tensor refuses
+        mask = mask.to(rewards.dtype)
+    with torch.no_grad():
+        returns = torch.zeros_like(rewards)
+        running: Tensor | int = 0
+        for t in reversed(range(rewards.shape[1])):
+            step = rewards[:, t] + gamma * running
+            returns[:, t] = step * mask[:, t]
+            running = step * mask[:, t] + running * (1 - mask[:, t])
+        adv = _masked_whiten(returns, mask) * mask
+    return adv, returns

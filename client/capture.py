@@ -10,6 +10,8 @@ safetensors bytes the HTTP API takes (never pickle). Tensors, all ``(batch, resp
 
     log_prob, old_log_prob, advantages, response_mask       required
     ref_log_prob, entropy, token_level_rewards              optional
+    rollout_log_probs                                       optional (the rollout engine's log-probs,
+                                                            verl's name; audits rollout correction)
     group_index                                             optional (ints, or verl's uid strings)
 """
 
@@ -25,7 +27,7 @@ from typing import Any
 from rlvitals.client.values import DeviceScalar, check_metrics, copy_device_scalars, encode_value
 
 REQUIRED = ("log_prob", "old_log_prob", "advantages", "response_mask")
-OPTIONAL = ("ref_log_prob", "entropy", "token_level_rewards")
+OPTIONAL = ("ref_log_prob", "entropy", "token_level_rewards", "rollout_log_probs")
 ALL_NAMES = (*REQUIRED, *OPTIONAL, "group_index")
 
 

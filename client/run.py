@@ -273,6 +273,7 @@ class Run:
         entropy: Any = None,
         token_level_rewards: Any = None,
         group_index: Any = None,
+        rollout_log_probs: Any = None,
         config: Any = None,
         reported: dict | None = None,
         micro_batch: int | None = None,
@@ -284,6 +285,9 @@ class Run:
 
         ``sampled=True``: the caller already decided to capture this call (an integration's
         ``AuditSampler``); the run then keeps it whatever the step (still only on ranks that send batches).
+
+        ``rollout_log_probs`` are the rollout engine's (vLLM/SGLang) log-probs of the sampled tokens, verl's
+        ``rollout_log_probs``: with them the server audits rollout correction (``rollout_corr/*``).
         """
         if self.state is not Lifecycle.OPEN:
             raise RuntimeError(f"run {self.name!r} is {self.state.value}; log_batch() needs an open run")
@@ -310,6 +314,7 @@ class Run:
             "entropy": entropy,
             "token_level_rewards": token_level_rewards,
             "group_index": group_index,
+            "rollout_log_probs": rollout_log_probs,
         }
         if not sampled:
             _cheap_check(tensors)

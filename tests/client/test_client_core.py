@@ -236,6 +236,17 @@ def test_log_batch_torch_tensors_and_uid_groups(fake, tmp_path):
         assert json.loads(handle.metadata()["reported"]) == {"kl": "Infinity"}
 
 
+def test_log_batch_sends_rollout_log_probs(fake, tmp_path):
+    run = start(fake, tmp_path)
+    rollout = batch_arrays()["old_log_prob"] - 0.01
+    run.log_batch(0, **batch_arrays(), rollout_log_probs=rollout, reported={"rollout_corr/kl": 0.01})
+    run.finish(timeout=5)
+    path = tmp_path / "b.safetensors"
+    path.write_bytes(fake.batches[run.run_id][0])
+    with safe_open(str(path), framework="numpy") as handle:
+        np.testing.assert_array_equal(handle.get_tensor("rollout_log_probs"), rollout)
+
+
 @pytest.mark.parametrize(
     ("change", "error"),
     [
@@ -249,6 +260,8 @@ def test_log_batch_torch_tensors_and_uid_groups(fake, tmp_path):
         ),
         ({"config": 3}, TypeError),
         ({"reported": [1.0]}, TypeError),
+        ({"rollout_log_probs": np.zeros((4, 7), np.float32)}, ValueError),
+        ({"rollout_log_probs": [[0.0] * 8] * 4}, TypeError),
     ],
 )
 def test_log_batch_misuse_raises(fake, tmp_path, change, error):

@@ -149,3 +149,19 @@ def test_bool_and_integer_masks_are_accepted(api):
         tensors = make_tensors(4, 16)
         tensors["response_mask"] = tensors["response_mask"].to(dtype)
         wait_done(api, _upload(api, run_id, make_batch(0, tensors=tensors)))
+
+
+def test_rollout_log_probs_are_validated_like_the_other_token_tensors(api):
+    run_id = api.create_run()
+    tensors = make_tensors(4, 16, seed=3)
+    tensors["rollout_log_probs"] = torch.zeros(4, 15)
+    response = api.post(
+        f"/api/v1/runs/{run_id}/batches", content=make_batch(0, tensors=tensors), headers=OCTET
+    )
+    assert response.status_code == 422
+    assert response.json()["error"]["detail"]["tensor"] == "rollout_log_probs"
+    tensors["rollout_log_probs"] = torch.zeros(4, 16, dtype=torch.int64)
+    response = api.post(
+        f"/api/v1/runs/{run_id}/batches", content=make_batch(0, tensors=tensors), headers=OCTET
+    )
+    assert response.status_code == 422 and "rollout_log_probs" in response.json()["error"]["message"]

@@ -1,0 +1,533 @@
+"""Rollout correction: verl 0.9.1's ``rollout_corr_helper``, recomputed from three tensors.
+
+The rollout engine (vLLM/SGLang, often bf16) and the trainer (FSDP/Megatron) compute different
+log-probs for the same sampled tokens. verl corrects the gap with importance-sampling (IS) weights
+``rho = pi_train / pi_rollout`` and rejection sampling (RS) masks, and logs ``rollout_corr/*``
+(Yao et al., "Your efficient RL framework secretly brings you off-policy RL training", 2025;
+Liu et al., "When speed kills stability", 2025; IcePop: Ling team, 2025). Everything below is
+computed from ``old_log_prob``, ``rollout_log_probs`` and ``response_mask``, all
+``(batch, response_len)``, with ``log_ratio = old_log_prob - rollout_log_prob``:
+
+- IS ``token``:    ``w_t = exp(clamp(log_ratio_t, -20, 20))``;
+  IS ``sequence``: ``w_t = exp(clamp(sum_t log_ratio_t, -20, 20))`` for every token of the row.
+  Threshold ``"U"`` (a number) is TIS: ``w = min(w, U)``; ``"L_U"`` is IcePop: ``w = 0`` outside ``[L, U]``.
+  ``rollout_is_batch_normalize`` divides by the masked mean weight (token) or the mean per-sequence
+  weight (sequence) when that mean is > 1e-8.
+- RS: ``token_k1/k2/k3`` per token, ``seq_sum_k*`` / ``seq_mean_k*`` / ``seq_max_k2/k3`` per sequence,
+  ``k1 = -log_ratio``, ``k2 = log_ratio^2 / 2``, ``k3 = exp(log_ratio) - 1 - log_ratio``. k1 keeps
+  ``log(L) <= stat <= log(U)`` (``"U"`` alone means ``L = 1/U``); the others keep ``stat <= U``. Options
+  chain with commas (``"token_k1,seq_mean_k3"``: every one must pass), thresholds likewise (one shared
+  or one per option).
+
+verl runs this once per batch on the driver (``compute_rollout_correction_and_add_to_batch``) and, in
+bypass mode, inside the loss. torch.distributed is not consulted: verl's batch normalisation uses a
+distributed mean only when a process group is initialised, which an audit of one upload never is.
+
+Errors: a mask without any valid token, mismatched shapes and malformed options raise ``ValueError``
+(as verl does).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+Tensor = torch.Tensor
+
+SAFETY_BOUND = 20.0  # exp(+-20): the clamp verl applies before exponentiating a log-ratio
+IS_LEVELS = ("token", "sequence")
+RS_OPTIONS = (
+    "token_k1",
+    "token_k2",
+    "token_k3",
+    "seq_sum_k1",
+    "seq_sum_k2",
+    "seq_sum_k3",
+    "seq_mean_k1",
+    "seq_mean_k2",
+    "seq_mean_k3",
+    "seq_max_k2",
+    "seq_max_k3",
+)
+PREFIX = "rollout_corr/"
+
+
+# -- verl's masked reductions (verl.utils.torch_functional), exactly ---------------------------------------
+def _masked_sum(values: Tensor, mask: Tensor, axis: int | None = None) -> Tensor:
+    return (torch.where(mask.bool(), values, 0.0) * mask).sum(axis=axis)
+
+
+def _masked_mean(values: Tensor, mask: Tensor, axis: int | None = None) -> Tensor:
+    return _masked_sum(values, mask, axis) / (mask.sum(axis=axis) + 1e-8)
+
+
+# -- configuration ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RolloutCorrectionConfig:
+    """verl's ``algorithm.rollout_correction`` (``RolloutCorrectionConfig``), the fields the math uses.
+
+    ``rollout_is``: None (no weights), ``"token"`` or ``"sequence"``. ``rollout_is_threshold``: a number
+    (TIS) or ``"lower_upper"`` (IcePop). ``rollout_rs``: None or comma-separated options of
+    :data:`RS_OPTIONS`; ``rollout_rs_threshold``: required with it. ``bypass_mode``: verl uses the rollout
+    log-probs as ``old_log_prob`` and corrects inside the loss instead, with ``loss_type`` ``"ppo_clip"`` or
+    ``"reinforce"`` (recorded, not computed here).
+    """
+
+    rollout_is: str | None = None
+    rollout_is_threshold: float | str = 2.0
+    rollout_is_batch_normalize: bool = False
+    rollout_rs: str | None = None
+    rollout_rs_threshold: float | str | None = None
+    bypass_mode: bool = False
+    loss_type: str = "ppo_clip"
+
+    def __post_init__(self) -> None:
+        if self.rollout_is is not None:
+            if self.rollout_is not in IS_LEVELS:
+                raise ValueError(f"rollout_is must be None, 'token' or 'sequence'; got {self.rollout_is!r}")
+            parse_is_threshold(self.rollout_is_threshold)
+        if not isinstance(self.rollout_is_batch_normalize, bool):
+            raise ValueError(
+                f"rollout_is_batch_normalize must be True or False; got {self.rollout_is_batch_normalize!r}"
+            )
+        if self.rollout_rs is not None:
+            parse_rs_thresholds(_rs_options(self.rollout_rs), self.rollout_rs_threshold)
+
+    @property
+    def enabled(self) -> bool:
+        return self.rollout_is is not None or self.rollout_rs is not None
+
+    def kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of :func:`rollout_correction`."""
+        out = asdict(self)
+        out.pop("bypass_mode")
+        out.pop("loss_type")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_verl(cls, mapping: Mapping[str, Any] | None) -> RolloutCorrectionConfig | None:
+        """From a whole verl config (``algorithm.rollout_correction``), its ``algorithm`` section, or
+        the ``rollout_correction`` section itself; None when there is none (verl applies no
+        correction). Defaults are verl's yaml defaults (``rollout_is: null``)."""
+        if not hasattr(mapping, "get"):
+            return None
+        section = None
+        algorithm = mapping.get("algorithm")
+        if hasattr(algorithm, "get"):
+            section = algorithm.get("rollout_correction")
+        if section is None:
+            section = mapping.get("rollout_correction")
+        if section is None and any(key in mapping for key in ("rollout_is", "rollout_rs")):
+            section = mapping
+        if not hasattr(section, "get"):
+            return None
+        return cls(**{k: section[k] for k in cls.__dataclass_fields__ if k in section})
+
+
+def parse_is_threshold(spec: float | str) -> tuple[float, float | None]:
+    """``2.0`` / ``"2.0"`` -> ``(2.0, None)`` (TIS); ``"0.5_2.0"`` -> ``(2.0, 0.5)`` (IcePop)."""
+    if isinstance(spec, bool):
+        raise ValueError("rollout_is_threshold must be a number or a 'lower_upper' string, not a boolean")
+    if isinstance(spec, (int, float)):
+        upper, lower = float(spec), None
+    elif isinstance(spec, str) and spec.strip():
+        text = spec.strip()
+        try:
+            if "_" in text:
+                low, high = text.split("_", 1)
+                lower, upper = float(low), float(high)
+            else:
+                upper, lower = float(text), None
+        except ValueError:
+            raise ValueError(f"invalid rollout_is_threshold {spec!r}") from None
+    else:
+        raise ValueError(f"rollout_is_threshold must be a number or a 'lower_upper' string; got {spec!r}")
+    if upper <= 0:
+        raise ValueError(f"rollout_is_threshold upper bound must be positive, got {upper}")
+    if lower is not None and (lower <= 0 or lower > upper):
+        raise ValueError(f"rollout_is_threshold needs 0 < lower <= upper; got {spec!r}")
+    return upper, lower
+
+
+def _rs_options(rollout_rs: str) -> list[str]:
+    if not isinstance(rollout_rs, str):
+        raise ValueError(f"rollout_rs must be a comma-separated string of options; got {rollout_rs!r}")
+    options: list[str] = []
+    for part in rollout_rs.split(","):
+        name = part.strip()
+        if not name:
+            continue
+        if name not in RS_OPTIONS:
+            raise ValueError(f"invalid rollout_rs option {name!r}; valid: {', '.join(RS_OPTIONS)}")
+        if name not in options:
+            options.append(name)
+    if not options:
+        raise ValueError("rollout_rs must name at least one option")
+    return options
+
+
+def parse_rs_thresholds(
+    options: list[str], spec: float | str | None
+) -> dict[str, tuple[float | None, float]]:
+    """One ``(lower, upper)`` per option; lower only for k1 options (default ``1 / upper``)."""
+    if spec is None:
+        raise ValueError("rollout_rs_threshold must be provided with rollout_rs")
+    if isinstance(spec, bool) or not isinstance(spec, (int, float, str)):
+        raise ValueError(f"rollout_rs_threshold must be a number or a string; got {spec!r}")
+    raw = [str(spec)] if isinstance(spec, (int, float)) else [p.strip() for p in spec.split(",") if p.strip()]
+    if len(raw) not in (1, len(options)):
+        raise ValueError(
+            f"rollout_rs_threshold needs one threshold for all options or one per option ({len(options)})"
+        )
+    raw = raw * len(options) if len(raw) == 1 else raw
+    out: dict[str, tuple[float | None, float]] = {}
+    for option, text in zip(options, raw, strict=True):
+        try:
+            if option.endswith("k1"):
+                low, high = text.split("_", 1) if "_" in text else (None, text)
+                upper = float(high)
+                lower = float(low) if low is not None else 1.0 / upper
+                if lower <= 0 or upper <= 0 or lower > upper:
+                    raise ValueError(f"thresholds for {option!r} need 0 < lower <= upper; got {text!r}")
+                out[option] = (lower, upper)
+            else:
+                if "_" in text:
+                    raise ValueError(
+                        f"rollout_rs_threshold for {option!r} takes one upper bound; got {text!r}"
+                    )
+                upper = float(text)
+                if upper <= 0:
+                    raise ValueError(f"threshold for {option!r} must be positive; got {text!r}")
+                out[option] = (None, upper)
+        except ValueError as exc:
+            if "could not convert" in str(exc):
+                raise ValueError(f"invalid threshold {text!r} for rollout_rs option {option!r}") from None
+            raise
+    return out
+
+
+# -- the computation -------------------------------------------------------------------------------------
+def _check(old_log_prob: Tensor, rollout_log_prob: Tensor, response_mask: Tensor) -> None:
+    if old_log_prob.shape != rollout_log_prob.shape:
+        raise ValueError(
+            f"old_log_prob shape {tuple(old_log_prob.shape)} does not match rollout_log_prob shape "
+            f"{tuple(rollout_log_prob.shape)}"
+        )
+    if old_log_prob.shape != response_mask.shape:
+        raise ValueError(
+            f"log_prob shape {tuple(old_log_prob.shape)} does not match response_mask shape "
+            f"{tuple(response_mask.shape)}"
+        )
+    if not bool(response_mask.any()):
+        raise ValueError("response_mask must contain at least one valid token (1)")
+
+
+def _is_weights(
+    log_ratio: Tensor, mask: Tensor, level: str, threshold: float | str, batch_normalize: bool
+) -> tuple[Tensor, dict[str, float]]:
+    upper, lower = parse_is_threshold(threshold)
+    if level == "token":
+        stat = log_ratio
+        raw = torch.exp(log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND))
+    elif level == "sequence":
+        stat = _masked_sum(log_ratio, mask, axis=-1).unsqueeze(-1)  # (batch, 1): log prod_t rho_t
+        raw = torch.exp(stat.clamp(-SAFETY_BOUND, SAFETY_BOUND)).expand_as(log_ratio)
+    else:
+        raise ValueError(f"rollout_is must be 'token' or 'sequence'; got {level!r}")
+    raw = raw * mask
+    if lower is None:  # TIS: truncate
+        weights = raw.clamp(max=upper)
+    else:  # IcePop: zero outside [lower, upper]
+        weights = torch.where((raw >= lower) & (raw <= upper), raw, torch.zeros_like(raw))
+    metrics = _is_metrics(weights, raw, stat, mask, level, upper, lower)
+    if lower is not None:
+        metrics["rollout_is_oob_ratio"] = _masked_mean(((raw < lower) | (raw > upper)).float(), mask).item()
+    if batch_normalize:
+        if level == "token":
+            mean = _masked_mean(weights, mask)
+        else:
+            seq_weights = _masked_mean(weights, mask, axis=-1)
+            seq_mask = (mask.sum(dim=-1) > 0).to(dtype=weights.dtype)
+            mean = (seq_weights * seq_mask).sum() / seq_mask.sum().clamp_min(1e-8)
+        if mean > 1e-8:
+            weights = weights / mean
+            metrics["rollout_is_batch_norm_factor"] = mean.item()
+        else:
+            metrics["rollout_is_batch_norm_factor"] = 1.0
+    return weights, metrics
+
+
+def _is_metrics(
+    weights: Tensor, raw: Tensor, stat: Tensor, mask: Tensor, level: str, upper: float, lower: float | None
+) -> dict[str, float]:
+    """verl's ``compute_is_metrics`` (before batch normalisation)."""
+    lower = 1.0 / upper if lower is None else lower
+    # verl compares against float32 0-dim log thresholds: a 0-dim tensor does not promote the other side
+    log_upper = torch.log(torch.tensor(upper, device=weights.device))
+    log_lower = torch.log(torch.tensor(lower, device=weights.device))
+    m: dict[str, float] = {}
+    valid = mask.bool()
+    if level == "sequence":
+        m["rollout_is_max"] = torch.exp(torch.clamp(stat.max(), max=SAFETY_BOUND)).item()
+        m["rollout_is_min"] = torch.exp(stat.min()).item()
+        m["rollout_is_mean"] = _masked_mean(weights, mask).item()
+        m["rollout_is_ratio_fraction_high"] = (stat > log_upper).float().mean().item()
+        m["rollout_is_ratio_fraction_low"] = (stat < log_lower).float().mean().item()
+    else:
+        m["rollout_is_mean"] = _masked_mean(weights, mask).item()
+        m["rollout_is_ratio_fraction_high"] = _masked_mean((raw > upper).float(), mask).item()
+        m["rollout_is_ratio_fraction_low"] = _masked_mean((raw < lower).float(), mask).item()
+        m["rollout_is_max"] = weights.masked_fill(~valid, float("-inf")).max().item()
+        m["rollout_is_min"] = weights.masked_fill(~valid, float("inf")).min().item()
+    clipped = weights.clamp(min=0.0, max=upper)
+    if mask.sum() > 1:
+        mean = _masked_mean(clipped, mask)
+        var = _masked_mean(clipped.square(), mask) - mean.square()
+        m["rollout_is_std"] = torch.sqrt(torch.clamp(var, min=0.0)).item()
+    else:
+        m["rollout_is_std"] = 0.0
+    # ESS = 1 / E[(w / E[w])^2] over valid tokens
+    normalized = clipped / (_masked_mean(clipped, mask) + 1e-8)
+    m["rollout_is_eff_sample_size"] = 1.0 / _masked_mean(normalized.square(), mask).item()
+    seq_mean = _masked_mean(weights, mask, axis=-1)
+    m["rollout_is_seq_mean"] = seq_mean.mean().item()
+    m["rollout_is_seq_std"] = seq_mean.std().item() if seq_mean.numel() > 1 else 0.0
+    m["rollout_is_seq_max"] = seq_mean.max().item()
+    m["rollout_is_seq_min"] = seq_mean.min().item()
+    m["rollout_is_seq_max_deviation"] = (seq_mean - 1.0).abs().max().item()
+    raw_seq_mean = _masked_mean(raw, mask, axis=-1)  # pre-truncation: a truncated mean never exceeds upper
+    m["rollout_is_seq_fraction_high"] = (raw_seq_mean > upper).float().mean().item()
+    m["rollout_is_seq_fraction_low"] = (raw_seq_mean < lower).float().mean().item()
+    return m
+
+
+def _seq_max(values: Tensor, mask: Tensor) -> Tensor:
+    neg_inf = torch.tensor(float("-inf"), device=values.device, dtype=values.dtype)
+    top = values.masked_fill(~mask.bool(), neg_inf).max(dim=-1).values
+    return torch.where(top == neg_inf, torch.zeros_like(top), top)
+
+
+def _rejection_mask(
+    log_ratio: Tensor, mask: Tensor, rollout_rs: str, threshold: float | str | None
+) -> tuple[Tensor, dict[str, float]]:
+    """verl's ``compute_rollout_rejection_mask``: every listed option must pass (logical AND)."""
+    options = _rs_options(rollout_rs)
+    bounds = parse_rs_thresholds(options, threshold)
+    if log_ratio.shape[0] == 0:
+        return mask, {}
+    safe = log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    per_token = {"k1": -safe, "k2": 0.5 * safe**2, "k3": torch.exp(safe) - 1.0 - safe}
+    valid = mask.bool()
+    seq_valid = mask.sum(dim=-1) > 0
+    combined = torch.ones_like(mask, dtype=log_ratio.dtype)
+    m: dict[str, float] = {}
+    for option in options:
+        lower, upper = bounds[option]
+        k1 = option.endswith("k1")
+        lo_log = math.log(lower) if k1 else None
+        hi = math.log(upper) if k1 else upper
+        values = per_token[option[-2:]]
+        seq_stat = None
+        if option.startswith("token_"):
+            stat = values
+        else:
+            if option.startswith("seq_sum"):
+                seq_stat = _masked_sum(values, mask, axis=-1)
+            elif option.startswith("seq_mean"):
+                seq_stat = _masked_mean(values, mask, axis=-1)
+            else:
+                seq_stat = _seq_max(values, mask)
+            stat = seq_stat.unsqueeze(-1).expand_as(mask)
+        keep = (stat >= lo_log) & (stat <= hi) if k1 else stat <= hi
+        keep_f = keep.to(dtype=log_ratio.dtype)
+        combined = combined * keep_f
+        m.update(
+            _rs_metrics(option, stat, mask, seq_valid, seq_stat, hi, lo_log if k1 else 0.0, apply_lower=k1)
+        )
+        seq_keep = (~((~keep) & valid)).all(dim=-1)
+        m[f"rollout_rs_{option}_masked_fraction"] = _masked_mean(1 - keep_f, mask).item()
+        seq_valid_f = seq_valid.float()
+        if seq_valid_f.sum() > 0:
+            seq_keep_f = seq_keep.to(dtype=log_ratio.dtype)
+            m[f"rollout_rs_{option}_seq_masked_fraction"] = (
+                ((1.0 - seq_keep_f) * seq_valid_f).sum() / seq_valid_f.sum()
+            ).item()
+        else:
+            m[f"rollout_rs_{option}_seq_masked_fraction"] = 0.0
+    m["rollout_rs_masked_fraction"] = _masked_mean(1 - combined, mask).item()
+    kept = (combined > 0.5) & valid
+    m["rollout_rs_seq_masked_fraction"] = (~kept & valid).any(dim=-1).float().mean().item()
+    return (mask * combined).to(dtype=mask.dtype), m
+
+
+def _rs_metrics(
+    option: str,
+    stat: Tensor,
+    mask: Tensor,
+    seq_valid: Tensor,
+    seq_stat: Tensor | None,
+    upper: float,
+    lower: float,
+    *,
+    apply_lower: bool,
+) -> dict[str, float]:
+    """verl's ``compute_rs_metrics`` for one option (``upper``/``lower`` in the statistic's units)."""
+    p = f"rollout_rs_{option}"
+    valid = mask.bool()
+    seq_values = seq_stat if seq_stat is not None else _masked_mean(stat, mask, axis=-1)
+    seq_values = seq_values[seq_valid]
+    sequence = seq_stat is not None and seq_values.numel() > 0
+    m: dict[str, float] = {f"{p}_mean": _masked_mean(stat, mask).item()}
+    if sequence:
+        m[f"{p}_max"] = seq_values.max().item()
+        m[f"{p}_min"] = seq_values.min().item()
+        m[f"{p}_fraction_high"] = (seq_values > upper).float().mean().item()
+        m[f"{p}_fraction_low"] = (seq_values < lower).float().mean().item() if apply_lower else 0.0
+    else:
+        m[f"{p}_max"] = stat.masked_fill(~valid, float("-inf")).max().item()
+        m[f"{p}_min"] = stat.masked_fill(~valid, float("inf")).min().item()
+        m[f"{p}_fraction_high"] = _masked_mean((stat > upper).float(), mask).item()
+        m[f"{p}_fraction_low"] = _masked_mean((stat < lower).float(), mask).item() if apply_lower else 0.0
+    if mask.sum() > 1:
+        clamped = stat.clamp(min=lower if apply_lower else 0.0, max=upper)
+        mean = _masked_mean(clamped, mask)
+        var = _masked_mean(clamped.square(), mask) - mean.square()
+        m[f"{p}_std"] = torch.sqrt(torch.clamp(var, min=0.0)).item()
+    else:
+        m[f"{p}_std"] = 0.0
+    if seq_values.numel() > 0:
+        m[f"{p}_seq_mean"] = seq_values.mean().item()
+        m[f"{p}_seq_std"] = seq_values.std().item() if seq_values.numel() > 1 else 0.0
+        m[f"{p}_seq_max"] = seq_values.max().item()
+        m[f"{p}_seq_min"] = seq_values.min().item()
+        m[f"{p}_seq_max_deviation"] = seq_values.abs().max().item()
+        m[f"{p}_seq_fraction_high"] = (seq_values > upper).float().mean().item()
+        if apply_lower:
+            m[f"{p}_seq_fraction_low"] = (seq_values < lower).float().mean().item()
+    else:
+        for key in ("seq_mean", "seq_std", "seq_max", "seq_min", "seq_max_deviation"):
+            m[f"{p}_{key}"] = 0.0
+        m[f"{p}_seq_fraction_high"] = 0.0
+        m[f"{p}_seq_fraction_low"] = 0.0
+    return m
+
+
+def _offpolicy_metrics(log_prob: Tensor, rollout_log_prob: Tensor, mask: Tensor) -> dict[str, float]:
+    """verl's ``compute_offpolicy_metrics``: KL(pi_rollout || pi_train) estimators, perplexities, chi^2."""
+    m: dict[str, float] = {}
+    mean_train = _masked_mean(log_prob, mask, axis=-1)  # (batch,)
+    m["training_ppl"] = torch.exp(-mean_train).mean().item()
+    m["training_log_ppl"] = (-mean_train).mean().item()
+    m["kl"] = _masked_mean(rollout_log_prob - log_prob, mask).item()  # k1: E[log mu - log pi]
+    log_ratio = log_prob - rollout_log_prob
+    m["k3_kl"] = _masked_mean(torch.exp(log_ratio) - log_ratio - 1, mask).item()  # E[r - log r - 1]
+    mean_rollout = _masked_mean(rollout_log_prob, mask, axis=-1)
+    m["rollout_ppl"] = torch.exp(-mean_rollout).mean().item()
+    m["rollout_log_ppl"] = (-mean_rollout).mean().item()
+    diff = mean_rollout - mean_train  # log(train_ppl / rollout_ppl) per sequence
+    m["log_ppl_diff"] = diff.mean().item()
+    m["log_ppl_abs_diff"] = diff.abs().mean().item()
+    m["log_ppl_diff_max"] = diff.max().item()
+    m["log_ppl_diff_min"] = diff.min().item()
+    m["ppl_ratio"] = torch.exp(diff).mean().item()
+    rho = torch.exp(log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND))
+    m["chi2_token"] = (_masked_mean(rho.square(), mask) - 1.0).item()  # E_mu[rho^2] - 1
+    seq_log = _masked_sum(log_ratio, mask, axis=-1).clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    m["chi2_seq"] = (torch.exp(2.0 * seq_log).mean() - 1.0).item()  # E[(prod rho_t)^2] - 1
+    return m
+
+
+def rollout_correction(
+    old_log_prob: Tensor,
+    rollout_log_prob: Tensor,
+    response_mask: Tensor,
+    *,
+    rollout_is: str | None = None,
+    rollout_is_threshold: float | str = 2.0,
+    rollout_is_batch_normalize: bool = False,
+    rollout_rs: str | None = None,
+    rollout_rs_threshold: float | str | None = None,
+) -> tuple[Tensor | None, Tensor, dict[str, float]]:
+    """IS weights, rejection mask and ``rollout_corr/*`` metrics, as verl 0.9.1's
+    ``compute_rollout_correction_and_rejection_mask`` (see the module docstring for the formulas).
+
+    Args (all ``(batch, response_len)``): ``old_log_prob`` (the trainer's), ``rollout_log_prob`` (the
+    rollout engine's), ``response_mask`` (0/1, the mask before rejection).
+
+    Returns ``(weights or None, response_mask after rejection, metrics)``; ``weights`` is None unless
+    ``rollout_is`` is set and is 0 on masked tokens; the mask keeps ``response_mask``'s dtype.
+    """
+    _check(old_log_prob, rollout_log_prob, response_mask)
+    with torch.no_grad():
+        log_ratio = old_log_prob - rollout_log_prob
+        metrics: dict[str, float] = {}
+        weights = None
+        if rollout_is is not None and rollout_is_threshold is not None:
+            weights, is_metrics = _is_weights(
+                log_ratio, response_mask, rollout_is, rollout_is_threshold, rollout_is_batch_normalize
+            )
+            metrics.update(is_metrics)
+        mask = response_mask.clone()
+        if rollout_rs is not None:
+            mask, rs_metrics = _rejection_mask(log_ratio, response_mask, rollout_rs, rollout_rs_threshold)
+            metrics.update(rs_metrics)
+        metrics.update(_offpolicy_metrics(old_log_prob, rollout_log_prob, response_mask))
+    return weights, mask, {PREFIX + k: v for k, v in metrics.items()}
+
+
+def rollout_corr_metrics(
+    log_prob: Tensor, rollout_log_prob: Tensor, response_mask: Tensor
+) -> dict[str, float]:
+    """The off-policy diagnostics alone (verl's ``compute_rollout_corr_metrics_from_logprobs``):
+    ``rollout_corr/{training_ppl, training_log_ppl, kl, k3_kl, rollout_ppl, rollout_log_ppl,
+    log_ppl_diff, log_ppl_abs_diff, log_ppl_diff_max, log_ppl_diff_min, ppl_ratio, chi2_token, chi2_seq}``.
+    """
+    _check(log_prob, rollout_log_prob, response_mask)
+    with torch.no_grad():
+        return {
+            PREFIX + k: v for k, v in _offpolicy_metrics(log_prob, rollout_log_prob, response_mask).items()
+        }
+
+
+def rollout_debug_metrics(
+    old_log_prob: Tensor, rollout_log_prob: Tensor, response_mask: Tensor
+) -> dict[str, float]:
+    """verl's ``calculate_debug_metrics`` (``training/*``): on token probabilities ``p = exp(log_prob)``
+    of valid tokens, ``|p_actor - p_rollout|`` max / mean / std (unbiased) and the Pearson correlation
+    of ``p_actor`` and ``p_rollout`` (arXiv:2506.13585). No valid token: ``valid`` 0 and NaNs.
+    """
+    valid = response_mask.bool()
+    if old_log_prob.shape != rollout_log_prob.shape or valid.shape != old_log_prob.shape:
+        raise ValueError("old_log_prob, rollout_log_prob and response_mask must have the same shape")
+    if not bool(valid.any()):
+        nan = float("nan")
+        return {
+            "training/rollout_probs_diff_valid": 0,
+            "training/rollout_probs_diff_max": nan,
+            "training/rollout_probs_diff_mean": nan,
+            "training/rollout_probs_diff_std": nan,
+            "training/rollout_actor_probs_pearson_corr": nan,
+        }
+    with torch.no_grad():
+        actor = torch.masked_select(torch.exp(old_log_prob), valid)
+        rollout = torch.masked_select(torch.exp(rollout_log_prob), valid)
+        diff = (actor - rollout).abs()
+        if actor.numel() > 1:
+            pearson = torch.corrcoef(torch.stack([actor, rollout], dim=0))[0][1].item()
+            std = diff.std().item()
+        else:  # one token: torch warns and gives NaN for both; say NaN without the warning
+            pearson = std = float("nan")
+        return {
+            "training/rollout_probs_diff_valid": 1,
+            "training/rollout_probs_diff_max": diff.max().item(),
+            "training/rollout_probs_diff_mean": diff.mean().item(),
+            "training/rollout_probs_diff_std": std,
+            "training/rollout_actor_probs_pearson_corr": pearson,
+        }
