@@ -114,6 +114,33 @@ def test_set_loss_fn_batches_audit_ok_against_what_verl_reported(side):
         assert result["ok"], result
 
 
+@pytest.mark.parametrize(
+    "mode", ["token-sum", "seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-mean-token-mean"]
+)
+def test_every_loss_agg_mode_and_kl_estimator_audits_ok_on_the_real_update(side, mode):
+    result = side["agg_modes"][mode]
+    assert result["failures"] == 0
+    batches = [_decode(p) for p in result["batches"]]
+    assert len(batches) == CALLS_PER_STEP
+    for tensors, _, config, reported in batches:
+        assert config["loss_agg_mode"] == mode
+        again = _recomputed(tensors, config)
+        assert again["policy_loss"] == pytest.approx(reported["policy_loss"], rel=1e-5, abs=1e-6)
+        assert again["kl_loss"] == pytest.approx(reported["kl_loss"], rel=1e-5, abs=1e-6)
+        assert run_audit(config, tensors, reported)[0]["ok"]
+
+
+def test_rollout_is_weights_leave_the_loss_unaudited_and_the_rest_audited(side):
+    result = side["is_weights"]
+    assert len(result["warnings"]) == 1 and "rollout_is_weights" in result["warnings"][0]
+    batches = [_decode(p) for p in result["batches"]]
+    assert len(batches) == CALLS_PER_STEP
+    for tensors, _, config, reported in batches:
+        assert "actor/pg_loss" not in reported and "policy_loss" not in reported
+        assert {"actor/pg_clipfrac", "actor/ppo_kl", "kl_loss", "actor/entropy_loss"} <= set(reported)
+        assert run_audit(config, tensors, reported)[0]["ok"]
+
+
 def test_tampered_report_from_real_verl_is_flagged(side):
     tensors, _, config, reported = _decode(side["set_loss_fn"]["batches"][3])
     report = audit(

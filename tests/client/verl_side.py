@@ -240,7 +240,7 @@ def trainer_config(actor: ActorConfig, shuffle: bool = True):
     )
 
 
-def rollout(step: int, model: TinyModel) -> DataProto:
+def rollout(step: int, model: TinyModel, is_weights: bool = False) -> DataProto:
     """One generation batch, padded as verl's trainer holds it, with old log-probs from the actor."""
     g = torch.Generator().manual_seed(1000 + step)
     prompt_lens = torch.randint(1, 4, (BATCH,), generator=g)
@@ -281,6 +281,8 @@ def rollout(step: int, model: TinyModel) -> DataProto:
         "advantages": advantages,
         "token_level_rewards": token_level_rewards,
     }
+    if is_weights:  # what verl's decoupled rollout correction adds: clipped pi_old / pi_rollout per token
+        batch["rollout_is_weights"] = (old - batch["rollout_log_probs"]).exp().clamp(max=2.0) * response_mask
     import numpy as np
 
     return DataProto.from_dict(tensors=batch, non_tensors={"uid": np.array(uid, dtype=object)})
@@ -303,6 +305,7 @@ def train(
     seed: int = 0,
     micro_batch: int = MICRO_BATCH,
     shuffle: bool = True,
+    is_weights: bool = False,
     tracking: Tracking | None = None,
 ) -> dict:
     """``steps`` verl actor updates with ``loss_fn`` bound through ``TrainingWorker.set_loss_fn``."""
@@ -312,7 +315,7 @@ def train(
     TrainingWorker.set_loss_fn(worker, loss_fn)
     done, rollouts = [], []
     for step in range(1, steps + 1):
-        batch = rollout(step, model)
+        batch = rollout(step, model, is_weights)
         actor = actor_config()
         trainer = types.SimpleNamespace(
             config=trainer_config(actor, shuffle),
@@ -390,6 +393,38 @@ def scenario_both(options: dict) -> dict:
     run.finish(timeout=10)
     rv.configure()
     return {"batches": _payloads(server, run), "calls": 2 * CALLS}
+
+
+def scenario_agg_modes(options: dict) -> dict:
+    """(b) under every ``loss_agg_mode`` and the KL estimators: all 8 micro-batches of one update each."""
+    results = {}
+    for mode, kl in (("token-sum", "k1"), ("seq-mean-token-sum", "k2"), ("seq-mean-token-sum-norm", "k3"),
+                     ("seq-mean-token-mean", "low_var_kl")):  # fmt: skip
+        server = FakeServer()
+        run = _run(server, f"agg-{mode}", batch_every=1, batch_micro_batches="all", **options)
+        rv.configure(run)
+        config = actor_config(loss_agg_mode=mode, kl_loss_type=kl, clip_ratio_high=0.28, loss_scale_factor=8)
+        train(functools.partial(rv.ppo_loss, config=config), steps=1)
+        run.finish(timeout=10)
+        results[mode] = {"batches": _payloads(server, run), "failures": rv.recording_failures()}
+        rv.configure()
+    return results
+
+
+def scenario_is_weights(options: dict) -> dict:
+    """A batch carrying ``rollout_is_weights``: verl's pg_loss includes them, the recorder must not claim it."""
+    server = FakeServer()
+    run = _run(server, "is-weights", batch_every=1, batch_micro_batches="all", **options)
+    rv.configure(run)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train(functools.partial(rv.ppo_loss, config=actor_config()), steps=1, is_weights=True)
+    run.finish(timeout=10)
+    rv.configure()
+    return {
+        "batches": _payloads(server, run),
+        "warnings": [str(w.message) for w in caught if issubclass(w.category, rv.RecordingError)],
+    }
 
 
 def scenario_groups(options: dict) -> dict:
@@ -500,7 +535,9 @@ def scenario_tracking(options: dict) -> dict:
 
 
 def scenario_overhead(options: dict) -> dict:
-    """Median seconds of one real ``ppo_loss`` micro-batch call, verl alone vs through the recorder."""
+    """Seconds of one real ``ppo_loss`` micro-batch call (the forward; backward follows untimed), verl's
+    own vs through the recording wrapper, interleaved. Each call is one step (``calls_per_step=1``), so
+    with ``batch_every=N`` every N-th wrapped call is sampled and captured; the rest cost the decision."""
     shape_b, resp, prompt = int(options.get("batch", 16)), int(options.get("resp", 1024)), 64
     g = torch.Generator().manual_seed(3)
     attention = torch.ones(shape_b, prompt + resp, dtype=torch.long)
@@ -509,8 +546,8 @@ def scenario_overhead(options: dict) -> dict:
             "input_ids": torch.randint(1, VOCAB, (shape_b, prompt + resp), generator=g),
             "attention_mask": attention,
             "position_ids": torch.arange(prompt + resp).expand(shape_b, -1).contiguous(),
-            "prompts": torch.zeros(shape_b, prompt, dtype=torch.long),
-            "responses": torch.zeros(shape_b, resp, dtype=torch.long),
+            "prompts": torch.ones(shape_b, prompt, dtype=torch.long),
+            "responses": torch.ones(shape_b, resp, dtype=torch.long),
             "response_mask": torch.ones(shape_b, resp, dtype=torch.long),
             "old_log_probs": -torch.rand(shape_b, resp, generator=g),
             "advantages": torch.randn(shape_b, resp, generator=g),
@@ -527,24 +564,19 @@ def scenario_overhead(options: dict) -> dict:
     every = int(options.get("batch_every", 10))
     run = _run(server, "overhead", batch_every=every)
     rv.configure(run, calls_per_step=1)
-    reps = int(options.get("reps", 41))
     timings: dict[str, list[float]] = {"verl": [], "rlvitals": []}
-    for _ in range(reps):
+    for _ in range(int(options.get("reps", 100))):
         for name, fn in (("verl", losses.ppo_loss), ("rlvitals", rv.ppo_loss)):
             lp = torch.nested.nested_tensor_from_jagged(values.clone().requires_grad_(), offsets=offsets)
             ent = torch.nested.nested_tensor_from_jagged(values.abs(), offsets=offsets)
             t0 = time.perf_counter()
             loss, _ = fn(config=config, model_output={"log_probs": lp, "entropy": ent}, data=td)
-            loss.backward()
             timings[name].append(time.perf_counter() - t0)
-    run.finish(timeout=30)
+            loss.backward()
+    run.finish(timeout=60)
+    sent = len(_payloads(server, run))
     rv.configure()
-    return {
-        "timings": timings,
-        "batch_every": every,
-        "shape": [shape_b, resp],
-        "sent": len(_payloads(server, run)),
-    }
+    return {"timings": timings, "batch_every": every, "shape": [shape_b, resp], "sent": sent}
 
 
 SCENARIOS = {
@@ -552,6 +584,8 @@ SCENARIOS = {
     "registered": scenario_registered,
     "both": scenario_both,
     "groups": scenario_groups,
+    "agg_modes": scenario_agg_modes,
+    "is_weights": scenario_is_weights,
     "broken": scenario_broken,
     "delegates": scenario_delegates,
     "tracking": scenario_tracking,
