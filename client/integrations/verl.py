@@ -42,7 +42,7 @@ import threading
 import time
 import warnings
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -118,9 +118,10 @@ class _Recorder:
             previous, self._last_flag = self._last_flag, last_mini_batch
         return bool(previous) and last_mini_batch is False
 
-    def record(self, *, new_step: bool = False, **batch: Any) -> None:
-        """``run.log_batch`` for one micro-batch the sampler picks; any failure is counted and warned
-        about once. The decision reads no tensor (no device sync); unpicked calls cost a counter."""
+    def record(self, prepare: Callable[[], dict[str, Any]], *, new_step: bool = False) -> None:
+        """``run.log_batch(**prepare())`` for one micro-batch the sampler picks; any failure is counted and
+        warned about once. The decision reads no tensor (no device sync): an unpicked call costs a counter,
+        and ``prepare`` (padding, metric values) runs only for a picked one."""
         try:
             step = self.clock.tick(new_step=new_step)
             run = self.run.get()
@@ -129,10 +130,7 @@ class _Recorder:
             position = self.sampler.take(step)
             if position is None:
                 return
-            prepare = batch.pop("prepare", None)
-            if prepare is not None:
-                batch.update(prepare())
-            run.log_batch(step, micro_batch=position, sampled=True, **batch)
+            run.log_batch(step, micro_batch=position, sampled=True, **prepare())
         except Exception as exc:  # the trainer's loss must never fail because recording did
             self.failures.add(exc)
 
@@ -306,22 +304,26 @@ def policy_loss(
         rollout_is_weights=rollout_is_weights,
     )
     if not _inside_ppo_loss.get() and getattr(log_prob, "requires_grad", False):
-        reported = {**scalars(pg_metrics), "actor/pg_loss": pg_loss.detach()}
-        if rollout_is_weights is not None:
-            reported = recorder.without_weighted(reported)
-        recorder.record(
-            log_prob=log_prob.detach(),
-            old_log_prob=old_log_prob,
-            advantages=advantages,
-            response_mask=response_mask,
-            # the policy loss alone: verl adds the KL and entropy terms outside it (ppo_loss)
-            config={
-                **loss_config(config, loss_agg_mode, loss_mode=recorder.delegate),
-                "use_kl_loss": False,
-                "entropy_coeff": 0.0,
-            },
-            reported=reported,
-        )
+
+        def prepare() -> dict[str, Any]:  # only for a sampled call: scalars() may read device values
+            reported = {**scalars(pg_metrics), "actor/pg_loss": pg_loss.detach()}
+            if rollout_is_weights is not None:
+                reported = recorder.without_weighted(reported)
+            return {
+                "log_prob": log_prob.detach(),
+                "old_log_prob": old_log_prob,
+                "advantages": advantages,
+                "response_mask": response_mask,
+                # the policy loss alone: verl adds the KL and entropy terms outside it (ppo_loss)
+                "config": {
+                    **loss_config(config, loss_agg_mode, loss_mode=recorder.delegate),
+                    "use_kl_loss": False,
+                    "entropy_coeff": 0.0,
+                },
+                "reported": reported,
+            }
+
+        recorder.record(prepare=prepare)
     return pg_loss, pg_metrics
 
 
@@ -353,19 +355,19 @@ def ppo_loss(config: Any, model_output: Mapping[str, Any], data: Any, dp_group: 
     log_probs = model_output["log_probs"]
     if getattr(log_probs, "requires_grad", False):
         recorder = _recorder
-        reported = {**scalars(metrics), "policy_loss": loss.detach()}
-        if _has(data, "rollout_is_weights"):
-            reported = recorder.without_weighted(reported)
         explicit = _non_tensor(data, "global_steps")
         if explicit is not None:
             recorder.clock.set(int(explicit))
         new_step = recorder.boundary(_non_tensor(data, "update_lr_scheduler"))
-        recorder.record(
-            new_step=new_step,
-            prepare=lambda: _padded_batch(model_output, data, _get(config, "rollout_n")),
-            config=loss_config(config),
-            reported=reported,
-        )
+
+        def prepare() -> dict[str, Any]:  # only for a sampled call: scalars() may read device values
+            reported = {**scalars(metrics), "policy_loss": loss.detach()}
+            if _has(data, "rollout_is_weights"):
+                reported = recorder.without_weighted(reported)
+            batch = _padded_batch(model_output, data, _get(config, "rollout_n"))
+            return {**batch, "config": loss_config(config), "reported": reported}
+
+        recorder.record(new_step=new_step, prepare=prepare)
     return loss, metrics
 
 
