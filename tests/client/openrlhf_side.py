@@ -203,17 +203,18 @@ LOSSES = {
 
 
 def scenario_losses() -> dict:
-    """Each PolicyLoss setting: 4 steps unwrapped, then wrapped (same seed), every step sampled."""
+    """Each PolicyLoss setting: 4 (ppo: 6) steps unwrapped, then wrapped (same seed), every step sampled."""
     results = {}
     for name, kwargs in LOSSES.items():
-        plain = train(PolicyLoss(**kwargs), steps=4)
+        steps = 6 if name == "ppo" else 4  # ppo: audits reach positions 4-5, epoch 1
+        plain = train(PolicyLoss(**kwargs), steps=steps)
         server = FakeServer()
         run = _run(server, name, batch_every=1)
         clock = {"step": 0}
         wrapped = ro.RecordingPolicyLoss(PolicyLoss(**kwargs), run, step_fn=lambda c=clock: c["step"])
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            hooked = train(wrapped, steps=4, on_step=lambda s, c=clock: c.__setitem__("step", s))
+            hooked = train(wrapped, steps=steps, on_step=lambda s, c=clock: c.__setitem__("step", s))
         run.finish(timeout=10)
         results[name] = {
             "plain": plain,
