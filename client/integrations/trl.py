@@ -94,6 +94,8 @@ class TrlLogBridge:
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         config = _args_dict(args) or {}
         ref = self.run_ref
+        if self._owns_run and getattr(getattr(ref.current, "state", None), "value", "open") != "open":
+            ref = self.run_ref = RunRef(None, project=ref.project, name=ref.name, options=ref.options)
         if ref.current is not None:
             if _is_main(state) and config and hasattr(ref.current, "update_config"):
                 ref.current.update_config(config)

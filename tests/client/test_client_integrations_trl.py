@@ -158,3 +158,17 @@ def test_callback_without_or_with_transformers():
     handler.on_step_end(_args(), state, TrainerControl())  # every other event is a no-op
     run.finish(timeout=5)
     assert server.series(run.id, "clip_ratio/region_mean") == {3: 0.03}
+
+
+def test_training_again_after_the_run_finished_starts_a_fresh_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLVITALS_SPOOL_DIR", str(tmp_path))
+    server = FakeServer()
+    original = rlvitals.client.init
+    monkeypatch.setattr(rlvitals.client, "init", lambda **kw: original(transport=server.transport, **kw))
+    bridge = rt.TrlLogBridge()
+    state = SimpleNamespace(global_step=1, is_world_process_zero=True)
+    for _ in range(2):
+        bridge.on_train_begin(_args(), state, None)
+        bridge.on_log(_args(), state, None, logs={"kl": 0.1})
+        bridge.on_train_end(_args(), state, None)
+    assert bridge.run_ref.current.state.value == "finished" and list(server.runs) == [("default", "grpo")]

@@ -7,6 +7,8 @@ scripts live in ``tests/support/trl_tiny.py`` and run there with this checkout's
   micro-batch captured by the README recipe; what ``_compute_loss`` returned (seen from outside the
   mixin) and every metric TRL logged for that micro-batch equal ``trl_loss`` on the captured tensors at
   float32 rtol 1e-5, and ``trl_audit`` agrees;
+- *refusals*: a ``_compute_loss`` override below the mixin, vLLM's importance-sampling correction and
+  off-policy mask, the MoE aux loss: warned once, tensors sent without reported numbers;
 - *one run per job*: the recipe against a real ``rlvitals serve``, combined four ways (README recipe
   with ``GRPOConfig.run_name``, an explicit ``rlvitals_run=``, ``RLVITALS_RUN_NAME``, the callback
   alone): one run each, the GRPOConfig as its config, audits of TRL's returned loss that agree, the
@@ -141,3 +143,17 @@ def test_sampled_positions_rotate_through_the_update_and_see_clipping(recipe_ser
         done[0]["reported"]["clip_ratio/region_mean"] == 0.0
     )  # first micro-batch after a generation: ratio 1
     assert done[2]["reported"]["clip_ratio/region_mean"] > 0  # after an update on the same generation
+
+
+def test_losses_that_cannot_be_reproduced_are_refused_not_claimed(trl_python, tmp_path):
+    out = tmp_path / "refuse.json"
+    run_script(trl_python, "refuse", str(out))
+    seen = json.loads(out.read_text())
+    assert len(seen["warnings"]) == 1 and "Custom overrides GRPOTrainer._compute_loss" in seen["warnings"][0]
+    assert len(seen["batches"]) == 2  # the tensors still go (histograms, on-policy gap)
+    for batch in seen["batches"]:
+        assert batch["reported"] == {} and "overrides" in batch["config"]["unaudited"]
+    assert seen["plain"] is None
+    assert "vllm_importance_sampling_correction" in seen["vllm_is"]
+    assert "off_policy_mask_threshold" in seen["vllm_off_policy"]
+    assert "router_aux_loss_coef" in seen["aux_loss"]

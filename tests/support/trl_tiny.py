@@ -7,6 +7,7 @@ Runs inside the TRL side environment (``tests/support/sideenv.py``) with this ch
 
     python trl_tiny.py exact   OUT.json              every variant, every micro-batch captured and checked
     python trl_tiny.py recipe  OUT.json              the README recipe against $RLVITALS_URL, several ways
+    python trl_tiny.py refuse  OUT.json              losses rlvitals cannot reproduce are refused
     python trl_tiny.py overhead OUT.json STEPS       step times with and without rlvitals
 
 Each mode writes its findings as JSON; the pytest side asserts on them (and on what the server stored).
@@ -286,9 +287,57 @@ def recipe(out_path: str) -> None:
     Path(out_path).write_text(json.dumps(seen))
 
 
+def refuse(out_path: str) -> None:
+    """Losses rlvitals cannot reproduce: refused (warned once, tensors sent without reported numbers)."""
+    from rlvitals.client.integrations.trl import NotAudited, RlvitalsGRPOMixin, unaudited_reason
+    from rlvitals.client.testing import FakeServer
+    from trl import GRPOTrainer
+
+    import rlvitals
+
+    class Custom(GRPOTrainer):
+        def _compute_loss(self, model, inputs):
+            return super()._compute_loss(model, inputs) * 2  # a user's own loss
+
+    class Refused(RlvitalsGRPOMixin, Custom):
+        pass
+
+    out = {}
+    server = FakeServer()
+    with tempfile.TemporaryDirectory() as tmp:
+        run = rlvitals.init(
+            project="p", name="refused", transport=server.transport, spool_dir=tmp, batch_every=1
+        )
+        trainer = make_trainer(Refused, {"max_steps": 2}, tmp, rlvitals_run=run)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            trainer.train()
+        run.finish(timeout=30)
+        out["warnings"] = [str(w.message) for w in caught if issubclass(w.category, NotAudited)]
+        out["batches"] = []
+        for payload in server.batches[run.id]:
+            _, meta = _decode(payload)
+            out["batches"].append(
+                {"reported": json.loads(meta["reported"]), "config": json.loads(meta["config"])}
+            )
+        plain = make_trainer(GRPOTrainer, {}, tmp)
+        out["plain"] = unaudited_reason(plain, {})
+        plain.use_vllm, plain.vllm_importance_sampling_correction = True, True
+        out["vllm_is"] = unaudited_reason(plain, {})
+        plain.vllm_importance_sampling_correction = False
+        plain.off_policy_mask_threshold = 0.5
+        out["vllm_off_policy"] = unaudited_reason(plain, {"sampling_per_token_logps": None})
+        plain.off_policy_mask_threshold = None
+        plain.aux_loss_enabled = True
+        out["aux_loss"] = unaudited_reason(plain, {})
+    Path(out_path).write_text(json.dumps(out))
+
+
 def overhead(out_path: str, steps: int) -> None:
-    """Median optimizer-step time of the same job with and without the README recipe (interleaved)."""
-    from rlvitals.client.integrations.trl import RlvitalsCallback
+    """Per optimizer step: wall time with and without the README recipe (interleaved runs of the same job),
+    and the time spent inside rlvitals code itself (mixin around ``_compute_loss`` minus TRL's own, plus
+    the callback), for ``batch_every`` 10 (the default) and 1 (a capture every step)."""
+    from rlvitals.client.integrations.trl import RlvitalsCallback, RlvitalsGRPOMixin
     from rlvitals.client.testing import FakeServer
     from transformers import TrainerCallback
     from trl import GRPOTrainer
@@ -296,34 +345,72 @@ def overhead(out_path: str, steps: int) -> None:
     import rlvitals
 
     Recipe, _ = trainer_classes()
+    inside = {"t": 0.0}
 
     class Clock(TrainerCallback):
         def __init__(self):
-            self.times, self._t = [], None
+            self.steps, self.own, self._t = [], [], None
 
         def on_step_begin(self, args, state, control, **kw):
+            inside["t"] = 0.0
             self._t = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kw):
-            self.times.append(time.perf_counter() - self._t)
+            self.steps.append(time.perf_counter() - self._t)
+            self.own.append(inside["t"])
+
+    trl_loss_fn = GRPOTrainer._compute_loss
+    mixin_loss_fn = RlvitalsGRPOMixin._compute_loss
+    on_log = RlvitalsCallback.on_log
+
+    def timed_trl(self, model, inputs):  # TRL's own time, subtracted from the mixin's
+        t = time.perf_counter()
+        try:
+            return trl_loss_fn(self, model, inputs)
+        finally:
+            inside["t"] -= time.perf_counter() - t
+
+    def timed_mixin(self, model, inputs):
+        t = time.perf_counter()
+        try:
+            return mixin_loss_fn(self, model, inputs)
+        finally:
+            inside["t"] += time.perf_counter() - t
+
+    def timed_log(self, *args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return on_log(self, *args, **kwargs)
+        finally:
+            inside["t"] += time.perf_counter() - t
 
     settings = {"num_iterations": 2, "max_steps": steps, "beta": 0.04, "loss_type": "grpo"}
-    out = {}
+    out: dict[str, dict[str, list[float]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(2):
-            for label in ("plain", "rlvitals"):
+            for label in ("plain", "batch_every=10", "batch_every=1"):
                 clock = Clock()
                 if label == "plain":
-                    trainer = make_trainer(GRPOTrainer, settings, tmp, callbacks=[clock])
-                    trainer.train()
+                    make_trainer(GRPOTrainer, settings, tmp, callbacks=[clock]).train()
                 else:
                     server = FakeServer()
-                    run = rlvitals.init(project="bench", name=f"o{rep}", transport=server.transport,
-                                        spool_dir=tmp, batch_every=1)  # fmt: skip
-                    trainer = make_trainer(Recipe, settings, tmp, callbacks=[clock, RlvitalsCallback(run)])
-                    trainer.train()
+                    every = int(label.split("=")[1])
+                    run = rlvitals.init(project="bench", name=f"{label}-{rep}", transport=server.transport,
+                                        spool_dir=tmp, batch_every=every)  # fmt: skip
+                    GRPOTrainer._compute_loss = timed_trl
+                    RlvitalsGRPOMixin._compute_loss = timed_mixin
+                    RlvitalsCallback.on_log = timed_log
+                    try:
+                        make_trainer(Recipe, settings, tmp, callbacks=[clock, RlvitalsCallback(run)]).train()
+                    finally:
+                        GRPOTrainer._compute_loss = trl_loss_fn
+                        RlvitalsGRPOMixin._compute_loss = mixin_loss_fn
+                        RlvitalsCallback.on_log = on_log
                     run.finish(timeout=30)
-                out.setdefault(label, []).extend(clock.times[1:])  # the first step warms up
+                    assert len(server.batches[run.id]) >= steps // every - 1
+                entry = out.setdefault(label, {"step_s": [], "rlvitals_s": []})
+                entry["step_s"].extend(clock.steps[1:])  # the first step warms up
+                entry["rlvitals_s"].extend(clock.own[1:])
     Path(out_path).write_text(json.dumps(out))
 
 
@@ -334,6 +421,8 @@ if __name__ == "__main__":
         exact(sys.argv[2])
     elif mode == "recipe":
         recipe(sys.argv[2])
+    elif mode == "refuse":
+        refuse(sys.argv[2])
     elif mode == "overhead":
         overhead(sys.argv[2], int(sys.argv[3]))
     else:
