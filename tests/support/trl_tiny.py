@@ -345,44 +345,48 @@ def overhead(out_path: str, steps: int) -> None:
     import rlvitals
 
     Recipe, _ = trainer_classes()
-    inside = {"t": 0.0}
+    inside = {"t": 0.0, "cpu": 0.0}  # wall and trainer-thread CPU time inside rlvitals code this step
 
     class Clock(TrainerCallback):
         def __init__(self):
-            self.steps, self.own, self._t = [], [], None
+            self.steps, self.own, self.cpu, self._t = [], [], [], None
 
         def on_step_begin(self, args, state, control, **kw):
-            inside["t"] = 0.0
+            inside["t"] = inside["cpu"] = 0.0
             self._t = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kw):
             self.steps.append(time.perf_counter() - self._t)
             self.own.append(inside["t"])
+            self.cpu.append(inside["cpu"])
 
     trl_loss_fn = GRPOTrainer._compute_loss
     mixin_loss_fn = RlvitalsGRPOMixin._compute_loss
     on_log = RlvitalsCallback.on_log
 
     def timed_trl(self, model, inputs):  # TRL's own time, subtracted from the mixin's
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
         try:
             return trl_loss_fn(self, model, inputs)
         finally:
             inside["t"] -= time.perf_counter() - t
+            inside["cpu"] -= time.thread_time() - c
 
     def timed_mixin(self, model, inputs):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
         try:
             return mixin_loss_fn(self, model, inputs)
         finally:
             inside["t"] += time.perf_counter() - t
+            inside["cpu"] += time.thread_time() - c
 
     def timed_log(self, *args, **kwargs):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
         try:
             return on_log(self, *args, **kwargs)
         finally:
             inside["t"] += time.perf_counter() - t
+            inside["cpu"] += time.thread_time() - c
 
     settings = {"num_iterations": 2, "max_steps": steps, "beta": 0.04, "loss_type": "grpo"}
     out: dict[str, dict[str, list[float]]] = {}
@@ -407,10 +411,14 @@ def overhead(out_path: str, steps: int) -> None:
                         RlvitalsGRPOMixin._compute_loss = mixin_loss_fn
                         RlvitalsCallback.on_log = on_log
                     run.finish(timeout=30)
-                    assert len(server.batches[run.id]) >= steps // every - 1
-                entry = out.setdefault(label, {"step_s": [], "rlvitals_s": []})
+                    captured = len(server.batches[run.id])
+                entry = out.setdefault(
+                    label, {"step_s": [], "rlvitals_s": [], "rlvitals_cpu_s": [], "captured": 0}
+                )
+                entry["captured"] += 0 if label == "plain" else captured
                 entry["step_s"].extend(clock.steps[1:])  # the first step warms up
                 entry["rlvitals_s"].extend(clock.own[1:])
+                entry["rlvitals_cpu_s"].extend(clock.cpu[1:])
     Path(out_path).write_text(json.dumps(out))
 
 
