@@ -196,11 +196,12 @@ def trl_config_for(trainer: Any, inputs: Mapping[str, Any], *, entropy_coef: flo
     ``entropy_coef``: the coefficient TRL applies on this call, read *before* the call (the adaptive
     controller updates ``trainer.entropy_coef`` inside it); by default read now.
     """
-    from rlvitals.analyzers.trl import GLOBAL_TOKEN_NORM, TrlLossConfig, TrlLossType
+    from rlvitals.analyzers.trl import GLOBAL_TOKEN_NORM, TRL_LOSS_TYPES, TrlLossConfig, TrlLossType
 
     reason = unaudited_reason(trainer, inputs)
     if reason is not None:
-        return TrlLossConfig(unaudited=reason)
+        kind = str(getattr(trainer, "loss_type", "dapo"))
+        return TrlLossConfig(loss_type=kind if kind in TRL_LOSS_TYPES else "dapo", unaudited=reason)
     loss_type = TrlLossType(str(getattr(trainer, "loss_type", _arg(trainer, "loss_type", "dapo"))))
     items = inputs.get("num_items_in_batch") if loss_type in GLOBAL_TOKEN_NORM else None
     return TrlLossConfig(
