@@ -39,7 +39,7 @@ _RESULT_NAMES = ("pg_loss", "pg_clipfrac", "ppo_kl", "vllm_kl")
 
 def openrlhf_loss_config(loss: Any) -> dict[str, Any]:
     """verl ``LossConfig`` fields for an OpenRLHF ``PolicyLoss`` instance."""
-    from rlvitals.analyzers.alternatives import NO_DUAL_CLIP  # a bound the (e^20-capped) ratio never reaches
+    from rlvitals.analyzers.trl import NO_DUAL_CLIP  # a bound the (e^20-capped) ratio never reaches
 
     eps = getattr(loss, "clip_eps", None)
     low = getattr(loss, "clip_eps_low", eps if eps is not None else 0.2)

@@ -32,6 +32,9 @@ from tests.support.trl_tiny import VARIANTS
 
 SCRIPT = Path(__file__).resolve().parents[1] / "support" / "trl_tiny.py"
 RTOL = 1e-5
+# The first test pays for building the side env (once per stamp) and for the 18 training runs of the
+# exactness fixture: minutes on a busy 2-core box, past the suite's 300 s per-test default.
+pytestmark = pytest.mark.timeout(1800)
 
 
 @pytest.fixture(scope="module")
