@@ -125,8 +125,14 @@ def run_audit(config: dict[str, Any], tensors: dict[str, torch.Tensor], reported
     ``group_index`` the GRPO advantages are recomputed too, and a mismatch there fails the audit.
     """
     from rlvitals.analyzers import LossConfig, audit, group_diagnostics
+    from rlvitals.analyzers.trl import TrlLossConfig, is_trl_config
 
-    report = audit(LossConfig.from_verl(config), tensors, _decode_reported(reported))
+    if is_trl_config(config):  # a TRL GRPOTrainer batch: TRL's own loss, not verl's
+        from rlvitals.analyzers.trl_audit import trl_audit
+
+        report = trl_audit(TrlLossConfig.from_dict(config), tensors, _decode_reported(reported))
+    else:
+        report = audit(LossConfig.from_verl(config), tensors, _decode_reported(reported))
     result = report.to_dict()
     groups = None
     if "token_level_rewards" in tensors and "group_index" in tensors:

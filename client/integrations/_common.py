@@ -33,18 +33,26 @@ class RunRef:
         project: str | None = None,
         name: str | None = None,
         config: Mapping[str, Any] | None = None,
+        options: Mapping[str, Any] | None = None,
     ) -> None:
+        """``options``: further ``rlvitals.init`` keywords for a run started here (``batch_every``, ...)."""
         if run is not None and not (hasattr(run, "log") and hasattr(run, "log_batch")):
             raise TypeError(f"run must be an rlvitals Run (with log and log_batch), got {type(run).__name__}")
         self._run = run
         self.project = project
         self.name = name
         self.config = dict(config) if config else None
+        self.options = dict(options) if options else {}
         self._lock = threading.Lock()
 
     @property
     def started(self) -> bool:
         return self._run is not None
+
+    @property
+    def current(self) -> Any:
+        """The run if it was given or started, else None (never starts one)."""
+        return self._run
 
     def get(self, config: Mapping[str, Any] | None = None) -> Any:
         """The run, starting it from the environment if none was given (``config`` goes to ``init``)."""
@@ -59,6 +67,7 @@ class RunRef:
                     project=self.project or os.environ.get(ENV_PROJECT, "default"),
                     name=self.name or os.environ.get(ENV_RUN_NAME),
                     config=merged or None,
+                    **self.options,
                 )
             return self._run
 
