@@ -38,8 +38,10 @@ _EXPORTS: dict[str, str] = {
     "audit": "auditing",
     "counterfactuals": "auditing",
     "AuditReport": "auditing",
-    # trl.py
-    "trl_loss_config": "trl",
+    # trl.py, trl_audit.py (TRL 1.16 GRPOTrainer's own loss)
+    "TrlLossConfig": "trl",
+    "trl_loss": "trl",
+    "trl_audit": "trl_audit",
     # health/
     "HealthMonitor": "health",
     "Finding": "health",

@@ -1,118 +1,351 @@
-"""TRL's ``GRPOTrainer`` loss types expressed as verl :class:`LossConfig` s, so a TRL run can be audited.
+"""TRL 1.16 ``GRPOTrainer._compute_loss``, reproduced from the tensors one micro-batch saw.
 
-======== ======================================================== =========================================
-TRL      TRL's aggregation of ``per_token_loss`` (B rows)          verl equivalent
-======== ======================================================== =========================================
-grpo     mean over rows of (row sum / max(row tokens, 1))         ``seq-mean-token-mean``
-bnpo     sum / max(tokens in this micro-batch, 1)                 ``token-mean``, local normalisation
-dr_grpo  sum / (B * max_completion_length)                        ``seq-mean-token-sum-norm``,
-                                                                  ``loss_scale_factor=max_completion_length``
-dapo     sum / (num_items_in_batch / num_processes)               ``token-mean`` with global
-                                                                  ``batch_num_tokens=num_items_in_batch``,
-                                                                  ``dp_size=num_processes``
-======== ======================================================== =========================================
+:func:`trl_loss` follows TRL's code operation by operation in the tensors' own dtype, so on the same
+device it returns what TRL returned (float32 agreement at rtol 1e-5, tested against the real trainer in
+``tests/client/test_client_integrations_trl_real.py``). What it reproduces, for every ``loss_type``
+(``grpo``, ``bnpo``, ``dr_grpo``, ``dapo``, ``luspo``, ``cispo``, ``sapo``, ``vespo``):
 
-The clipped surrogate is the same (``-min(r A, clip(r, 1 - eps, 1 + eps_high) A)``); ``beta`` is
-``kl_loss_coef`` with the k3 estimator (``low_var_kl``). Where the two differ (see
-:data:`TRL_DIFFERENCES`), the mapped config reproduces TRL exactly only on batches that stay clear of
-verl's clamps; the audit's explanation then names the difference instead of calling it a bug.
+- the importance weight ``w = exp(log_prob - old_log_prob)`` per token, or per sequence with
+  ``importance_sampling_level="sequence"`` (GSPO: ``exp(mean_t log-ratio)``, one weight per row);
+- the per-token loss: clip types ``-min(w A, clip(w, 1-eps_low, 1+eps_high) A)`` with ``delta``
+  capping ``w`` (two-sided clipping, Wang et al.); ``cispo`` ``-min(w, eps_high).detach() A log_prob``
+  (MiniMax-M1); ``sapo`` ``-4/tau sigmoid(tau (w-1)) A`` (tau by the sign of A); ``vespo``
+  ``-phi(w_seq) A log_prob`` with TRL's gamma weights;
+- DeepSeek-V3.2's off-policy sequence mask (``off_policy_mask_threshold``), the high-entropy token mask
+  (``top_entropy_quantile``, one process), the k3 KL to the reference times ``beta``, multiplied by ``w``
+  when ``use_bias_correction_kl``;
+- TRL's aggregation per loss type and its division by ``gradient_accumulation_steps`` (for
+  ``dapo``/``cispo``/``vespo``: by ``num_items_in_batch / num_processes x GA / steps_per_generation``);
+- the entropy bonus ``- entropy_coef x masked mean entropy / GA`` (the coefficient TRL applied on this
+  call: the adaptive controller's gating is read by the client before the call);
+- the metrics TRL logs from the same tensors: ``clip_ratio/{low,high,region}_mean``,
+  ``clip_ratio/low_min``, ``clip_ratio/high_max``, ``cispo_clip_ratio``, ``vespo/phi_seq_mean``, ``kl``,
+  ``entropy`` and (with an entropy bonus) ``policy_loss``; cross-process means equal these on one process.
+
+Shapes: every tensor ``(batch, completion_len)``; ``response_mask`` is TRL's ``completion_mask`` times
+its ``tool_mask``. An all-empty batch: TRL divides by ``max(count, 1)``, so the losses are 0, never NaN.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
-from .config import AggMode, KLType, LossConfig
+import torch
+from torch import Tensor
 
-NO_DUAL_CLIP = 1e30  # TRL has no dual clip: a bound the (e^20-capped) ratio never reaches
+from .alternatives import NO_DUAL_CLIP  # noqa: F401 - re-exported: TRL has no dual clip; the OpenRLHF integration imports it here
 
-TRL_LOSS_TYPES: dict[str, AggMode] = {
-    "grpo": AggMode.SEQ_MEAN_TOKEN_MEAN,
-    "bnpo": AggMode.TOKEN_MEAN,
-    "dr_grpo": AggMode.SEQ_MEAN_TOKEN_SUM_NORM,
-    "dapo": AggMode.TOKEN_MEAN,
-}
+TRAINER = "trl"  # the ``trainer`` key of a TRL config's JSON: how the service tells it from a verl LossConfig
 
-TRL_DIFFERENCES: tuple[str, ...] = (
-    "No dual clip: a negative-advantage token's loss is not capped at -A*c (TRL's optional `delta`, "
-    "two-sided clipping, caps the ratio at delta and maps to clip_ratio_c=delta).",
-    "No ±20 clamp of the log-ratio before exp (verl clamps; TRL overflows to inf where verl stays finite).",
-    "TRL's KL term is k3 without verl's clamps (±20 on the log-ratio, ±10 on the result).",
-    "Empty sequences: TRL divides by max(tokens, 1), so an empty micro-batch gives 0 where verl gives NaN; "
-    "'grpo' and 'dr_grpo' count empty rows in the batch size, verl counts only non-empty ones unless "
-    "global_batch_size is given (trl_loss_config sets it from batch_size).",
-    "Recent TRL divides the grpo/bnpo/dr_grpo micro-batch loss by gradient_accumulation_steps; "
-    "trl_loss_config expresses that as global normalisation (global_batch_size or batch_num_tokens times the "
-    "accumulation steps).",
-    "No entropy bonus (entropy_coeff = 0); TRL's clip_ratio/region_mean is verl's pg_clipfrac, but TRL "
-    "compares ratios where verl compares the rounded products A*r (identical except at exact ties).",
+
+class TrlLossType(str, Enum):
+    GRPO = "grpo"
+    BNPO = "bnpo"
+    DR_GRPO = "dr_grpo"
+    DAPO = "dapo"
+    LUSPO = "luspo"
+    CISPO = "cispo"
+    SAPO = "sapo"
+    VESPO = "vespo"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+CLIPPED = frozenset(
+    {TrlLossType.GRPO, TrlLossType.BNPO, TrlLossType.DR_GRPO, TrlLossType.DAPO, TrlLossType.LUSPO}
 )
+GLOBAL_TOKEN_NORM = frozenset({TrlLossType.DAPO, TrlLossType.CISPO, TrlLossType.VESPO})
+LEVELS = ("token", "sequence")
 
 
-def trl_loss_config(
-    loss_type: str,
-    *,
-    epsilon: float = 0.2,
-    epsilon_high: float | None = None,
-    beta: float = 0.0,
-    delta: float | None = None,
-    max_completion_length: int | None = None,
-    batch_size: int | None = None,
-    num_tokens: int | None = None,
-    gradient_accumulation_steps: int = 1,
-    num_items_in_batch: int | None = None,
-    num_processes: int = 1,
-) -> LossConfig:
-    """The :class:`LossConfig` whose verl loss equals TRL's ``loss_type`` loss on one micro-batch.
+def _number(name: str, value: Any, *, optional: bool = False) -> float | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number{' or None' if optional else ''}; got {value!r}")
+    return float(value)
 
-    Args mirror ``GRPOConfig`` (``epsilon``, ``epsilon_high``, ``beta``, ``delta``,
-    ``max_completion_length``, ``loss_type``) plus what TRL knows at loss time: ``batch_size`` (rows in
-    this micro-batch, to count empty rows as TRL does), ``num_tokens`` (valid tokens in it, for ``bnpo``
-    with gradient accumulation), ``gradient_accumulation_steps`` (recent TRL divides grpo/bnpo/dr_grpo by
-    it), and for ``dapo`` ``num_items_in_batch`` (global token count) and ``num_processes``.
-    """
-    mode = TRL_LOSS_TYPES.get(loss_type)
-    if mode is None:
-        allowed = ", ".join(repr(k) for k in TRL_LOSS_TYPES)
-        raise ValueError(f"loss_type must be one of {allowed}; got {loss_type!r}")
-    if gradient_accumulation_steps < 1:
+
+def _count(name: str, value: Any, *, minimum: int, optional: bool = False) -> int | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(
-            f"gradient_accumulation_steps must be an integer >= 1; got {gradient_accumulation_steps!r}"
+            f"{name} must be an integer >= {minimum}{' or None' if optional else ''}; got {value!r}"
         )
-    k = gradient_accumulation_steps
-    fields: dict[str, Any] = {
-        "clip_ratio": epsilon,
-        "clip_ratio_low": epsilon,
-        "clip_ratio_high": epsilon if epsilon_high is None else epsilon_high,
-        "clip_ratio_c": NO_DUAL_CLIP if delta is None else delta,
-        "loss_agg_mode": mode,
-        "use_kl_loss": beta != 0.0,
-        "kl_loss_type": KLType.LOW_VAR_KL,
-        "kl_loss_coef": beta,
-        "entropy_coeff": 0.0,
-    }
-    if loss_type in ("grpo", "dr_grpo"):
-        if batch_size is not None:
-            fields["global_batch_size"] = batch_size * k
-        elif k > 1:
+    return value
+
+
+@dataclass(frozen=True)
+class TrlLossConfig:
+    """TRL 1.16 ``GRPOTrainer``'s loss settings as they stood at one ``_compute_loss`` call.
+
+    Names are ``GRPOConfig``'s, except what the trainer holds at call time: ``entropy_coef`` is the
+    coefficient applied on this call (0 while the adaptive controller gates it off), ``entropy_bonus``
+    TRL's ``_entropy_bonus_enabled``, ``gradient_accumulation_steps`` its
+    ``current_gradient_accumulation_steps``, ``num_items_in_batch`` the generation batch's token count
+    (``dapo``/``cispo``/``vespo``), ``num_processes`` the accelerator's. ``sequence_advantages``: TRL got
+    advantages of shape ``(B,)`` (sent expanded to ``(B, T)``). ``unaudited``: why this call's loss cannot
+    be reproduced from the tensors sent (then nothing is checked, and the audit says so).
+    """
+
+    loss_type: TrlLossType = TrlLossType.DAPO
+    epsilon_low: float = 0.2
+    epsilon_high: float = 0.2
+    beta: float = 0.0
+    use_bias_correction_kl: bool = True
+    delta: float | None = None
+    importance_sampling_level: str = "token"
+    top_entropy_quantile: float = 1.0
+    off_policy_mask_threshold: float | None = None
+    entropy_coef: float = 0.0
+    entropy_bonus: bool = False
+    max_completion_length: int | None = None
+    gradient_accumulation_steps: int = 1
+    steps_per_generation: int = 1
+    num_items_in_batch: int | None = None
+    num_processes: int = 1
+    sequence_advantages: bool = True
+    sapo_temperature_pos: float = 1.0
+    sapo_temperature_neg: float = 1.05
+    vespo_k_pos: float = 2.0
+    vespo_lambda_pos: float = 3.0
+    vespo_k_neg: float = 3.0
+    vespo_lambda_neg: float = 2.0
+    unaudited: str | None = None
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__.__get__(self)
+        try:
+            set_("loss_type", TrlLossType(self.loss_type))
+        except ValueError:
+            allowed = ", ".join(repr(t.value) for t in TrlLossType)
+            raise ValueError(f"loss_type must be one of {allowed}; got {self.loss_type!r}") from None
+        for name in ("epsilon_low", "epsilon_high", "beta", "entropy_coef", "sapo_temperature_pos",
+                     "sapo_temperature_neg", "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"):  # fmt: skip
+            set_(name, _number(name, getattr(self, name)))
+        for name in ("delta", "off_policy_mask_threshold"):
+            set_(name, _number(name, getattr(self, name), optional=True))
+        set_("top_entropy_quantile", _number("top_entropy_quantile", self.top_entropy_quantile))
+        if not 0.0 <= self.top_entropy_quantile <= 1.0:
+            raise ValueError(f"top_entropy_quantile must be in [0, 1]; got {self.top_entropy_quantile!r}")
+        if self.importance_sampling_level not in LEVELS:
             raise ValueError(
-                f"batch_size is required for loss_type {loss_type!r} with gradient_accumulation_steps > 1"
+                f"importance_sampling_level must be one of {LEVELS}; got {self.importance_sampling_level!r}"
             )
-    if loss_type == "dr_grpo":
-        if max_completion_length is None:
-            raise ValueError(
-                "max_completion_length is required for loss_type 'dr_grpo' (it is the loss_scale_factor)"
-            )
-        fields["loss_scale_factor"] = max_completion_length
-    if loss_type == "bnpo" and k > 1:
-        if num_tokens is None:
-            raise ValueError(
-                "num_tokens is required for loss_type 'bnpo' with gradient_accumulation_steps > 1"
-            )
-        fields["batch_num_tokens"] = num_tokens * k
-    if loss_type == "dapo":
-        if num_items_in_batch is None:
-            raise ValueError("num_items_in_batch (the global token count) is required for loss_type 'dapo'")
-        fields["batch_num_tokens"] = num_items_in_batch
-        fields["dp_size"] = num_processes
-    return LossConfig(**fields)
+        for name in ("use_bias_correction_kl", "entropy_bonus", "sequence_advantages"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False; got {getattr(self, name)!r}")
+        _count("max_completion_length", self.max_completion_length, minimum=1, optional=True)
+        _count("gradient_accumulation_steps", self.gradient_accumulation_steps, minimum=1)
+        _count("steps_per_generation", self.steps_per_generation, minimum=1)
+        _count("num_items_in_batch", self.num_items_in_batch, minimum=0, optional=True)
+        _count("num_processes", self.num_processes, minimum=1)
+        if self.unaudited is not None and not isinstance(self.unaudited, str):
+            raise ValueError(f"unaudited must be None or a sentence; got {self.unaudited!r}")
+        if self.unaudited is None:
+            if self.loss_type is TrlLossType.DR_GRPO and self.max_completion_length is None:
+                raise ValueError("max_completion_length is required for loss_type 'dr_grpo'")
+            if self.loss_type in GLOBAL_TOKEN_NORM and self.num_items_in_batch is None:
+                raise ValueError(f"num_items_in_batch is required for loss_type {self.loss_type.value!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe, with ``"trainer": "trl"``; :meth:`from_dict` reads it back."""
+        out = dataclasses.asdict(self)
+        out["loss_type"] = self.loss_type.value
+        return {"trainer": TRAINER, **out}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TrlLossConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in data.items() if k != "trainer"}
+        unknown = set(values) - names
+        if unknown:
+            raise ValueError(f"unknown TRL loss setting(s) {sorted(unknown)}; allowed: {sorted(names)}")
+        return cls(**values)
+
+
+def is_trl_config(data: Any) -> bool:
+    return isinstance(data, Mapping) and data.get("trainer") == TRAINER
+
+
+def high_entropy_mask(entropies: Tensor, mask: Tensor, threshold: float) -> Tensor:
+    """TRL's ``get_high_entropy_mask`` on one process: tokens whose entropy reaches the ``threshold``
+    quantile of the valid tokens' entropies (``(B, T)`` bool)."""
+    local = entropies[mask.bool()].float()
+    if local.numel() == 0:
+        return torch.zeros_like(entropies, dtype=torch.bool)
+    entropy_threshold = torch.quantile(local, threshold)
+    masked_entropies = entropies * mask.float()
+    return (masked_entropies >= entropy_threshold) & mask.bool()
+
+
+def off_policy_mask(
+    advantages: Tensor, log_prob: Tensor, sampling_log_prob: Tensor, mask: Tensor, threshold: float
+):
+    """TRL's ``get_off_policy_mask`` (DeepSeek-V3.2): keep a sequence if ``A >= 0`` or its mean
+    ``log pi_old - log pi`` is at most ``threshold``. ``(B, 1)`` in ``mask``'s dtype."""
+    kl_div = torch.nan_to_num(sampling_log_prob - log_prob, nan=0.0)
+    avg_seq_kl = (kl_div * mask).sum(dim=1, keepdim=True) / mask.sum(dim=1, keepdim=True).clamp(min=1.0)
+    return ((advantages >= 0) | (avg_seq_kl <= threshold)).to(dtype=mask.dtype)
+
+
+def gamma_weights(advantages: Tensor, log_ratio: Tensor, mask: Tensor, c: TrlLossConfig) -> Tensor:
+    """TRL's ``get_gamma_weights`` for ``vespo`` without vLLM ratios: ``phi(w) = e^lam w^k e^(-lam w)``
+    of the sequence ratio ``w = exp(sum_t log-ratio)`` (clamped to ``[log 1e-8, 20]``), ``(B, 1)``."""
+    lower_clamp = math.log(1e-8)
+    seq_log_ratio = torch.sum(torch.clamp(log_ratio, -20.0, 20.0) * mask, dim=-1, keepdim=True)
+    log_w_seq = torch.clamp(seq_log_ratio, lower_clamp, 20.0)
+    w_seq = torch.exp(log_w_seq)
+    nonneg = advantages >= 0
+    k_seq = torch.where(nonneg, c.vespo_k_pos, c.vespo_k_neg)
+    lambda_seq = torch.where(nonneg, c.vespo_lambda_pos, c.vespo_lambda_neg).clamp(min=1e-4)
+    log_phi = lambda_seq + k_seq * log_w_seq - lambda_seq * w_seq
+    return torch.exp(log_phi).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def _nan_extreme(values: Tensor, fn) -> float:
+    kept = values[~torch.isnan(values)]
+    return math.nan if kept.numel() == 0 else float(fn(kept))
+
+
+@torch.no_grad()
+def trl_loss(
+    config: TrlLossConfig,
+    *,
+    log_prob: Tensor,
+    old_log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    ref_log_prob: Tensor | None = None,
+    entropy: Tensor | None = None,
+) -> dict[str, float]:
+    """What TRL's ``_compute_loss`` returned (``loss``) and logged for one micro-batch; see the module
+    docstring. Needs ``ref_log_prob`` when ``beta != 0`` and ``entropy`` for an entropy bonus, the
+    ``entropy`` metric or ``top_entropy_quantile < 1``."""
+    c = config
+    if c.unaudited is not None:
+        raise ValueError(f"this TRL loss cannot be recomputed: {c.unaudited}")
+    per_token_logps = log_prob
+    mask = response_mask.to(log_prob.dtype)
+    needs_entropy = c.entropy_bonus or c.top_entropy_quantile < 1.0
+    if needs_entropy and entropy is None:
+        raise ValueError("entropy is required for an entropy bonus or top_entropy_quantile < 1")
+    if c.beta != 0.0 and ref_log_prob is None:
+        raise ValueError("ref_log_prob is required when beta != 0")
+    entropy_mask = (
+        high_entropy_mask(entropy, mask, 1 - c.top_entropy_quantile) if c.top_entropy_quantile < 1.0 else None
+    )
+    adv = advantages[:, :1] if c.sequence_advantages else advantages
+    if c.off_policy_mask_threshold is not None:
+        keep = off_policy_mask(adv, per_token_logps, old_log_prob, mask, c.off_policy_mask_threshold)
+
+    log_ratio = per_token_logps - old_log_prob
+    if c.importance_sampling_level == "token":
+        log_importance_weights = log_ratio
+    else:  # GSPO: one weight per sequence, the exp of its mean log-ratio
+        log_importance_weights = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
+    coef_1 = torch.exp(log_importance_weights)
+    if c.beta != 0.0:
+        d = ref_log_prob - per_token_logps
+        per_token_kl = torch.exp(d) - d - 1
+        if c.use_bias_correction_kl:  # KL importance-sampled to the current policy
+            per_token_kl = per_token_kl * coef_1
+
+    out: dict[str, float] = {}
+    if c.loss_type is TrlLossType.CISPO:
+        clamped_ratios = torch.clamp(coef_1, max=c.epsilon_high)
+        per_token_loss = -clamped_ratios * adv * per_token_logps
+    elif c.loss_type in CLIPPED:
+        coef_2 = torch.clamp(coef_1, 1 - c.epsilon_low, 1 + c.epsilon_high)
+        if c.delta is not None:
+            coef_1 = torch.clamp(coef_1, max=c.delta)
+        per_token_loss = -torch.min(coef_1 * adv, coef_2 * adv)
+    elif c.loss_type is TrlLossType.SAPO:
+        temperatures = torch.where(adv > 0, c.sapo_temperature_pos, c.sapo_temperature_neg)
+        per_token_loss = -(torch.sigmoid(temperatures * (coef_1 - 1)) * 4 / temperatures) * adv
+    else:  # vespo
+        phi_seq = gamma_weights(adv, log_ratio, mask, c)
+        per_token_loss = -phi_seq * adv * per_token_logps
+    if c.off_policy_mask_threshold is not None:
+        per_token_loss = per_token_loss * keep
+    if entropy_mask is not None:
+        per_token_loss = per_token_loss * entropy_mask
+    if c.beta != 0.0:
+        per_token_loss = per_token_loss + c.beta * per_token_kl
+
+    ga = c.gradient_accumulation_steps
+    kind = c.loss_type
+    if kind in (TrlLossType.GRPO, TrlLossType.SAPO):
+        loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+        policy_loss, loss = loss, loss / ga
+    elif kind is TrlLossType.BNPO:
+        loss = (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
+        policy_loss, loss = loss, loss / ga
+    elif kind is TrlLossType.DR_GRPO:
+        loss = (per_token_loss * mask).sum() / (per_token_loss.size(0) * c.max_completion_length)
+        policy_loss, loss = loss, loss / ga
+    elif kind in GLOBAL_TOKEN_NORM:  # num_items_in_batch spans the generation batch: one window's share
+        items = torch.tensor(c.num_items_in_batch, device=mask.device)
+        normalizer = items.clamp(min=1.0) / c.num_processes
+        normalizer = normalizer * ga / c.steps_per_generation
+        loss = (per_token_loss * mask).sum() / normalizer
+        policy_loss = loss
+    else:  # luspo: a per-sequence sum, averaged over rows
+        loss = (per_token_loss * mask).sum(-1).mean()
+        policy_loss, loss = loss, loss / ga
+    if c.entropy_bonus:
+        effective_mask = mask if entropy_mask is None else mask * entropy_mask
+        entropy_loss = (entropy * effective_mask).sum() / effective_mask.sum().clamp(min=1.0) / ga
+        loss = loss - c.entropy_coef * entropy_loss
+        out["policy_loss"] = float(policy_loss)
+    out["loss"] = float(loss)
+
+    def masked_seq_mean(x: Tensor) -> Tensor:
+        return x.squeeze(1) if x.shape[1] == 1 else (x * mask).sum(-1) / mask.sum(-1)
+
+    def global_masked_mean(x: Tensor) -> float:
+        if x.shape[1] == 1:  # sequence level: one value per row, empty rows included
+            return float(x.sum() / torch.tensor(float(x.shape[0])).clamp(min=1.0))
+        return float((x * mask).sum() / mask.sum().float().clamp(min=1.0))
+
+    if c.beta != 0.0:
+        out["kl"] = global_masked_mean(per_token_kl)
+    if entropy is not None:
+        out["entropy"] = global_masked_mean(entropy)
+    if kind in CLIPPED:
+        is_low = ((coef_1 < 1 - c.epsilon_low) & (adv < 0)).float()
+        is_high = ((coef_1 > 1 + c.epsilon_high) & (adv > 0)).float()
+        out["clip_ratio/low_mean"] = global_masked_mean(is_low)
+        out["clip_ratio/high_mean"] = global_masked_mean(is_high)
+        out["clip_ratio/region_mean"] = global_masked_mean(torch.maximum(is_low, is_high))
+        out["clip_ratio/low_min"] = _nan_extreme(masked_seq_mean(is_low), torch.min)
+        out["clip_ratio/high_max"] = _nan_extreme(masked_seq_mean(is_high), torch.max)
+    elif kind is TrlLossType.CISPO:
+        out["cispo_clip_ratio"] = global_masked_mean(((coef_1 > c.epsilon_high) & (adv > 0)).float())
+    elif kind is TrlLossType.VESPO:
+        out["vespo/phi_seq_mean"] = global_masked_mean(phi_seq)
+    return out
+
+
+# The metrics that only hold for one process (TRL logs cross-process means/extremes of them).
+LOCAL_METRICS = (
+    "kl",
+    "entropy",
+    "policy_loss",
+    "clip_ratio/low_mean",
+    "clip_ratio/high_mean",
+    "clip_ratio/region_mean",
+    "clip_ratio/low_min",
+    "clip_ratio/high_max",
+    "cispo_clip_ratio",
+    "vespo/phi_seq_mean",
+)
+METRICS = ("loss", *LOCAL_METRICS)
+TRL_LOSS_TYPES = tuple(t.value for t in TrlLossType)

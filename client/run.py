@@ -277,10 +277,14 @@ class Run:
         config: Any = None,
         reported: dict | None = None,
         micro_batch: int | None = None,
+        sampled: bool | None = None,
     ) -> bool:
         """Capture the tensors one loss call saw (``(batch, response_len)``; ``group_index`` ``(batch,)``)
         and the metrics it reported from them, for the server's audit. Returns True if this call was
         sampled (``batch_every`` steps, first micro-batch by default) and queued.
+
+        ``sampled=True``: the caller already decided to capture this call (an integration's
+        ``AuditSampler``); the run then keeps it whatever the step (still only on ranks that send batches).
 
         ``rollout_log_probs`` are the rollout engine's (vLLM/SGLang) log-probs of the sampled tokens, verl's
         ``rollout_log_probs``: with them the server audits rollout correction (``rollout_corr/*``).
@@ -295,9 +299,10 @@ class Run:
         else:
             self._micro_batch += 1
         index = self._micro_batch if micro_batch is None else micro_batch
-        sampled = (
-            self._send_batches
-            and step % self.settings.batch_every == 0
+        sampled = self._send_batches and (
+            bool(sampled)
+            if sampled is not None
+            else step % self.settings.batch_every == 0
             and (self.settings.batch_micro_batches == "all" or index == 0)
         )
         tensors = {
@@ -328,6 +333,20 @@ class Run:
         if self._worker is None:
             self._ensure_worker()
         return True
+
+    def update_config(self, config: dict) -> None:
+        """Merge ``config`` into the run's config and send it (resuming the run with a new config replaces
+        the stored one, so the server's config-aware health rules see it). For an integration handed a
+        run that was started without the trainer's config."""
+        if not isinstance(config, dict):
+            raise TypeError(f"config must be a dict, got {type(config).__name__}")
+        merged = {**self.config, **config}
+        if merged == self.config:
+            return
+        self.config = merged
+        self._spool.set_config(merged)
+        if self._worker is not None:
+            self._worker.run_id = None  # the sender resumes the run (create-or-resume) with the new config
 
     def finish(self, timeout: float = DEFAULT_FINISH_TIMEOUT) -> FinishReport:
         """Flush and wait at most ``timeout`` seconds; what is not delivered stays in the spool.

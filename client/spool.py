@@ -150,6 +150,16 @@ class Spool:
             os.replace(tmp, meta)
         self._prepared = True
 
+    def set_config(self, config: dict) -> None:
+        """A new run config: kept for the next (re)creation of the run, and in ``run.json`` if written."""
+        with self._lock:
+            self.info = RunInfo(self.info.project, self.info.name, dict(config), self.info.tags)
+            if self._prepared:
+                self._prepared = False
+                meta = self.directory / "run.json"
+                meta.unlink(missing_ok=True)
+                self._prepare()
+
     def _next_path(self, kind: str, suffix: str) -> Path:
         self._seq += 1
         return self.directory / f"{kind}-{self.prefix}-{self._seq:06d}{suffix}"

@@ -26,6 +26,9 @@ class FakeServer:
         self.runs: dict[tuple[str, str], str] = {}
         self.points: dict[str, dict[tuple[int, str], float | None]] = {}
         self.batches: dict[str, list[bytes]] = {}
+        self.run_configs: dict[
+            str, dict
+        ] = {}  # like the server: a resume with a non-empty config replaces it
         self.requests: list[tuple[str, str]] = []
         self.down = False
         self._failures: deque[tuple[int, float | None]] = deque()
@@ -61,6 +64,8 @@ class FakeServer:
                 run_id = self.runs.setdefault(key, str(len(self.runs) + 1))
                 self.points.setdefault(run_id, {})
                 self.batches.setdefault(run_id, [])
+                if body.get("config") or created:
+                    self.run_configs[run_id] = body.get("config") or {}
                 return httpx.Response(201 if created else 200, json={"id": run_id, "name": key[1]})
             parts = path.strip("/").split("/")
             if len(parts) == 5 and parts[:3] == ["api", "v1", "runs"] and request.method == "POST":

@@ -106,6 +106,7 @@ def run_audit(
     """
     from rlvitals.analyzers import LossConfig, audit, group_diagnostics
     from rlvitals.analyzers.algorithm import AlgorithmConfig, audit_rollout, check_advantages
+    from rlvitals.analyzers.trl import TrlLossConfig, is_trl_config
 
     decoded = _decode_reported(reported)
     algorithm = AlgorithmConfig.from_verl(config)
@@ -119,7 +120,12 @@ def run_audit(
         loss_tensors = {**tensors, "response_mask": rollout["_mask"]}
         if rollout["_weights"] is not None and "rollout_is_weights" not in tensors:
             loss_tensors["rollout_is_weights"] = rollout["_weights"]
-    report = audit(LossConfig.from_verl(config), loss_tensors, decoded)
+    if is_trl_config(config):  # a TRL GRPOTrainer batch: TRL's own loss, not verl's
+        from rlvitals.analyzers.trl_audit import trl_audit
+
+        report = trl_audit(TrlLossConfig.from_dict(config), loss_tensors, decoded)
+    else:
+        report = audit(LossConfig.from_verl(config), loss_tensors, decoded)
     result = report.to_dict()
     groups = None
     extra: list[str] = []

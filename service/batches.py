@@ -195,9 +195,10 @@ def validate(body: bytes) -> tuple[Batch, dict[str, torch.Tensor]]:
 def _check_config(config: dict[str, Any]) -> None:
     from rlvitals.analyzers import LossConfig
     from rlvitals.analyzers.algorithm import AlgorithmConfig
+    from rlvitals.analyzers.trl import TrlLossConfig, is_trl_config
 
     try:
-        LossConfig.from_verl(config)
+        TrlLossConfig.from_dict(config) if is_trl_config(config) else LossConfig.from_verl(config)
     except (ValueError, TypeError) as exc:
         raise InvalidInput(f"safetensors metadata 'config' is not a valid loss config: {exc}") from exc
     try:

@@ -33,18 +33,26 @@ class RunRef:
         project: str | None = None,
         name: str | None = None,
         config: Mapping[str, Any] | None = None,
+        options: Mapping[str, Any] | None = None,
     ) -> None:
+        """``options``: further ``rlvitals.init`` keywords for a run started here (``batch_every``, ...)."""
         if run is not None and not (hasattr(run, "log") and hasattr(run, "log_batch")):
             raise TypeError(f"run must be an rlvitals Run (with log and log_batch), got {type(run).__name__}")
         self._run = run
         self.project = project
         self.name = name
         self.config = dict(config) if config else None
+        self.options = dict(options) if options else {}
         self._lock = threading.Lock()
 
     @property
     def started(self) -> bool:
         return self._run is not None
+
+    @property
+    def current(self) -> Any:
+        """The run if it was given or started, else None (never starts one)."""
+        return self._run
 
     def get(self, config: Mapping[str, Any] | None = None) -> Any:
         """The run, starting it from the environment if none was given (``config`` goes to ``init``)."""
@@ -59,6 +67,7 @@ class RunRef:
                     project=self.project or os.environ.get(ENV_PROJECT, "default"),
                     name=self.name or os.environ.get(ENV_RUN_NAME),
                     config=merged or None,
+                    **self.options,
                 )
             return self._run
 
@@ -85,6 +94,94 @@ class Failures:
                 RecordingError,
                 stacklevel=3,
             )
+
+
+class AuditSampler:
+    """Which loss calls of a training job are captured for the audit: one every ``every`` steps, rotating
+    through the positions of the update cycle so that the audits see clipping.
+
+    The *update cycle* is the run of loss calls that reuse one rollout. Only its first position sees
+    ``old_log_prob == log_prob`` (ratio 1, every clip metric 0); the later ones are where clipping,
+    dual-clip and the KL drift show up:
+
+    - verl / OpenRLHF: every micro-batch of every mini-batch of every PPO epoch after one rollout, all in
+      one training step (position = the call's index in the step; the sampler counts it itself);
+    - TRL: ``steps_per_generation x num_iterations`` micro-batches after one generation, spanning
+      ``steps_per_generation x num_iterations / gradient_accumulation_steps`` optimizer steps (position =
+      ``trainer._step % (steps_per_generation * num_iterations)``, given by the caller).
+
+    Policy (deterministic, so every rank captures the same positions):
+
+    1. at each step ``s`` with ``s % every == 0`` the sampler arms;
+    2. armed, it captures the first call whose position equals the target, then disarms until the next
+       multiple of ``every`` after the step it captured in;
+    3. the ``n``-th capture targets position ``n mod L``, ``L`` the cycle length: given (``cycle=``), or
+       learned as the most positions seen in one cycle so far (so a target is always reachable).
+
+    Over ``L`` audits every position of the cycle is audited once, the on-policy first one included.
+    ``all_calls=True`` (the run's ``batch_micro_batches="all"``) captures every call of an armed step
+    instead. A decision is integer arithmetic on counters: no tensor is read, no device is synchronised.
+    """
+
+    def __init__(self, every: int = 10, *, cycle: int | None = None, all_calls: bool = False) -> None:
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"every must be an int >= 1, got {every!r}")
+        if cycle is not None and (isinstance(cycle, bool) or not isinstance(cycle, int) or cycle < 1):
+            raise ValueError(f"cycle must be None or an int >= 1, got {cycle!r}")
+        self.every = every
+        self.cycle = cycle
+        self.all_calls = all_calls
+        self.captures = 0
+        self._learned = 1
+        self._due = every  # the first step that arms the sampler
+        self._armed_step: int | None = None
+        self._step: int | None = None
+        self._calls = 0
+        self._lock = threading.Lock()
+
+    @classmethod
+    def for_run(cls, run: Any, *, cycle: int | None = None) -> AuditSampler:
+        """A sampler following ``run.settings`` (``batch_every``, ``batch_micro_batches``)."""
+        settings = getattr(run, "settings", None)
+        every = getattr(settings, "batch_every", 10)
+        every = every if isinstance(every, int) and not isinstance(every, bool) and every >= 1 else 1
+        return cls(every, cycle=cycle, all_calls=getattr(settings, "batch_micro_batches", "first") == "all")
+
+    @property
+    def cycle_length(self) -> int:
+        return self.cycle if self.cycle is not None else self._learned
+
+    @property
+    def target(self) -> int:
+        """The position the next capture waits for."""
+        return self.captures % self.cycle_length
+
+    def take(self, step: int, position: int | None = None) -> int | None:
+        """Decide for one loss call at training ``step``: the position to label the capture with, or None.
+
+        ``position`` is the call's place in the update cycle; None means "count the calls of each step"
+        (verl, OpenRLHF: one step is one cycle).
+        """
+        with self._lock:
+            if step != self._step:
+                self._step, self._calls = step, 0
+            else:
+                self._calls += 1
+            if position is None:
+                position = self._calls
+            if self.cycle is not None:
+                position %= self.cycle
+            self._learned = max(self._learned, position + 1)
+            if self.all_calls:
+                return position if step % self.every == 0 else None
+            if self._armed_step is None and step >= self._due:
+                self._armed_step = step  # normally at the multiple itself; later after a resumed run's jump
+            if self._armed_step is None or position != self.target:
+                return None
+            self.captures += 1
+            self._armed_step = None
+            self._due = (step // self.every + 1) * self.every
+            return position
 
 
 def wants_batch(run: Any, step: int) -> bool:

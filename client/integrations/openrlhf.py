@@ -6,11 +6,19 @@
 
       actor_trainer.actor_loss_fn = RecordingPolicyLoss(actor_trainer.actor_loss_fn, step_fn=lambda: step)
 
-  OpenRLHF's ``PolicyLoss`` returns ``loss``, ``(loss, clip_ratio)`` or ``(loss, clip_ratio, ppo_kl,
-  vllm_kl)`` depending on the version; ``loss`` is recorded as ``pg_loss``, ``clip_ratio`` as
-  ``pg_clipfrac`` (its definition, ``surr2 < surr1``, is verl's) and ``ppo_kl`` as ``ppo_kl``. The loss
-  configuration maps ``clip_eps_low``/``clip_eps_high`` to the clip range, ``token_level_loss`` to
-  ``token-mean`` (else ``seq-mean-token-mean``) and ``dual_clip`` to ``clip_ratio_c`` (none: no dual clip).
+  OpenRLHF's ``PolicyLoss`` returns ``loss``, ``(loss, clip_ratio)``, ``(loss, clip_ratio, ppo_kl,
+  vllm_kl)`` or (0.11) ``(loss, clip_ratio, ppo_kl, vllm_kl, is_filter_ratio)``; ``loss`` is recorded as
+  ``pg_loss``, ``clip_ratio`` as ``pg_clipfrac`` (its definition, ``surr2 < surr1``, is verl's) and
+  ``ppo_kl`` as ``ppo_kl``. The loss configuration maps ``clip_eps_low``/``clip_eps_high`` to the clip
+  range, ``token_level_loss`` to ``token-mean`` (else ``seq-mean-token-mean``), ``dual_clip`` to
+  ``clip_ratio_c`` (none: no dual clip), the ``dp_size``/``batch_num_tokens``/``global_batch_size`` the
+  trainer passes to ``forward`` to verl's global normalisation (the same formulas as OpenRLHF's
+  ``aggregate_loss``), and ``policy_loss_type`` to ``policy_loss.loss_mode``. ``rollout_log_probs``
+  (vLLM's) are sent along. With the vLLM importance-sampling correction on (``is_correction_level`` not
+  ``"off"``) the loss is scaled by weights the client does not send: ``pg_loss`` is left unaudited
+  (warned once), ``pg_clipfrac`` and ``ppo_kl`` are still audited.
+- Which calls are sent: an ``AuditSampler`` (every ``batch_every`` steps one call, rotating through the
+  step's micro-batches and epochs, so the audits see the off-policy ones where clipping happens).
 - ``log_openrlhf(run, logs, step)`` / ``OpenRLHFLogger`` send the numeric entries of the ``logs_dict``
   OpenRLHF's PPO trainer builds per step (``policy_loss``, ``ppo_clip_ratio``/``clip_ratio``, ``ppo_kl``,
   ``kl``, ``reward``, ``response_length``, ...); a ``train/`` prefix is dropped.
@@ -20,25 +28,39 @@ OpenRLHF itself is never imported.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from rlvitals.client.integrations._common import (
+    AuditSampler,
     Failures,
     RecordingError,
     RunRef,
     StepClock,
     scalars,
-    wants_batch,
 )
 
 __all__ = ["OpenRLHFLogger", "RecordingError", "RecordingPolicyLoss", "log_openrlhf", "openrlhf_loss_config"]
 
-_RESULT_NAMES = ("pg_loss", "pg_clipfrac", "ppo_kl", "vllm_kl")
+_RESULT_NAMES = ("pg_loss", "pg_clipfrac", "ppo_kl", "vllm_kl", "is_filter_ratio")
+_UNAUDITED = ("vllm_kl", "is_filter_ratio")  # vLLM-vs-trainer metrics, not the loss
+_NORMALISERS = ("dp_size", "batch_num_tokens", "global_batch_size")  # PolicyLoss.forward keywords
 
 
-def openrlhf_loss_config(loss: Any) -> dict[str, Any]:
-    """verl ``LossConfig`` fields for an OpenRLHF ``PolicyLoss`` instance."""
+def _count(value: Any) -> Any:
+    """A normaliser OpenRLHF passes as a float tensor (``batch_num_tokens``) as the int it counts."""
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def openrlhf_loss_config(loss: Any, **normalisers: Any) -> dict[str, Any]:
+    """verl ``LossConfig`` fields (and ``policy_loss.loss_mode``) for an OpenRLHF ``PolicyLoss`` instance,
+    plus the loss normalisers of one ``forward`` call (``dp_size``, ``batch_num_tokens``,
+    ``global_batch_size``) when given."""
     from rlvitals.analyzers.trl import NO_DUAL_CLIP  # a bound the (e^20-capped) ratio never reaches
 
     eps = getattr(loss, "clip_eps", None)
@@ -46,13 +68,40 @@ def openrlhf_loss_config(loss: Any) -> dict[str, Any]:
     high = getattr(loss, "clip_eps_high", low)
     dual = getattr(loss, "dual_clip", None)
     token_level = getattr(loss, "token_level_loss", True)
-    return {
+    config = {
         "clip_ratio": float(low),
         "clip_ratio_low": float(low),
         "clip_ratio_high": float(high),
         "clip_ratio_c": float(dual) if dual else NO_DUAL_CLIP,
         "loss_agg_mode": "token-mean" if token_level else "seq-mean-token-mean",
+        "policy_loss": {"loss_mode": _LOSS_MODES.get(getattr(loss, "policy_loss_type", "ppo"), "unknown")},
     }
+    total = "batch_num_tokens" if token_level else "global_batch_size"
+    if normalisers.get(total) is not None:
+        count, factor = _as_count(_count(normalisers[total]))
+        config[total] = count
+        config["dp_size"] = _count(normalisers.get("dp_size") or 1) * factor
+    return config
+
+
+def _as_count(value: float) -> tuple[int, int]:
+    """``(count, k)`` with ``value == count / k``, ``k`` the smallest such integer.
+
+    OpenRLHF passes ``total / gas`` (``iter_grad_accum_global_norm`` pre-compensates DeepSpeed's 1/gas
+    loss scaling), so ``aggregate_loss`` is ``sum / (total / gas) * dp_size``; verl's normalisation
+    ``sum / batch_num_tokens * dp_size`` is the same number with ``batch_num_tokens = total`` and
+    ``dp_size = dp_size * gas``. ``value`` is a float32 from a tensor: ``k`` is found to 1e-4 relative.
+    """
+    if isinstance(value, int):
+        return value, 1
+    for k in range(1, 4097):
+        count = round(value * k)
+        if count >= 0 and abs(value * k - count) <= 1e-4 * max(1.0, value * k):
+            return int(count), k
+    raise ValueError(f"loss normaliser {value!r} is not a count divided by a small integer")
+
+
+_LOSS_MODES = {"ppo": "vanilla", "gspo": "gspo"}  # OpenRLHF policy_loss_type -> verl loss_mode
 
 
 def _nn_module() -> type:
@@ -81,6 +130,8 @@ class RecordingPolicyLoss(_nn_module()):
         self.inner = inner
         self._run = RunRef(run)
         self._clock = StepClock(step_fn=step_fn, calls_per_step=calls_per_step)
+        self._sampler: AuditSampler | None = None
+        self._weights_warned = False
         self.failures = Failures("an OpenRLHF loss call")
 
     def __getattr__(self, name: str) -> Any:  # clip_eps_low, token_level_loss, ... of the inner loss
@@ -97,22 +148,37 @@ class RecordingPolicyLoss(_nn_module()):
         result = self.inner(log_probs, old_log_probs, advantages, action_mask, *args, **kwargs)
         if getattr(log_probs, "requires_grad", False):
             try:
-                self._record(result, log_probs, old_log_probs, advantages, action_mask)
+                self._record(result, log_probs, old_log_probs, advantages, action_mask, args, kwargs)
             except Exception as exc:  # the trainer must never fail because recording did
                 self.failures.add(exc)
         return result
 
-    def _record(self, result, log_probs, old_log_probs, advantages, action_mask) -> None:
+    def _record(self, result, log_probs, old_log_probs, advantages, action_mask, args, kwargs) -> None:
         step = self._clock.tick()
         run = self._run.get()
-        if not wants_batch(run, step):
+        if self._sampler is None:
+            self._sampler = AuditSampler.for_run(run)
+        position = self._sampler.take(step)  # counters only: no tensor is read for an unsampled call
+        if position is None:
             return
+        # forward(log_probs, old_log_probs, advantages, action_mask, rollout_log_probs, dp_size, ...)
+        named = dict(zip(("rollout_log_probs", *_NORMALISERS), args, strict=False)) | kwargs
         values = result if isinstance(result, tuple) else (result,)
         reported = {
             name: value.detach() if hasattr(value, "detach") else value
             for name, value in zip(_RESULT_NAMES, values, strict=False)
-            if value is not None and name != "vllm_kl"
+            if value is not None and name not in _UNAUDITED
         }
+        if getattr(self.inner, "is_correction_level", "off") != "off":
+            reported.pop("pg_loss", None)  # scaled by vLLM IS weights the client does not send
+            if not self._weights_warned:
+                self._weights_warned = True
+                warnings.warn(
+                    "rlvitals: OpenRLHF's vLLM importance-sampling correction scales the loss by weights "
+                    "rlvitals does not receive; pg_loss is sent unaudited, pg_clipfrac and ppo_kl are audited",
+                    RecordingError,
+                    stacklevel=4,
+                )
         if advantages.dim() == 1:
             advantages = advantages.unsqueeze(1).expand_as(log_probs)
         mask = action_mask if action_mask is not None else log_probs.new_ones(log_probs.shape, dtype=bool)
@@ -122,8 +188,11 @@ class RecordingPolicyLoss(_nn_module()):
             old_log_prob=old_log_probs,
             advantages=advantages,
             response_mask=mask.bool(),
-            config=openrlhf_loss_config(self.inner),
+            rollout_log_probs=named.get("rollout_log_probs"),
+            config=openrlhf_loss_config(self.inner, **{k: named.get(k) for k in _NORMALISERS}),
             reported=reported,
+            micro_batch=position,
+            sampled=True,
         )
 
 

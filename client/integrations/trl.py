@@ -1,21 +1,28 @@
 """TRL integration: a ``TrainerCallback`` for GRPOTrainer's logs and a mixin that captures its loss tensors.
 
-- ``RlvitalsCallback(run=None, project=None, name=None)`` — a ``transformers.TrainerCallback``. ``on_log``
-  sends every numeric entry of the trainer's logs at ``state.global_step`` (world process zero only).
-  GRPOTrainer's names are kept as they are; the health rules read them through their alias tables:
-  ``clip_ratio/region_mean`` is verl's ``pg_clipfrac`` (the same token set: ratio above ``1+ε_high``
-  with A>0 or below ``1-ε_low`` with A<0), ``clip_ratio/low_mean`` / ``clip_ratio/high_mean`` its two
-  sides, ``kl`` is the policy-vs-reference KL (verl's ``kl_loss`` signal, *not* ``ppo_kl``), ``entropy``
-  the mean token entropy, ``frac_reward_zero_std`` the share of zero-variance groups.
-  ``on_train_begin`` starts the run (when none was given) with the ``GRPOConfig`` as its config, so the
-  rules know ``num_iterations`` (one update per batch: clipping is 0 by construction).
-- ``RlvitalsGRPOMixin`` — ``class Trainer(RlvitalsGRPOMixin, GRPOTrainer)``: around ``_compute_loss`` it
-  keeps the policy's per-token log-probs (and entropies) from ``_get_per_token_logps_and_entropies`` /
-  ``_get_per_token_logps``, and sends them with the batch's ``old_per_token_logps`` (the log-probs
-  themselves when ``num_iterations == 1``), ``ref_per_token_logps``, ``advantages`` and
-  ``completion_mask`` to ``run.log_batch``, with the loss configuration mapped onto verl's
-  (``loss_config_for``, built on ``rlvitals.analyzers.trl.trl_loss_config``). Training passes only; a
-  failure to record is warned about once, never raised.
+- ``RlvitalsCallback(run=None, project=None, name=None, **init_options)`` — a ``transformers.TrainerCallback``
+  (``init_options`` go to ``rlvitals.init`` when it starts the run: ``batch_every=``, ``url=``, ...).
+  ``on_train_begin`` starts the run (on every process; one run per job) with the ``GRPOConfig`` as its
+  config, so config-aware rules know ``num_iterations``; a run handed in gets the config with
+  ``run.update_config``. Its name: ``name=``, else ``RLVITALS_RUN_NAME``, else ``GRPOConfig.run_name``,
+  else a generated one. ``on_log`` sends every numeric log entry at ``state.global_step`` (world process
+  zero only); GRPOTrainer's names are kept (the health rules read ``clip_ratio/region_mean`` as
+  ``pg_clipfrac``, ``kl`` as ``kl_loss``, ...). ``on_train_end`` finishes a run it started.
+- ``RlvitalsGRPOMixin`` — ``class Trainer(RlvitalsGRPOMixin, GRPOTrainer)``. It joins the trainer's
+  ``RlvitalsCallback`` (or adds one), so callback and mixin share one run however they are combined
+  (``rlvitals_run=`` on either side). Around ``_compute_loss`` it asks the shared :class:`AuditSampler`
+  (position = ``trainer._step % (steps_per_generation * num_iterations)``: rotating through the update's
+  micro-batches and iterations, so audits see clipping) whether to capture this call; the decision
+  reads counters only. A captured call sends the policy's per-token log-probs and entropies, the
+  batch's ``old_per_token_logps`` (the log-probs themselves when TRL stores none), ``ref_per_token_logps``,
+  ``advantages``, ``completion_mask x tool_mask``, the :class:`~rlvitals.analyzers.trl.TrlLossConfig`
+  as TRL held it at the call, and as ``reported`` the loss ``_compute_loss`` returned plus the metrics
+  it logged for this micro-batch (one process: all of them; several: the loss only, the rest are
+  cross-process means). The server recomputes TRL's loss (``rlvitals.analyzers.trl_audit``).
+  Where it cannot (``unaudited_reason``: vLLM importance-sampling correction, vLLM off-policy mask,
+  MoE router aux loss, ``top_entropy_quantile < 1`` on several processes, a ``_compute_loss`` override
+  or a loss type newer than TRL 1.16's) it warns once (:class:`NotAudited`) and sends the tensors with no
+  ``reported`` numbers. Training passes only; a failure to record is warned about once, never raised.
 
 transformers is imported only when ``RlvitalsCallback`` is first used; without it this module imports
 and ``RlvitalsCallback`` raises an ``ImportError`` that says what to install.
@@ -23,49 +30,33 @@ and ``RlvitalsCallback`` raises an ``ImportError`` that says what to install.
 
 from __future__ import annotations
 
+import os
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from rlvitals.client.integrations._common import Failures, RecordingError, RunRef, scalars
+from rlvitals.client.integrations._common import (
+    ENV_RUN_NAME,
+    AuditSampler,
+    Failures,
+    RecordingError,
+    RunRef,
+    scalars,
+)
 
-__all__ = ["RecordingError", "RlvitalsCallback", "RlvitalsGRPOMixin", "TrlLogBridge", "loss_config_for"]  # noqa: F822 - RlvitalsCallback is built on first access (module __getattr__)
-
-
-def loss_config_for(trainer: Any, completion_mask: Any = None, inputs: Mapping[str, Any] | None = None):
-    """The verl ``LossConfig`` equal to a GRPOTrainer's loss on one micro-batch.
-
-    Reads ``loss_type``, ``epsilon``/``epsilon_low``, ``epsilon_high``, ``beta``, ``delta`` and
-    ``max_completion_length`` from the trainer (or its ``args``) and hands them, with what the micro-batch
-    says (rows, valid tokens, ``num_items_in_batch`` for dapo) and the trainer's
-    ``current_gradient_accumulation_steps`` (recent TRL divides the loss by it), to
-    :func:`rlvitals.analyzers.trl.trl_loss_config`, which documents how the two losses differ.
-    """
-    from rlvitals.analyzers.trl import trl_loss_config
-
-    low = _attr(trainer, "epsilon_low", None)
-    low = _attr(trainer, "epsilon", 0.2) if low is None else low
-    items = None if inputs is None else inputs.get("num_items_in_batch")
-    world = int(getattr(getattr(trainer, "accelerator", None), "num_processes", 1) or 1)
-    return trl_loss_config(
-        str(_attr(trainer, "loss_type", "grpo")),
-        epsilon=float(low),
-        epsilon_high=_attr(trainer, "epsilon_high", None),
-        beta=float(_attr(trainer, "beta", 0.0) or 0.0),
-        delta=_attr(trainer, "delta", None),
-        max_completion_length=_attr(trainer, "max_completion_length", None),
-        batch_size=None if completion_mask is None else int(completion_mask.shape[0]),
-        num_tokens=None if completion_mask is None else int(completion_mask.sum()),
-        gradient_accumulation_steps=int(getattr(trainer, "current_gradient_accumulation_steps", 1) or 1),
-        num_items_in_batch=None if items is None else int(items),
-        num_processes=world,
-    )
+__all__ = [  # noqa: F822 - RlvitalsCallback is built on first access (module __getattr__)
+    "NotAudited",
+    "RecordingError",
+    "RlvitalsCallback",
+    "RlvitalsGRPOMixin",
+    "TrlLogBridge",
+    "trl_config_for",
+    "unaudited_reason",
+]
 
 
-def _attr(source: Any, name: str, default: Any) -> Any:
-    for holder in (source, getattr(source, "args", None)):
-        if holder is not None and getattr(holder, name, None) is not None:
-            return getattr(holder, name)
-    return default
+class NotAudited(RuntimeWarning):
+    """This GRPOTrainer's loss cannot be reproduced from the tensors rlvitals receives; it is not audited."""
 
 
 def _args_dict(args: Any) -> dict[str, Any] | None:
@@ -76,33 +67,57 @@ def _args_dict(args: Any) -> dict[str, Any] | None:
     return {k: v for k, v in raw.items() if v is None or isinstance(v, (str, int, float, bool))}
 
 
+def _is_main(state: Any) -> bool:
+    return bool(getattr(state, "is_world_process_zero", True))
+
+
 class TrlLogBridge:
     """The callback's logic, free of transformers (``RlvitalsCallback`` adds ``TrainerCallback``)."""
 
-    def __init__(self, run: Any = None, *, project: str | None = None, name: str | None = None) -> None:
+    def __init__(
+        self, run: Any = None, *, project: str | None = None, name: str | None = None, **init_options: Any
+    ) -> None:
+        self.run_ref = RunRef(run, project=project, name=name, options=init_options)
         self._owns_run = run is None
-        self._run = RunRef(run, project=project, name=name)
+
+    def adopt(self, run: Any) -> None:
+        """Use ``run`` (the mixin's ``rlvitals_run=``) unless this callback already has another."""
+        if run is None:
+            return
+        current = self.run_ref.current
+        if current is not None and current is not run:
+            raise ValueError("RlvitalsCallback and RlvitalsGRPOMixin were given two different runs; pass one")
+        if current is None:
+            self.run_ref = RunRef(run)
+            self._owns_run = False
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if getattr(state, "is_world_process_zero", True):
-            config = _args_dict(args) or {}
-            name = self._run.name or getattr(args, "run_name", None)
-            if name and not self._run.started:
-                self._run.name = str(name)
-            self._run.get(config=config or None)
+        config = _args_dict(args) or {}
+        ref = self.run_ref
+        if self._owns_run and getattr(getattr(ref.current, "state", None), "value", "open") != "open":
+            ref = self.run_ref = RunRef(None, project=ref.project, name=ref.name, options=ref.options)
+        if ref.current is not None:
+            if _is_main(state) and config and hasattr(ref.current, "update_config"):
+                ref.current.update_config(config)
+            return
+        name = ref.name or os.environ.get(ENV_RUN_NAME) or getattr(args, "run_name", None)
+        if not name and not _is_main(state):
+            return  # no name shared by every process: only the main one records (else one run per rank)
+        ref.name = str(name) if name else None
+        ref.get(config=config or None)
 
     def on_log(
         self, args: Any, state: Any, control: Any, logs: Mapping[str, Any] | None = None, **kwargs: Any
     ):
-        if not logs or not getattr(state, "is_world_process_zero", True):
+        if not logs or not _is_main(state):
             return
         metrics = scalars(logs)
         if metrics:
-            self._run.get(config=_args_dict(args)).log(metrics, int(state.global_step))
+            self.run_ref.get(config=_args_dict(args)).log(metrics, int(state.global_step))
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self._owns_run and self._run.started and getattr(state, "is_world_process_zero", True):
-            self._run.get().finish()
+        if self._owns_run and self.run_ref.current is not None:
+            self.run_ref.current.finish()
 
 
 def _build_callback() -> type:
@@ -128,81 +143,223 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+# ------------------------------------------------------------------------------------------ the loss
+
+
+def _arg(trainer: Any, name: str, default: Any = None) -> Any:
+    value = getattr(getattr(trainer, "args", None), name, None)
+    return default if value is None else value
+
+
+def _loss_owner(trainer: Any) -> type | None:
+    """The class whose ``_compute_loss`` runs below the mixin."""
+    mro = type(trainer).__mro__
+    start = mro.index(RlvitalsGRPOMixin) + 1 if RlvitalsGRPOMixin in mro else 0
+    for cls in mro[start:]:
+        if "_compute_loss" in vars(cls):
+            return cls
+    return None
+
+
+def unaudited_reason(trainer: Any, inputs: Mapping[str, Any]) -> str | None:
+    """Why this trainer's loss cannot be reproduced from what rlvitals receives, or None."""
+    from rlvitals.analyzers.trl import TrlLossType
+
+    owner = _loss_owner(trainer)
+    if owner is not None and owner.__name__ != "GRPOTrainer":
+        return f"{owner.__qualname__} overrides GRPOTrainer._compute_loss; rlvitals reproduces TRL's own loss only"
+    loss_type = str(getattr(trainer, "loss_type", _arg(trainer, "loss_type", "dapo")))
+    if loss_type not in {t.value for t in TrlLossType}:
+        return f"loss_type {loss_type!r} is not one of TRL 1.16's (this TRL is newer than rlvitals knows)"
+    vllm = bool(getattr(trainer, "use_vllm", False))
+    if vllm and getattr(trainer, "vllm_importance_sampling_correction", False):
+        return (
+            "vllm_importance_sampling_correction multiplies the loss by vLLM's per-token importance ratios, "
+            "which rlvitals does not receive"
+        )
+    if (
+        getattr(trainer, "off_policy_mask_threshold", None) is not None
+        and "sampling_per_token_logps" in inputs
+    ):
+        return "off_policy_mask_threshold measures drift against vLLM's sampling log-probs, which rlvitals does not receive"
+    if getattr(trainer, "aux_loss_enabled", False):
+        return "router_aux_loss_coef adds the MoE load-balancing loss, which rlvitals does not receive"
+    world = int(getattr(getattr(trainer, "accelerator", None), "num_processes", 1) or 1)
+    if float(getattr(trainer, "top_entropy_quantile", 1.0)) < 1.0 and world > 1:
+        return "top_entropy_quantile < 1 on several processes: the entropy threshold is a quantile over every process's tokens"
+    return None
+
+
+def trl_config_for(trainer: Any, inputs: Mapping[str, Any], *, entropy_coef: float | None = None):
+    """The :class:`~rlvitals.analyzers.trl.TrlLossConfig` of one ``_compute_loss`` call on ``trainer``.
+
+    ``entropy_coef``: the coefficient TRL applies on this call, read *before* the call (the adaptive
+    controller updates ``trainer.entropy_coef`` inside it); by default read now.
+    """
+    from rlvitals.analyzers.trl import GLOBAL_TOKEN_NORM, TRL_LOSS_TYPES, TrlLossConfig, TrlLossType
+
+    reason = unaudited_reason(trainer, inputs)
+    if reason is not None:
+        kind = str(getattr(trainer, "loss_type", "dapo"))
+        return TrlLossConfig(loss_type=kind if kind in TRL_LOSS_TYPES else "dapo", unaudited=reason)
+    loss_type = TrlLossType(str(getattr(trainer, "loss_type", _arg(trainer, "loss_type", "dapo"))))
+    items = inputs.get("num_items_in_batch") if loss_type in GLOBAL_TOKEN_NORM else None
+    return TrlLossConfig(
+        loss_type=loss_type,
+        epsilon_low=float(trainer.epsilon_low),
+        epsilon_high=float(trainer.epsilon_high),
+        beta=float(trainer.beta),
+        use_bias_correction_kl=bool(_arg(trainer, "use_bias_correction_kl", True)),
+        delta=_arg(trainer, "delta"),
+        importance_sampling_level=str(getattr(trainer, "importance_sampling_level", "token")),
+        top_entropy_quantile=float(getattr(trainer, "top_entropy_quantile", 1.0)),
+        off_policy_mask_threshold=getattr(trainer, "off_policy_mask_threshold", None),
+        entropy_coef=float(applied_entropy_coef(trainer) if entropy_coef is None else entropy_coef),
+        entropy_bonus=bool(getattr(trainer, "_entropy_bonus_enabled", False)),
+        max_completion_length=getattr(trainer, "max_completion_length", None),
+        gradient_accumulation_steps=int(getattr(trainer, "current_gradient_accumulation_steps", 1) or 1),
+        steps_per_generation=int(_arg(trainer, "steps_per_generation", 1)),
+        num_items_in_batch=None if items is None else int(items),  # a sync, on captured calls only
+        num_processes=int(getattr(getattr(trainer, "accelerator", None), "num_processes", 1) or 1),
+        sequence_advantages=inputs["advantages"].dim() == 1,
+        **{
+            name: float(_arg(trainer, name, default))
+            for name, default in (
+                ("sapo_temperature_pos", 1.0),
+                ("sapo_temperature_neg", 1.05),
+                ("vespo_k_pos", 2.0),
+                ("vespo_lambda_pos", 3.0),
+                ("vespo_k_neg", 3.0),
+                ("vespo_lambda_neg", 2.0),
+            )
+        },
+    )
+
+
+def applied_entropy_coef(trainer: Any) -> float:
+    """The entropy coefficient TRL's next ``_compute_loss`` applies (adaptive: gated by the last window)."""
+    coef = float(getattr(trainer, "entropy_coef", 0.0) or 0.0)
+    if getattr(trainer, "use_adaptive_entropy", False):
+        target = float(_arg(trainer, "entropy_target", 0.0))
+        return coef if float(getattr(trainer, "_last_world_entropy", float("inf"))) <= target else 0.0
+    return coef
+
+
 class RlvitalsGRPOMixin:
     """Mix in before ``GRPOTrainer``: ``class MyTrainer(RlvitalsGRPOMixin, GRPOTrainer)``.
 
-    Pass ``rlvitals_run=`` to the constructor, or let it start a run from the environment.
+    Pass ``rlvitals_run=`` to the constructor (or to ``RlvitalsCallback``), or let the callback start a
+    run from the environment when training begins; see the module docstring.
     """
 
     def __init__(self, *args: Any, rlvitals_run: Any = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._rlvitals_run = RunRef(rlvitals_run)
         self._rlvitals_capture: dict[str, Any] | None = None
+        self._rlvitals_sampler: AuditSampler | None = None
+        self._rlvitals_warned: set[str] = set()
         self.rlvitals_failures = Failures("a GRPOTrainer batch")
+        bridges = [cb for cb in self.callback_handler.callbacks if isinstance(cb, TrlLogBridge)]
+        if bridges:
+            self._rlvitals_bridge = bridges[0]
+            self._rlvitals_bridge.adopt(rlvitals_run)
+        else:
+            self._rlvitals_bridge = __getattr__("RlvitalsCallback")(rlvitals_run)
+            self.add_callback(self._rlvitals_bridge)
+
+    @property
+    def rlvitals_run(self) -> Any:
+        """The run this trainer records to (None until training begins, unless one was given)."""
+        return self._rlvitals_bridge.run_ref.current
 
     # the policy's per-token log-probs, as _compute_loss computes them
     def _get_per_token_logps_and_entropies(self, *args: Any, **kwargs: Any):
         result = super()._get_per_token_logps_and_entropies(*args, **kwargs)
-        if isinstance(result, tuple):
-            self._rlvitals_keep(result[0], result[1] if len(result) > 1 else None)
-        elif isinstance(result, Mapping):
-            self._rlvitals_keep(result.get("logps"), result.get("entropies"))
-        return result
-
-    def _get_per_token_logps(self, *args: Any, **kwargs: Any):
-        result = super()._get_per_token_logps(*args, **kwargs)
-        self._rlvitals_keep(result, None)
+        if self._rlvitals_capture is not None:
+            if isinstance(result, tuple):
+                self._rlvitals_keep(result[0], result[1] if len(result) > 1 else None)
+            elif isinstance(result, Mapping):
+                self._rlvitals_keep(result.get("logps"), result.get("entropies"))
         return result
 
     def _rlvitals_keep(self, logps: Any, entropies: Any) -> None:
         capture = self._rlvitals_capture
-        if capture is not None and "log_prob" not in capture and getattr(logps, "requires_grad", False):
+        if "log_prob" not in capture and getattr(logps, "requires_grad", False):
             capture["log_prob"] = logps.detach()
             if entropies is not None:
                 capture["entropy"] = entropies.detach()
 
+    def _rlvitals_slot(self, run: Any) -> int | None:
+        """Whether to capture this call (counters only: no tensor is read)."""
+        if self._rlvitals_sampler is None:
+            cycle = int(_arg(self, "steps_per_generation", 1)) * int(getattr(self, "num_iterations", 1) or 1)
+            self._rlvitals_sampler = AuditSampler.for_run(run, cycle=cycle)
+        step = int(self.state.global_step) + 1  # the step these losses are logged under
+        return self._rlvitals_sampler.take(step, int(getattr(self, "_step", 0)))
+
     def _compute_loss(self, model: Any, inputs: Mapping[str, Any]):
+        run = self.rlvitals_run
+        if run is None or not self.model.training:
+            return super()._compute_loss(model, inputs)
+        try:
+            slot = self._rlvitals_slot(run)
+            if slot is not None:
+                metrics = self._metrics["train"]
+                before = {key: len(values) for key, values in metrics.items()}
+                coef = applied_entropy_coef(self)
+        except Exception as exc:  # the trainer must never fail because recording did
+            self.rlvitals_failures.add(exc)
+            slot = None
+        if slot is None:
+            return super()._compute_loss(model, inputs)
         self._rlvitals_capture = {}
         try:
             loss = super()._compute_loss(model, inputs)
         finally:
             capture, self._rlvitals_capture = self._rlvitals_capture, None
-        if "log_prob" in capture:
-            try:
-                self._rlvitals_record(capture, inputs)
-            except Exception as exc:  # the trainer must never fail because recording did
-                self.rlvitals_failures.add(exc)
+        try:
+            if "log_prob" in capture:
+                logged = {k: v[-1] for k, v in metrics.items() if len(v) > before.get(k, 0)}
+                self._rlvitals_record(run, slot, capture, inputs, loss, logged, coef)
+        except Exception as exc:
+            self.rlvitals_failures.add(exc)
         return loss
 
-    def _rlvitals_record(self, capture: Mapping[str, Any], inputs: Mapping[str, Any]) -> None:
+    def _rlvitals_record(self, run, slot, capture, inputs, loss, logged, coef) -> None:
+        from rlvitals.analyzers.trl import LOCAL_METRICS
+
         log_prob = capture["log_prob"]
         mask = inputs["completion_mask"]
+        if "tool_mask" in inputs:
+            mask = mask * inputs["tool_mask"]
         advantages = inputs["advantages"]
         if advantages.dim() == 1:
             advantages = advantages.unsqueeze(1).expand_as(log_prob)
         old = inputs.get("old_per_token_logps")
-        reported = self._rlvitals_reported()
-        step = int(self.state.global_step) + 1  # the step these losses are logged under
-        self._rlvitals_run.get().log_batch(
-            step,
+        config = trl_config_for(self, inputs, entropy_coef=coef)
+        if config.unaudited is not None:
+            reported = {}
+            if config.unaudited not in self._rlvitals_warned:
+                self._rlvitals_warned.add(config.unaudited)
+                warnings.warn(
+                    f"rlvitals: this GRPOTrainer's loss is not audited: {config.unaudited}; its tensors are "
+                    "still sent (histograms, on-policy gap), without reported numbers",
+                    NotAudited,
+                    stacklevel=3,
+                )
+        else:
+            reported = {"loss": loss.detach()}  # copied off the device without a sync
+            if config.num_processes == 1:
+                reported.update({k: v for k, v in logged.items() if k in LOCAL_METRICS})
+        run.log_batch(
+            int(self.state.global_step) + 1,
             log_prob=log_prob,
             old_log_prob=log_prob if old is None else old,
             advantages=advantages,
-            response_mask=mask.bool(),
+            response_mask=mask,
             ref_log_prob=inputs.get("ref_per_token_logps"),
             entropy=capture.get("entropy"),
-            config=loss_config_for(self, mask, inputs),
+            config=config,
             reported=reported,
+            micro_batch=slot,
+            sampled=True,
         )
-
-    def _rlvitals_reported(self) -> dict[str, float]:
-        """The clip share TRL just logged for this batch (gathered over processes: exact for one)."""
-        metrics = getattr(self, "_metrics", None)
-        if not isinstance(metrics, Mapping):
-            return {}
-        train = metrics.get("train", metrics)
-        region = train.get("clip_ratio/region_mean") if isinstance(train, Mapping) else None
-        world = int(getattr(getattr(self, "accelerator", None), "num_processes", 1) or 1)
-        if region and world == 1:
-            return {"pg_clipfrac": float(region[-1])}
-        return {}

@@ -17,6 +17,13 @@ c) Scalars without touching verl at all: ``JsonlTailer`` follows the JSONL that 
    writes (``VERL_FILE_LOGGER_PATH``) into a run; ``VerlTrackingLogger`` has verl's tracking-backend
    interface (``log(data, step)``, ``finish()``) for a ``Tracking.logger`` dict or a custom trainer.
 
+Which calls are sent: an ``AuditSampler`` (``_common``) following the run's ``batch_every`` picks one
+micro-batch every ``batch_every`` steps, rotating through the positions of a step's update cycle (every
+micro-batch of every mini-batch of every PPO epoch after one rollout, in verl's order), so that the audits
+see the later mini-batches and epochs, where ``old_log_prob != log_prob`` and clipping happens, and not only
+the first, on-policy one (ratio 1, every clip metric 0). The capture carries its position as
+``micro_batch``. Deciding reads no tensor.
+
 verl's loss functions are never told the training step. The recorders take it from ``set_step(step)``
 when the trainer calls it, else count it (see ``StepClock``): ``RLVITALS_VERL_CALLS_PER_STEP`` loss calls
 per step when set, else a new step whenever the last-mini-batch flag verl passes in the data flips back
@@ -34,18 +41,19 @@ import os
 import threading
 import time
 import warnings
-from collections.abc import Iterator, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from rlvitals.client.integrations._common import (
     DEFAULT_STEP_GAP_S,
+    AuditSampler,
     Failures,
     RecordingError,
     RunRef,
     StepClock,
     scalars,
-    wants_batch,
 )
 
 LOSS_MODE = "rlvitals"
@@ -68,6 +76,9 @@ _CONFIG_FIELDS = (
     "entropy_coeff",
 )
 _GLOBAL_BATCH_FIELDS = ("dp_size", "batch_num_tokens", "global_batch_size", "loss_scale_factor")
+# Reported values that include verl's rollout-correction weights (``rollout_is_weights``), which the
+# recorder cannot send: with weights present they are left out of ``reported`` (see ``_without_weighted``).
+_WEIGHTED = ("actor/pg_loss", "policy_loss")
 
 __all__ = [
     "JsonlTailer",
@@ -96,6 +107,8 @@ class _Recorder:
         self.clock = _clock_from_env()
         self.delegate = os.environ.get(ENV_DELEGATE, DEFAULT_DELEGATE)
         self.failures = Failures("a verl micro-batch")
+        self.sampler: AuditSampler | None = None
+        self.weights_warned = False
         self._last_flag: bool | None = None
         self._lock = threading.Lock()
 
@@ -105,19 +118,33 @@ class _Recorder:
             previous, self._last_flag = self._last_flag, last_mini_batch
         return bool(previous) and last_mini_batch is False
 
-    def record(self, *, new_step: bool = False, **batch: Any) -> None:
-        """``run.log_batch`` for one micro-batch; any failure is counted and warned about once."""
+    def record(self, prepare: Callable[[], dict[str, Any]], *, new_step: bool = False) -> None:
+        """``run.log_batch(**prepare())`` for one micro-batch the sampler picks; any failure is counted and
+        warned about once. The decision reads no tensor (no device sync): an unpicked call costs a counter,
+        and ``prepare`` (padding, metric values) runs only for a picked one."""
         try:
             step = self.clock.tick(new_step=new_step)
             run = self.run.get()
-            if not wants_batch(run, step):
+            if self.sampler is None:
+                self.sampler = AuditSampler.for_run(run)
+            position = self.sampler.take(step)
+            if position is None:
                 return
-            prepare = batch.pop("prepare", None)
-            if prepare is not None:
-                batch.update(prepare())
-            run.log_batch(step, **batch)
+            run.log_batch(step, micro_batch=position, sampled=True, **prepare())
         except Exception as exc:  # the trainer's loss must never fail because recording did
             self.failures.add(exc)
+
+    def without_weighted(self, reported: dict[str, Any]) -> dict[str, Any]:
+        """``reported`` minus the values verl scaled by ``rollout_is_weights`` (warned about once)."""
+        if not self.weights_warned:
+            self.weights_warned = True
+            warnings.warn(
+                "rlvitals: verl applied rollout_is_weights (rollout correction) to this loss; "
+                f"{', '.join(_WEIGHTED)} are sent unaudited, the clip and KL metrics are still audited",
+                RecordingError,
+                stacklevel=3,
+            )
+        return {key: value for key, value in reported.items() if key not in _WEIGHTED}
 
 
 def _clock_from_env() -> StepClock:
@@ -180,8 +207,15 @@ def recording_failures() -> int:
     return _recorder.failures.count
 
 
-def loss_config(config: Any, loss_agg_mode: str | None = None) -> dict[str, Any]:
-    """The LossConfig fields of a verl ``ActorConfig`` (or any mapping) plus its ``global_batch_info``."""
+def loss_config(
+    config: Any, loss_agg_mode: str | None = None, *, loss_mode: str | None = None
+) -> dict[str, Any]:
+    """The LossConfig fields of a verl ``ActorConfig`` (or any mapping) plus its ``global_batch_info``,
+    and ``policy_loss`` (verl's nested section: ``loss_mode`` and its numeric knobs) where verl keeps it.
+
+    ``loss_mode`` overrides ``policy_loss.loss_mode``: the loss that actually ran (the delegate, when
+    the config selects ``rlvitals``), so the server audits that loss and never ``rlvitals`` itself.
+    """
     out: dict[str, Any] = {}
     for name in _CONFIG_FIELDS:
         value = _get(config, name)
@@ -194,6 +228,32 @@ def loss_config(config: Any, loss_agg_mode: str | None = None) -> dict[str, Any]
             out[name] = _plain(value)
     if loss_agg_mode is not None:
         out["loss_agg_mode"] = loss_agg_mode
+    section = _policy_loss_section(_get(config, "policy_loss"))
+    mode = section.get("loss_mode", DEFAULT_DELEGATE)
+    if mode == LOSS_MODE:
+        mode = _recorder.delegate
+    section["loss_mode"] = loss_mode or mode
+    out["policy_loss"] = section
+    return out
+
+
+def _policy_loss_section(section: Any) -> dict[str, Any]:
+    """verl's ``policy_loss`` (a ``PolicyLossConfig``, DictConfig or dict) as plain scalars."""
+    if section is None:
+        return {}
+    if isinstance(section, Mapping):
+        items = dict(section).items()
+    elif hasattr(section, "__dataclass_fields__"):
+        items = ((name, getattr(section, name, None)) for name in section.__dataclass_fields__)
+    elif hasattr(section, "items"):
+        items = section.items()
+    else:
+        return {}
+    out = {}
+    for key, value in items:
+        value = _plain(value)
+        if isinstance(value, (str, int, float, bool)) or value is None:
+            out[str(key)] = value
     return out
 
 
@@ -244,14 +304,26 @@ def policy_loss(
         rollout_is_weights=rollout_is_weights,
     )
     if not _inside_ppo_loss.get() and getattr(log_prob, "requires_grad", False):
-        recorder.record(
-            log_prob=log_prob.detach(),
-            old_log_prob=old_log_prob,
-            advantages=advantages,
-            response_mask=response_mask,
-            config=loss_config(config, loss_agg_mode),
-            reported={**scalars(pg_metrics), "actor/pg_loss": pg_loss.detach()},
-        )
+
+        def prepare() -> dict[str, Any]:  # only for a sampled call: scalars() may read device values
+            reported = {**scalars(pg_metrics), "actor/pg_loss": pg_loss.detach()}
+            if rollout_is_weights is not None:
+                reported = recorder.without_weighted(reported)
+            return {
+                "log_prob": log_prob.detach(),
+                "old_log_prob": old_log_prob,
+                "advantages": advantages,
+                "response_mask": response_mask,
+                # the policy loss alone: verl adds the KL and entropy terms outside it (ppo_loss)
+                "config": {
+                    **loss_config(config, loss_agg_mode, loss_mode=recorder.delegate),
+                    "use_kl_loss": False,
+                    "entropy_coeff": 0.0,
+                },
+                "reported": reported,
+            }
+
+        recorder.record(prepare=prepare)
     return pg_loss, pg_metrics
 
 
@@ -283,18 +355,27 @@ def ppo_loss(config: Any, model_output: Mapping[str, Any], data: Any, dp_group: 
     log_probs = model_output["log_probs"]
     if getattr(log_probs, "requires_grad", False):
         recorder = _recorder
-        reported = {**scalars(metrics), "policy_loss": loss.detach()}
         explicit = _non_tensor(data, "global_steps")
         if explicit is not None:
             recorder.clock.set(int(explicit))
         new_step = recorder.boundary(_non_tensor(data, "update_lr_scheduler"))
-        recorder.record(
-            new_step=new_step,
-            prepare=lambda: _padded_batch(model_output, data),
-            config=loss_config(config),
-            reported=reported,
-        )
+
+        def prepare() -> dict[str, Any]:  # only for a sampled call: scalars() may read device values
+            reported = {**scalars(metrics), "policy_loss": loss.detach()}
+            if _has(data, "rollout_is_weights"):
+                reported = recorder.without_weighted(reported)
+            batch = _padded_batch(model_output, data, _get(config, "rollout_n"))
+            return {**batch, "config": loss_config(config), "reported": reported}
+
+        recorder.record(new_step=new_step, prepare=prepare)
     return loss, metrics
+
+
+def _has(data: Any, key: str) -> bool:
+    try:
+        return key in data.keys()  # noqa: SIM118 - TensorDict needs .keys()
+    except (TypeError, AttributeError, RuntimeError):
+        return False
 
 
 def _non_tensor(data: Any, key: str) -> Any:
@@ -311,14 +392,18 @@ _BATCH_NAMES = {  # verl's TensorDict keys -> log_batch keywords
     "advantages": "advantages",
     "ref_log_prob": "ref_log_prob",
     "token_level_rewards": "token_level_rewards",
+    "rollout_log_probs": "rollout_log_probs",  # the inference engine's, when the rollout computed them
 }
 
 
-def _padded_batch(model_output: Mapping[str, Any], data: Any) -> dict[str, Any]:
+def _padded_batch(model_output: Mapping[str, Any], data: Any, rollout_n: Any = None) -> dict[str, Any]:
     """The ``(batch, response_len)`` tensors ``ppo_loss`` computed on, as ``log_batch`` keywords.
 
     Same conversions as verl's ``ppo_loss``: ``no_padding_2_padding`` for the model outputs, zero-padded
-    ``to_padded_tensor`` for nested data fields, ``response_mask`` as bool.
+    ``to_padded_tensor`` for nested data fields, ``response_mask`` as bool. ``uid`` becomes
+    ``group_index`` only when the micro-batch holds whole groups (each uid ``rollout_n`` times): verl's
+    shuffled mini-batches, sequence balancing and micro-batch split cut GRPO groups apart, and a group
+    advantage recomputed from part of a group is not the one verl computed from all of it.
     """
     from verl.workers.utils.padding import no_padding_2_padding
 
@@ -333,9 +418,15 @@ def _padded_batch(model_output: Mapping[str, Any], data: Any) -> dict[str, Any]:
             batch[name] = value.to_padded_tensor(0.0) if getattr(value, "is_nested", False) else value
     batch["response_mask"] = batch["response_mask"].bool()
     uid = _uids(data, keys)
-    if uid is not None and len(uid) == batch["log_prob"].shape[0]:
+    if uid is not None and len(uid) == batch["log_prob"].shape[0] and _whole_groups(uid, rollout_n):
         batch["group_index"] = uid
     return batch
+
+
+def _whole_groups(uid: list[str], rollout_n: Any) -> bool:
+    if not isinstance(rollout_n, int) or isinstance(rollout_n, bool) or rollout_n < 1:
+        return False
+    return all(count == rollout_n for count in Counter(uid).values())
 
 
 def _uids(data: Any, keys: set) -> list[str] | None:

@@ -6,24 +6,18 @@ How it is tested:
 - With transformers importable (the verl venv has transformers 5.10.4), ``RlvitalsCallback`` is a real
   ``TrainerCallback`` driven by transformers' own ``CallbackHandler``; without it, the module still imports
   and ``RlvitalsCallback`` raises an ImportError that says what to install.
-- The mixin against a base class whose ``_compute_loss`` is GRPOTrainer's (TRL 0.16–0.2x shape: log-probs
-  from ``_get_per_token_logps_and_entropies``, ``old_per_token_logps`` only when ``num_iterations > 1``,
-  metrics appended to ``self._metrics``); TRL itself is not installable here (its deps pull a GPU stack).
+- The mixin, the loss recomputation and the refusals run on the real ``trl.GRPOTrainer`` in
+  ``test_client_integrations_trl_real.py`` (TRL 1.16 in a side environment); no copy of TRL code here.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import json
-from collections import defaultdict
 from types import SimpleNamespace
 
 import pytest
-import torch
-from rlvitals.analyzers import LossConfig, recompute
 from rlvitals.client.integrations import trl as rt
 from rlvitals.client.testing import FakeServer
-from safetensors.torch import load
 
 import rlvitals
 
@@ -102,21 +96,45 @@ def test_bridge_starts_a_run_named_after_the_trainer_when_none_is_given(tmp_path
     assert key == ("default", "grpo") and server.series(run_id, "kl") == {1: 0.1}
 
 
-def test_trainer_settings_map_onto_verl_loss_config():
-    mask = torch.ones(4, 6)
-    mask[3] = 0
-    assert rt.loss_config_for(_args(loss_type="grpo"), mask).loss_agg_mode.value == "seq-mean-token-mean"
-    assert rt.loss_config_for(_args(loss_type="bnpo"), mask).loss_agg_mode.value == "token-mean"
-    dr = rt.loss_config_for(_args(), mask)
-    assert dr.loss_agg_mode.value == "seq-mean-token-sum-norm" and dr.loss_scale_factor == 256
-    assert dr.global_batch_size == 4  # TRL counts the empty row
-    assert (dr.clip_ratio_low, dr.clip_ratio_high, dr.kl_loss_coef, dr.use_kl_loss) == (0.2, 0.28, 0.04, True)
-    accumulating = SimpleNamespace(args=_args(loss_type="grpo"), current_gradient_accumulation_steps=4)
-    assert rt.loss_config_for(accumulating, mask).global_batch_size == 16
-    dapo = rt.loss_config_for(_args(loss_type="dapo"), mask, {"num_items_in_batch": torch.tensor(80)})
-    assert dapo.batch_num_tokens == 80
-    with pytest.raises(ValueError, match="loss_type must be one of"):
-        rt.loss_config_for(_args(loss_type="sapo-x"), mask)
+def test_a_run_handed_to_the_callback_gets_the_grpo_config(server_run):
+    server, run = server_run
+    bridge = rt.TrlLogBridge(run)
+    bridge.on_train_begin(_args(), SimpleNamespace(global_step=0, is_world_process_zero=True), None)
+    bridge.on_log(_args(), SimpleNamespace(global_step=1, is_world_process_zero=True), None, logs={"kl": 0.1})
+    run.finish(timeout=5)
+    assert server.run_configs[run.id]["num_iterations"] == 2 and len(server.runs) == 1
+
+
+def test_run_name_comes_from_the_environment_before_the_grpo_config(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLVITALS_SPOOL_DIR", str(tmp_path))
+    monkeypatch.setenv("RLVITALS_RUN_NAME", "from-env")
+    server = FakeServer()
+    original = rlvitals.client.init
+    monkeypatch.setattr(rlvitals.client, "init", lambda **kw: original(transport=server.transport, **kw))
+    bridge = rt.TrlLogBridge()
+    bridge.on_train_begin(_args(), SimpleNamespace(global_step=0, is_world_process_zero=True), None)
+    bridge.on_train_end(_args(), SimpleNamespace(global_step=0, is_world_process_zero=True), None)
+    assert list(server.runs) == [("default", "from-env")]
+
+
+def test_a_secondary_process_without_a_shared_name_starts_no_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLVITALS_SPOOL_DIR", str(tmp_path))
+    monkeypatch.delenv("RLVITALS_RUN_NAME", raising=False)
+    bridge = rt.TrlLogBridge()
+    bridge.on_train_begin(
+        _args(run_name=None), SimpleNamespace(global_step=0, is_world_process_zero=False), None
+    )
+    assert bridge.run_ref.current is None  # a generated name would make one run per rank
+
+
+def test_callback_and_mixin_given_two_runs_is_misuse(server_run, tmp_path):
+    _, run = server_run
+    other = rlvitals.init(project="trl", name="other", mode="offline", spool_dir=tmp_path / "o")
+    bridge = rt.TrlLogBridge(run)
+    bridge.adopt(run)  # the same run twice is fine
+    with pytest.raises(ValueError, match="two different runs"):
+        bridge.adopt(other)
+    other.finish(timeout=1)
 
 
 def test_callback_without_or_with_transformers():
@@ -142,141 +160,15 @@ def test_callback_without_or_with_transformers():
     assert server.series(run.id, "clip_ratio/region_mean") == {3: 0.03}
 
 
-# ------------------------------------------------------------------------------------------ mixin
-
-
-class GRPOTrainerShape:
-    """GRPOTrainer's loss path (TRL 0.2x), with a tiny linear 'model' over fixed features."""
-
-    def __init__(self, *, num_iterations=2, loss_type="grpo", beta=0.04, epsilon=0.2, epsilon_high=0.28):
-        self.num_iterations, self.loss_type, self.beta = num_iterations, loss_type, beta
-        self.epsilon_low, self.epsilon_high = epsilon, epsilon_high
-        self.max_completion_length = 6
-        self._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
-        self.state = SimpleNamespace(global_step=4)
-        self.accelerator = SimpleNamespace(num_processes=1)
-
-    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep,
-                                           compute_entropy=False):  # fmt: skip
-        logits = model(input_ids)[:, -logits_to_keep:]
-        logp = torch.log_softmax(logits, -1)
-        token_logp = logp.gather(-1, input_ids[:, -logits_to_keep:, None]).squeeze(-1)
-        entropy = -(logp.exp() * logp).sum(-1) if compute_entropy else None
-        return token_logp, entropy
-
-    def _compute_loss(self, model, inputs):
-        prompt_ids, completion_ids = inputs["prompt_ids"], inputs["completion_ids"]
-        completion_mask = inputs["completion_mask"]
-        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
-        logits_to_keep = completion_ids.size(1)
-        per_token_logps, _ = self._get_per_token_logps_and_entropies(
-            model, input_ids, None, logits_to_keep, compute_entropy=True
-        )
-        ref = inputs["ref_per_token_logps"]
-        per_token_kl = torch.exp(ref - per_token_logps) - (ref - per_token_logps) - 1
-        advantages = inputs["advantages"]
-        old = inputs["old_per_token_logps"] if self.num_iterations > 1 else per_token_logps.detach()
-        coef_1 = torch.exp(per_token_logps - old)
-        coef_2 = torch.clamp(coef_1, 1 - self.epsilon_low, 1 + self.epsilon_high)
-        per_token_loss = -torch.min(coef_1 * advantages.unsqueeze(1), coef_2 * advantages.unsqueeze(1))
-        per_token_loss = per_token_loss + self.beta * per_token_kl
-        loss = ((per_token_loss * completion_mask).sum(-1) / completion_mask.sum(-1).clamp(min=1.0)).mean()
-        is_low = (coef_1 < 1 - self.epsilon_low) & (advantages.unsqueeze(1) < 0)
-        is_high = (coef_1 > 1 + self.epsilon_high) & (advantages.unsqueeze(1) > 0)
-        region = ((is_low | is_high) * completion_mask).sum() / completion_mask.sum()
-        self._metrics["train"]["clip_ratio/region_mean"].append(region.item())
-        return loss
-
-
-class RecordingTrainer(rt.RlvitalsGRPOMixin, GRPOTrainerShape):
-    pass
-
-
-def _inputs(seed=0):
-    g = torch.Generator().manual_seed(seed)
-    batch, completion = 4, 6
-    mask = torch.ones(batch, completion, dtype=torch.long)
-    mask[1, 4:] = 0
-    mask[3, 2:] = 0
-    return {
-        "prompt_ids": torch.randint(0, 10, (batch, 3), generator=g),
-        "completion_ids": torch.randint(0, 10, (batch, completion), generator=g),
-        "completion_mask": mask,
-        "advantages": torch.randn(batch, generator=g),
-        "old_per_token_logps": -torch.rand(batch, completion, generator=g) * 3,
-        "ref_per_token_logps": -torch.rand(batch, completion, generator=g) * 3,
-    }
-
-
-def test_mixin_captures_the_loss_tensors_and_reported_clip(server_run):
-    server, run = server_run
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Embedding(10, 10))
-    trainer = RecordingTrainer(rlvitals_run=run)
-    inputs = _inputs()
-    with torch.no_grad():  # a reference close to the policy (verl clamps k3 at 10, TRL does not)
-        logps, _ = GRPOTrainerShape._get_per_token_logps_and_entropies(
-            trainer, model, torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1), None, 6
-        )
-    inputs["ref_per_token_logps"] = logps + 0.1 * torch.randn(
-        logps.shape, generator=torch.Generator().manual_seed(3)
-    )
-    loss = trainer._compute_loss(model, inputs)
-    loss.backward()  # the trainer's loss is untouched
-    run.finish(timeout=5)
-    [payload] = server.batches[run.id]
-    tensors = load(payload)
-    meta = json.loads(payload[8 : 8 + int.from_bytes(payload[:8], "little")])["__metadata__"]
-    assert meta["step"] == "5"  # logged under the step TRL will log these losses at
-    logps, entropy = GRPOTrainerShape._get_per_token_logps_and_entropies(
-        trainer, model, torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1), None, 6, True
-    )
-    assert torch.allclose(tensors["log_prob"], logps.detach())
-    assert torch.allclose(tensors["entropy"], entropy.detach())
-    assert torch.equal(tensors["old_log_prob"], inputs["old_per_token_logps"])
-    assert torch.equal(tensors["advantages"], inputs["advantages"][:, None].expand(4, 6))
-    config = LossConfig(**json.loads(meta["config"]))
-    assert config.loss_agg_mode.value == "seq-mean-token-mean" and config.clip_ratio_high == 0.28
-    reported = json.loads(meta["reported"])
-    names = ("log_prob", "old_log_prob", "advantages", "response_mask", "ref_log_prob")
-    again = recompute(config, **{k: tensors[k] for k in names})
-    assert again["pg_clipfrac"] == pytest.approx(reported["pg_clipfrac"], abs=1e-6)  # same token set
-    # TRL's grpo loss is verl's seq-mean-token-mean policy loss plus beta x the k3 KL loss
-    assert again["policy_loss"] == pytest.approx(loss.item(), rel=1e-5)
-
-
-def test_mixin_with_one_iteration_records_log_probs_as_old(server_run):
-    server, run = server_run
-    trainer = RecordingTrainer(rlvitals_run=run)
-    trainer.num_iterations = 1
-    inputs = _inputs(1)
-    inputs["old_per_token_logps"] = None  # what TRL stores when every batch is used once
-    trainer._compute_loss(torch.nn.Sequential(torch.nn.Embedding(10, 10)), inputs)
-    run.finish(timeout=5)
-    tensors = load(server.batches[run.id][0])
-    assert torch.equal(tensors["log_prob"], tensors["old_log_prob"])
-
-
-def test_mixin_records_nothing_in_eval(server_run):
-    server, run = server_run
-    trainer = RecordingTrainer(rlvitals_run=run)
-    with torch.no_grad():
-        trainer._compute_loss(torch.nn.Sequential(torch.nn.Embedding(10, 10)), _inputs())
-    run.finish(timeout=5)
-    assert server.batches[run.id] == []
-
-
-def test_a_recording_failure_never_reaches_the_trainer():
-    class Broken:
-        def log(self, metrics, step):
-            raise OSError("disk full")
-
-        def log_batch(self, step, **batch):
-            raise OSError("disk full")
-
-    trainer = RecordingTrainer(rlvitals_run=Broken())
-    model = torch.nn.Sequential(torch.nn.Embedding(10, 10))
-    with pytest.warns(rt.RecordingError, match="disk full"):
-        loss = trainer._compute_loss(model, _inputs())
-    trainer._compute_loss(model, _inputs())  # counted, not warned again
-    assert loss.requires_grad and trainer.rlvitals_failures.count == 2
+def test_training_again_after_the_run_finished_starts_a_fresh_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLVITALS_SPOOL_DIR", str(tmp_path))
+    server = FakeServer()
+    original = rlvitals.client.init
+    monkeypatch.setattr(rlvitals.client, "init", lambda **kw: original(transport=server.transport, **kw))
+    bridge = rt.TrlLogBridge()
+    state = SimpleNamespace(global_step=1, is_world_process_zero=True)
+    for _ in range(2):
+        bridge.on_train_begin(_args(), state, None)
+        bridge.on_log(_args(), state, None, logs={"kl": 0.1})
+        bridge.on_train_end(_args(), state, None)
+    assert bridge.run_ref.current.state.value == "finished" and list(server.runs) == [("default", "grpo")]

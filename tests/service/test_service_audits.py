@@ -151,6 +151,31 @@ def test_bool_and_integer_masks_are_accepted(api):
         wait_done(api, _upload(api, run_id, make_batch(0, tensors=tensors)))
 
 
+def test_a_trl_batch_is_audited_with_trls_own_loss(api):
+    from rlvitals.analyzers import TrlLossConfig, trl_loss
+
+    run_id = api.create_run()
+    tensors = make_tensors(4, 16, seed=7)
+    tensors["advantages"] = tensors["advantages"][:, :1].expand(4, 16).contiguous()  # TRL: one per sequence
+    config = TrlLossConfig(loss_type="grpo", epsilon_high=0.28, gradient_accumulation_steps=2)
+    honest = trl_loss(config, **tensors)
+    audit = wait_done(api, _upload(api, run_id, make_batch(3, tensors=tensors, config=config.to_dict(),
+                                                           reported=honest)))  # fmt: skip
+    assert audit["ok"] is True and "TRL 1.16" in audit["explanation"], audit["explanation"]
+    assert {"loss", "clip_ratio/region_mean"} <= set(audit["verdicts"])
+    wrong = dict(honest, loss=honest["loss"] * 2)  # e.g. gradient accumulation not divided out
+    audit = wait_done(api, _upload(api, run_id, make_batch(4, tensors=tensors, config=config.to_dict(),
+                                                           reported=wrong)))  # fmt: skip
+    assert audit["ok"] is False and "gradient_accumulation_steps" in audit["explanation"]
+
+
+def test_a_bad_trl_config_is_a_422(api):
+    run_id = api.create_run()
+    body = make_batch(1, config={"trainer": "trl", "loss_type": "ppo"})
+    response = api.post(f"/api/v1/runs/{run_id}/batches", content=body, headers=OCTET)
+    assert response.status_code == 422 and "loss_type must be one of" in response.json()["error"]["message"]
+
+
 def test_rollout_log_probs_are_validated_like_the_other_token_tensors(api):
     run_id = api.create_run()
     tensors = make_tensors(4, 16, seed=3)

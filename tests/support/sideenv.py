@@ -48,7 +48,8 @@ VERL = (
         "{constraints}",
     ),
 )
-TRL = ((TORCH,), ("trl==1.16.0", "-c", "{constraints}"))
+# httpx: the one dependency of rlvitals.client that TRL does not bring (the side env imports this checkout)
+TRL = ((TORCH,), ("trl==1.16.0", "httpx", "-c", "{constraints}"))
 
 
 class SideEnvError(RuntimeError):
