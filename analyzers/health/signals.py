@@ -31,6 +31,7 @@ class Signal(str, Enum):
     ENTROPY = "entropy"
     PG_LOSS = "pg_loss"
     ZERO_STD_FRAC = "zero_std_frac"
+    KL_COEF = "kl_coef"  # the KL penalty's coefficient (fixed or adaptive), not a KL
     # --- what breaks real runs (issue 9): outcome, optimizer and rollout-vs-training signals
     RESPONSE_LENGTH = "response_length"
     RESPONSE_CLIP_RATIO = "response_clip_ratio"
@@ -57,6 +58,8 @@ ALIASES: dict[str, tuple[str, ...]] = {
     Signal.PPO_KL.value: (
         "actor/ppo_kl",  # verl
         "ppo_kl",  # OpenRLHF, bare
+        "policy/approxkl_avg",  # TRL PPOTrainer (k3 of old vs new policy, averaged over its minibatches)
+        "ppo/policy/approxkl",  # TRL < 0.12 PPOTrainer
     ),
     Signal.PG_CLIPFRAC.value: (
         "actor/pg_clipfrac",  # verl
@@ -64,6 +67,8 @@ ALIASES: dict[str, tuple[str, ...]] = {
         "clip_ratio/region_mean",  # TRL >= 0.18 (share of tokens clipped on either side)
         "clip_ratio",  # TRL < 0.18
         "ppo_clip_ratio",  # OpenRLHF
+        "policy/clipfrac_avg",  # TRL PPOTrainer
+        "ppo/policy/clipfrac",  # TRL < 0.12 PPOTrainer
     ),
     Signal.PG_CLIPFRAC_LOWER.value: (
         "actor/pg_clipfrac_lower",  # verl dual-clip share (A < 0 and ratio > clip_ratio_c)
@@ -80,19 +85,28 @@ ALIASES: dict[str, tuple[str, ...]] = {
         "kl_loss",  # verl, bare
         "kl",  # TRL and OpenRLHF: policy vs reference
         "actor/reward_kl_penalty",  # verl in-reward KL (policy vs reference, before the coefficient)
+        "critic/kl",  # older verl: the in-reward KL to the reference (use_kl_in_reward / kl_ctrl)
+        "objective/kl",  # TRL PPOTrainer / RLOO / online DPO: KL(policy || reference), summed over tokens
     ),
     Signal.ENTROPY.value: (
         "actor/entropy",  # verl
         "entropy",  # TRL, bare
         "actor/entropy_loss",  # older verl: the aggregated token entropy
+        "objective/entropy",  # TRL PPOTrainer / RLOO (summed over a completion's tokens)
     ),
     Signal.PG_LOSS.value: (
         "actor/pg_loss",  # verl
         "pg_loss",  # bare
+        "loss/policy_avg",  # TRL PPOTrainer
     ),
     Signal.ZERO_STD_FRAC.value: (
         "frac_reward_zero_std",  # TRL: share of groups whose rewards all tie
         "zero_std_frac",  # bare / rlvitals group diagnostics
+    ),
+    Signal.KL_COEF.value: (
+        "actor/kl_coef",  # verl use_kl_loss coefficient
+        "critic/kl_coeff",  # older verl: the in-reward (possibly adaptive) KL controller's value
+        "objective/kl_coef",  # TRL < 0.12 PPOTrainer
     ),
 }
 
