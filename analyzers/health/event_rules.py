@@ -22,7 +22,10 @@ def _spell(value: float) -> str:
 @register_rule(RuleId.NON_FINITE)
 class NonFinite(Rule):
     """Any metric, under any name, that is NaN or ±Inf. Fires on the first one; resolves after
-    ``resolve_after`` consecutive steps whose metrics are all finite."""
+    ``resolve_after`` consecutive steps whose metrics are all finite. Critical when the metric is one a
+    health signal reads or its name says it is part of the optimisation (``loss``, ``grad``, ``kl``,
+    ``entropy``, ``reward``, ``score``, ``logp``/``log_prob``, ``ratio``, ``adv``); a custom diagnostic
+    alone (a fork's ``attention/*/aei_text`` NaN on its first step) is ``info``."""
 
     signal = "*"
     severity = Severity.CRITICAL
@@ -46,16 +49,31 @@ class NonFinite(Rule):
                 active=False, message="all metrics are finite again", evidence={"checked": len(metrics)}
             )
         names = sorted(bad)
-        first = names[0]
+        vital = [name for name in names if _vital(name)]
+        first = (vital or names)[0]
         shown = ", ".join(f"{name}={_spell(bad[name])}" for name in names[:5])
         more = f" and {len(names) - 5} more" if len(names) > 5 else ""
         return Check(
             active=True,
             value=bad[first],
             signal=signal_of(first) or first,
-            evidence={"non_finite": {name: _spell(bad[name]) for name in names}, "count": len(names)},
-            message=f"non-finite metrics at step {step}: {shown}{more}",
+            evidence={
+                "non_finite": {name: _spell(bad[name]) for name in names},
+                "count": len(names),
+                "vital": vital,
+            },
+            severity=Severity.CRITICAL if vital else Severity.INFO,
+            message=f"non-finite metrics at step {step}: {shown}{more}"
+            + ("" if vital else " (custom diagnostics only: no loss, gradient or health signal)"),
         )
+
+
+_VITAL_PARTS = ("loss", "grad", "kl", "entropy", "reward", "score", "logp", "log_prob", "ratio", "adv")
+
+
+def _vital(name: str) -> bool:
+    lowered = name.lower()
+    return signal_of(name) is not None or any(part in lowered for part in _VITAL_PARTS)
 
 
 _FRACTION_KEYS = ("zero_std_frac", "zero_variance_frac", "frac_zero_std", "frac_reward_zero_std")

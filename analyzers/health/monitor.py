@@ -20,7 +20,9 @@ setting is above 1) so one outlier point never opens or closes an episode. Rules
 ``persistence`` is ``"points"`` (audits, NaN) count checks instead. Points a rule has
 no opinion on (signal absent or non-finite) change nothing. Severity only rises within an episode: an
 escalation (warning -> critical) updates the open finding returned by ``firing()`` and is inherited by
-the resolved finding, without a new transition. Each call is O(number of metrics + rules).
+the resolved finding, without a new transition — except from ``info`` to warning-or-worse, which is
+returned again as a ``"firing"`` finding (same onset, ``evidence["escalated_from"] = "info"``): the
+episode has just become worth paging for. Each call is O(number of metrics + rules).
 """
 
 from __future__ import annotations
@@ -238,7 +240,14 @@ class HealthMonitor:
         if check.active:
             episode.clear_streak = episode.clear_steps = 0
             if episode.open is not None:
+                was = episode.open.severity
                 self._escalate(episode, settings, rule, step, check)
+                now = episode.open
+                if was is Severity.INFO and now.severity is not Severity.INFO:
+                    episode.open = replace(
+                        now, step=step, evidence={**now.evidence, "escalated_from": "info"}
+                    )
+                    return episode.open
                 return None
             if episode.active_streak == 0:
                 episode.streak_onset = step

@@ -25,12 +25,13 @@ def _load(target: Any, state: Mapping[str, Any] | None) -> None:
 
 
 class SeededLevel:
-    """The early level (median of the first ``seed`` points) and the current level (median of the last
-    ``window`` points) of one series; JSON state."""
+    """The early level (median of the first ``seed`` points, or their maximum with ``peak``) and the
+    current level (median of the last ``window`` points) of one series; JSON state."""
 
-    def __init__(self, seed: int, window: int) -> None:
+    def __init__(self, seed: int, window: int, *, peak: bool = False) -> None:
         self.seed = Window(size=seed)
         self.level = Window(size=window)
+        self.peak = peak
 
     @property
     def ready(self) -> bool:
@@ -38,7 +39,7 @@ class SeededLevel:
 
     @property
     def early(self) -> float:
-        return self.seed.median
+        return max(self.seed.values) if self.peak else self.seed.median
 
     def update(self, x: float) -> float:
         if not self.seed.full:
@@ -59,8 +60,9 @@ def _check_seed(s: Mapping[str, Any], rid: str) -> None:
 
 @register_rule(RuleId.RESPONSE_LENGTH_COLLAPSE)
 class ResponseLengthCollapse(Rule):
-    """Mean response length falling below ``ratio`` × its early level (and the early level at least
-    ``min_early`` tokens): the policy has learnt to answer with almost nothing (an exploit of a format
+    """Mean response length falling below ``ratio`` × its early level — the *largest* of the first
+    ``seed_points`` points, since a real collapse (53 → 2.6 tokens) happened between the first and the
+    second logged point — with the early level at least ``min_early`` tokens: the policy has learnt to answer with almost nothing (an exploit of a format
     reward, or a collapse that goes with entropy collapse). Critical below ``critical_tokens`` tokens."""
 
     signal = Signal.RESPONSE_LENGTH.value
@@ -68,8 +70,8 @@ class ResponseLengthCollapse(Rule):
     defaults: ClassVar[Mapping[str, Any]] = {
         "seed_points": 3,
         "window": 5,
-        "ratio": 0.3,
-        "release": 0.5,
+        "ratio": 0.4,
+        "release": 0.6,
         "min_early": 10.0,
         "critical_tokens": 5.0,
     }
@@ -92,7 +94,7 @@ class ResponseLengthCollapse(Rule):
 
     def __init__(self, settings: Mapping[str, Any], run_config: Mapping[str, Any]) -> None:
         super().__init__(settings, run_config)
-        self.series = SeededLevel(settings["seed_points"], settings["window"])
+        self.series = SeededLevel(settings["seed_points"], settings["window"], peak=True)
         self.latch = Hysteresis(on=settings["ratio"], off=settings["release"], upward=False)
 
     def chart_marks(self) -> list[dict[str, Any]]:
@@ -390,7 +392,8 @@ class RewardStagnation(Rule):
 @register_rule(RuleId.REWARD_STD_COLLAPSE)
 class RewardStdCollapse(Rule):
     """The spread of the rewards dying: TRL ``reward_std`` (or a batch whose score max equals its min,
-    verl ``critic/score/max`` = ``critic/score/min``), as the median of the last ``window`` points, below
+    verl ``critic/score/max`` = ``critic/score/min``), as the *mean* of the last ``window`` points (small
+    batches tie often: with 8 completions a step, reward_std is exactly 0 on ~40% of healthy steps), below
     ``ratio`` × its early level and below ``abs_floor``. Equal rewards mean zero GRPO advantages: no
     gradient, the run is idling."""
 
@@ -398,7 +401,7 @@ class RewardStdCollapse(Rule):
     summary = "reward spread dying (all samples scored the same: no GRPO signal)"
     defaults: ClassVar[Mapping[str, Any]] = {
         "seed_points": 3,
-        "window": 5,
+        "window": 10,
         "ratio": 0.1,
         "release": 0.25,
         "abs_floor": 0.02,
@@ -423,7 +426,8 @@ class RewardStdCollapse(Rule):
 
     def __init__(self, settings: Mapping[str, Any], run_config: Mapping[str, Any]) -> None:
         super().__init__(settings, run_config)
-        self.series = SeededLevel(settings["seed_points"], settings["window"])
+        self.seed = Window(size=settings["seed_points"])
+        self.recent: list[float] = []
         self.collapsed = False
 
     def _spread(self, signals: Mapping[str, float], metrics: Mapping[str, float]) -> float | None:
@@ -440,10 +444,14 @@ class RewardStdCollapse(Rule):
         if x is None:
             return None
         s = self.settings
-        level = self.series.update(x)
-        if not self.series.ready or self.series.early <= 0:
+        if not self.seed.full:
+            self.seed.update(x)
+        self.recent.append(x)
+        del self.recent[: max(0, len(self.recent) - s["window"])]
+        if not self.seed.full or len(self.recent) < s["window"] or self.seed.median <= 0:
             return None
-        early = self.series.early
+        early = self.seed.median
+        level = sum(self.recent) / len(self.recent)
         relative = level / early
         if self.collapsed:
             self.collapsed = relative < s["release"] and level < 2 * s["abs_floor"]
@@ -461,8 +469,9 @@ class RewardStdCollapse(Rule):
         )
 
     def state_dict(self) -> dict[str, Any]:
-        return {"series": self.series.state_dict(), "collapsed": self.collapsed}
+        return {"seed": self.seed.state_dict(), "recent": list(self.recent), "collapsed": self.collapsed}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        _load(self.series, state.get("series"))
+        _load(self.seed, state.get("seed"))
+        self.recent = [float(v) for v in state.get("recent") or []]
         self.collapsed = bool(state.get("collapsed", False))

@@ -388,6 +388,8 @@ class PpoKlDrift(Rule):
                 active=True,
                 value=x,
                 evidence=evidence,
+                # info: with several mini-batches per batch, ppo_kl <= 0 is legitimate (verl's reference runs)
+                severity=Severity.INFO,
                 message=f"ppo_kl has stayed negative (median of the last {s['negative_window']} points {m:.3g}): old_log_prob does not look like the "
                 "log-probs of the policy that sampled the rollouts",
                 advice="Check that old_log_prob is the sampling policy's, recomputed by the actor before the "

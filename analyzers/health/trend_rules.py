@@ -146,9 +146,10 @@ class EntropyCollapse(Rule):
 
     The early level is the median of the first ``seed_points`` points, so a collapse that happens inside
     what used to be a warm-up is still measured against where the run began. The current level is the
-    median of the last ``window`` points (one outlier cannot move it). Below ``ratio`` × early opens a
-    warning, below the absolute ``floor`` a critical episode; it closes once the level is back above
-    ``release`` × early (and above the floor).
+    median of the last ``window`` points (one outlier cannot move it). Below ``info_ratio`` × early opens an
+    ``info`` episode (entropy falling a lot is normal while a run learns: verl's reference runs go 0.45 →
+    0.055 with rising reward), below ``ratio`` × early it escalates to a warning, below the absolute
+    ``floor`` to critical; it closes once the level is back above ``release`` × early (and the floor).
 
     Forecast: a least-squares line through log(entropy) over the last ``fit_points`` points gives the
     current rate of decay; while it is negative, ``forecast_step`` = the step at which entropy reaches the
@@ -163,7 +164,8 @@ class EntropyCollapse(Rule):
     defaults: ClassVar[Mapping[str, Any]] = {
         "seed_points": 3,
         "window": 5,
-        "ratio": 0.3,
+        "info_ratio": 0.3,
+        "ratio": 0.1,
         "release": 0.4,
         "floor": 0.02,
         "fit_points": 20,
@@ -186,7 +188,11 @@ class EntropyCollapse(Rule):
         rid = cls.id
         require(s["seed_points"] >= 1 and s["window"] >= 1, rid, "seed_points and window must be >= 1")
         require(s["fit_points"] >= 3, rid, "fit_points must be >= 3")
-        require(0.0 < s["ratio"] <= s["release"] <= 1.0, rid, "need 0 < ratio <= release <= 1")
+        require(
+            0.0 < s["ratio"] <= s["info_ratio"] <= s["release"] <= 1.0,
+            rid,
+            "need 0 < ratio <= info_ratio <= release <= 1",
+        )
         require(s["floor"] > 0.0, rid, "floor must be > 0")
 
     def __init__(self, settings: Mapping[str, Any], run_config: Mapping[str, Any]) -> None:
@@ -255,12 +261,13 @@ class EntropyCollapse(Rule):
         early = self.seed.median
         relative = level / early if early > 0 else None
         below_ratio = relative is not None and relative < s["ratio"]
+        below_info = relative is not None and relative < s["info_ratio"]
         below_floor = level < s["floor"]
         if self.collapsed:
             self.collapsed = below_floor or (relative is not None and relative < s["release"])
         else:
-            self.collapsed = below_ratio or below_floor
-        slope, when = self.forecast()
+            self.collapsed = below_info or below_floor
+        slope, when = self.forecast() if self.collapsed else (None, None)  # the marks forecast live
         evidence = {
             "level": level,
             "early_level": early,
@@ -284,7 +291,9 @@ class EntropyCollapse(Rule):
             active=True,
             value=x,
             evidence=evidence,
-            severity=Severity.CRITICAL if below_floor else Severity.WARNING,
+            severity=Severity.CRITICAL
+            if below_floor
+            else (Severity.WARNING if below_ratio else Severity.INFO),
             message=f"entropy {level:.3g} (median of the last {s['window']} points) has fallen to {share}{outlook}",
         )
 

@@ -214,7 +214,8 @@ INCIDENTS: dict[str, Incident] = {
     "ppo_kl_above_ceiling": Incident(
         "ppo_kl_drift", _set("actor/ppo_kl", 0.08, 0.01), 10, 60, Severity.CRITICAL
     ),
-    "ppo_kl_negative": Incident("ppo_kl_drift", _negative_ppo_kl, 25, 60),
+    # info: several mini-batches on the same samples can legitimately give ppo_kl <= 0
+    "ppo_kl_negative": Incident("ppo_kl_drift", _negative_ppo_kl, 25, 60, Severity.INFO),
     "clipfrac_above_band": Incident("pg_clipfrac_range", _set("actor/pg_clipfrac", 0.42, 0.03), 15, 40),
     # below the band is info by default (verl's reference runs learn at 0.002-0.009)
     "clipfrac_below_band": Incident(
@@ -239,7 +240,7 @@ INCIDENTS: dict[str, Incident] = {
     "truncation_at_cap": Incident(
         "truncation_high", _set("response_length/clip_ratio", 0.95, 0.02), 10, 30, Severity.CRITICAL
     ),
-    "reward_std_death": Incident("reward_std_collapse", _set("reward_std", 0.0, 0.0), 15, 30),
+    "reward_std_death": Incident("reward_std_collapse", _set("reward_std", 0.0, 0.0), 20, 30),
     "grad_norm_zero": Incident(
         "grad_norm_zero", _set("actor/grad_norm", 0.0, 0.0), 10, 30, Severity.CRITICAL
     ),
@@ -268,17 +269,19 @@ def test_incident_fires_its_rule_once_and_resolves(name, seed):
     )
     described = [(f.rule, f.state, f.step, f.onset_step) for f in findings]
     assert {f.rule for f in findings} == {incident.rule}, described
-    firing = [f for f in findings if f.state == "firing"]
+    # an info episode that escalates to a warning is announced again (same onset): one episode
+    firing = [f for f in findings if f.state == "firing" and "escalated_from" not in f.evidence]
     resolved = [f for f in findings if f.state == "resolved"]
     assert len(firing) == 1 and len(resolved) == 1, described
     fired, closed = firing[0], resolved[0]
     assert ONSET <= fired.onset_step <= fired.step <= ONSET + incident.detect_within, described
-    assert fired.severity is incident.severity
+    worst = max((f for f in findings if f.state == "firing"), key=lambda f: f.severity.rank)
+    assert worst.severity is incident.severity
     assert fired.message and fired.advice and fired.evidence
     end = ONSET + (1 if name == "non_finite" else LENGTH)
     assert end <= closed.step <= end + incident.resolve_within, described
     assert closed.onset_step == fired.onset_step
-    assert closed.severity in (fired.severity, Severity.CRITICAL)  # severity may only escalate
+    assert closed.severity.rank >= fired.severity.rank  # severity may only escalate
 
 
 def test_single_update_clipfrac_nonzero_means_rollout_actor_mismatch():
