@@ -356,13 +356,17 @@ def test_wandb_parquet(tmp_path):
 
 
 def test_cli_import_reports_unmapped_names_and_fails_on_a_warning():
+    # 50-100% of this run's completions are truncated: whatever the rules, --fail-on must agree with
+    # what the import printed (the exit code is the CI contract; the findings themselves are h9rules')
     path = REAL / "trl_chaos-economy_grpo_trainer_state.json"
-    out = _cli("import", "trl-state", str(path), "--no-upload", "--fail-on", "warning")
-    assert out.returncode == 1, out.stdout + out.stderr
+    for level, worse in (("warning", ("[warning]", "[critical]")), ("critical", ("[critical]",))):
+        out = _cli("import", "trl-state", str(path), "--no-upload", "--fail-on", level)
+        fired = any(f"{tag} " in out.stdout for tag in worse)
+        assert out.returncode == (1 if fired else 0), out.stdout + out.stderr
+        assert ("--fail-on " + level in out.stderr) == fired
     assert "metric name(s) no health rule reads:" in out.stdout and "rewards/pnl_reward_fn/mean" in out.stdout
-    assert "--fail-on warning" in out.stderr
-    quiet = _cli("import", "trl-state", str(path), "--no-upload", "--fail-on", "critical")
-    assert quiet.returncode == (1 if "[critical]" in quiet.stdout else 0), quiet.stdout + quiet.stderr
+    info = _cli("import", "trl-state", str(path), "--no-upload", "--fail-on", "info")
+    assert info.returncode == (1 if "firing at step" in info.stdout else 0), info.stdout + info.stderr
 
 
 def test_diagnosis_fail_on_levels():
