@@ -127,7 +127,7 @@ def read_trl_console(path: str | os.PathLike[str], *, logging_steps: int | None 
             continue
         metrics = {str(k): parsed for k, v in record.items() if (parsed := _as_number(v)) is not None}
         if metrics:
-            records.append((last_bar, metrics, all(k.startswith("eval_") for k in metrics)))
+            records.append((last_bar, metrics, _is_eval(metrics)))
     if not records:
         raise ImportFormatError(f"{path}: no TRL console dict lines (\"{{'loss': ..., ...}}\")")
     train = [bar for bar, _, is_eval in records if not is_eval]
@@ -143,6 +143,12 @@ def read_trl_console(path: str | os.PathLike[str], *, logging_steps: int | None 
             step = bar if bars_usable and bar is not None else count * every
         points.append((step, metrics))
     return History(kind="trl-console", points=merge_points(points))
+
+
+def _is_eval(metrics: dict[str, float | int]) -> bool:
+    """An evaluation log: every key ``eval_*`` (the HF Trainer adds ``epoch`` to every log)."""
+    keys = [k for k in metrics if k not in ("epoch", "step")]
+    return bool(keys) and all(k.startswith("eval_") for k in keys)
 
 
 def _as_number(value: Any) -> float | int | None:
