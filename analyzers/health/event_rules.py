@@ -30,6 +30,10 @@ class NonFinite(Rule):
     signal = "*"
     severity = Severity.CRITICAL
     summary = "any NaN or Inf metric, under any name"
+    evidence_note = (
+        "a TRL fork's run logs NaN for its own attention diagnostics (attention/*/aei_text) on its first "
+        "step while training is fine: critical for that was a false alarm, info now"
+    )
     persistence = "points"
     fire_after = 1
     resolve_after = 10

@@ -180,9 +180,9 @@ class ResponseLengthExplosion(Rule):
         return [{"kind": "line", "y": self.settings["ratio"] * self.series.early, "label": "explosion"}]
 
     def _past_level(self, step: int) -> float | None:
-        horizon = step - self.settings["fast_steps"]
-        past = [level for t, level in self.history if t <= horizon]
-        return past[-1] if past else None
+        # history[0] is the newest point at or before the horizon (kept so by observe)
+        first = self.history[0] if self.history else None
+        return first[1] if first is not None and first[0] <= step - self.settings["fast_steps"] else None
 
     def observe(self, step: int, signals: Mapping[str, float], metrics: Mapping[str, float]) -> Check | None:
         x = signals.get(self.signal)
