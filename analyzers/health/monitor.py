@@ -19,10 +19,9 @@ active checks covering ``fire_after`` *steps* opens an episode (one ``"firing"``
 setting is above 1) so one outlier point never opens or closes an episode. Rules whose
 ``persistence`` is ``"points"`` (audits, NaN) count checks instead. Points a rule has
 no opinion on (signal absent or non-finite) change nothing. Severity only rises within an episode: an
-escalation (warning -> critical) updates the open finding returned by ``firing()`` and is inherited by
-the resolved finding, without a new transition — except from ``info`` to warning-or-worse, which is
-returned again as a ``"firing"`` finding (same onset, ``evidence["escalated_from"] = "info"``): the
-episode has just become worth paging for. Each call is O(number of metrics + rules).
+escalation (info -> warning -> critical) updates the open finding returned by ``firing()``, is inherited
+by the resolved finding, and is returned again as a ``"firing"`` finding of the same episode (same onset,
+``evidence["escalated_from"]`` = the previous severity), so whoever prints or pages sees it get worse. Each call is O(number of metrics + rules).
 """
 
 from __future__ import annotations
@@ -243,9 +242,9 @@ class HealthMonitor:
                 was = episode.open.severity
                 self._escalate(episode, settings, rule, step, check)
                 now = episode.open
-                if was is Severity.INFO and now.severity is not Severity.INFO:
+                if now.severity.rank > was.rank:  # announced again: it got worse
                     episode.open = replace(
-                        now, step=step, evidence={**now.evidence, "escalated_from": "info"}
+                        now, step=step, evidence={**now.evidence, "escalated_from": was.value}
                     )
                     return episode.open
                 return None
