@@ -275,8 +275,8 @@ def test_incident_fires_its_rule_once_and_resolves(name, seed):
     assert len(firing) == 1 and len(resolved) == 1, described
     fired, closed = firing[0], resolved[0]
     assert ONSET <= fired.onset_step <= fired.step <= ONSET + incident.detect_within, described
-    worst = max((f for f in findings if f.state == "firing"), key=lambda f: f.severity.rank)
-    assert worst.severity is incident.severity
+    # the episode reaches the incident's severity (it may open lower, or escalate past it later)
+    assert incident.severity in {f.severity for f in findings if f.state == "firing"}, described
     assert fired.message and fired.advice and fired.evidence
     end = ONSET + (1 if name == "non_finite" else LENGTH)
     assert end <= closed.step <= end + incident.resolve_within, described
