@@ -35,7 +35,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     kinds.required = True
     for kind, help_ in (
         ("verl-jsonl", "a verl `file` logger JSONL (VERL_FILE_LOGGER_PATH)"),
+        ("verl-console", "a verl console log (step:N - name:value - ...), config and overrides included"),
+        ("trl-console", "TRL/HF Trainer console output ({'loss': ...} per logging step)"),
         ("trl-state", "a transformers/TRL trainer_state.json"),
+        ("tensorboard", "a TensorBoard event file or a directory of them (needs rlvitals[import])"),
+        ("wandb-csv", "a W&B history or chart export as CSV"),
+        ("wandb-parquet", "a W&B history export as parquet (needs rlvitals[import])"),
     ):
         parser = kinds.add_parser(kind, help=help_)
         parser.add_argument("file")
@@ -46,6 +51,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         parser.add_argument("--name", help="run name (default: the file name)")
         parser.add_argument(
             "--config", help="the run's trainer config as a JSON file (for config-aware rules)"
+        )
+        parser.add_argument(
+            "--fail-on",
+            choices=("info", "warning", "critical"),
+            help="exit 1 when a finding at or above this severity fired (for CI)",
         )
         if kind == "verl-jsonl":
             parser.add_argument("--follow", action="store_true", help="keep tailing the file (Ctrl-C stops)")
@@ -95,8 +105,10 @@ def _import(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as exc:
             print(f"rlvitals import: cannot read --config {args.config}: {exc}", file=sys.stderr)
             return 2
+    from rlvitals.client.importers import MissingExtraError
+
     try:
-        run_import(
+        result = run_import(
             args.kind,
             args.file,
             url=args.url,
@@ -107,9 +119,15 @@ def _import(args: argparse.Namespace) -> int:
             config=config,
             follow=getattr(args, "follow", False),
         )
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, MissingExtraError) as exc:
         print(f"rlvitals import: {exc}", file=sys.stderr)
         return 2
+    if args.fail_on and result.fails(args.fail_on):
+        print(
+            f"rlvitals import: failing (--fail-on {args.fail_on}): worst finding was {result.worst_severity()}",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

@@ -3,7 +3,9 @@
 A ``firing`` finding opens an alert unless one is already open for that (run, rule) (a partial
 unique index enforces it, so there is never a storm of duplicates); a ``resolved`` finding closes it.
 Each transition queues one delivery per configured webhook in the same transaction (an outbox the
-webhook sender drains in the background).
+webhook sender drains in the background). ``info`` alerts are stored and shown (dashboard, API, import
+output) but not sent unless ``webhook_info`` is set; an open info alert that escalates to warning or
+critical is updated in place and sent then, as a firing transition.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from rlvitals.service.settings import Settings
 from rlvitals.service.storage import repository as repo
 from sqlalchemy.engine import Connection as Session
 
-SEVERITY_RANK = {"warning": 1, "critical": 2}
+SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 
 
 def alert_public(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -41,7 +43,7 @@ def alert_public(row: Mapping[str, Any]) -> dict[str, Any]:
 
 def run_status(alerts: Iterable[Mapping[str, Any]]) -> str:
     """healthy / warning / critical: the worst severity among the run's firing alerts."""
-    worst = 0
+    worst = 0  # info alerts leave a run healthy
     for alert in alerts:
         if alert["state"] == "firing":
             worst = max(worst, SEVERITY_RANK.get(alert["severity"], 1))
@@ -83,12 +85,24 @@ def apply_findings(
         existing = repo.open_alert_id(session=session, run_id=run_id, rule=finding.rule)
         value = jsonable(finding.value)
         if finding.state == "firing":
-            if existing is not None:  # already open: refresh it, no new alert, no new webhook
-                repo.update_alert(
-                    session=session,
-                    alert_id=existing,
-                    values={"last_step": finding.step, "value": value, "updated_at": now},
-                )
+            if existing is not None:
+                severity = str(getattr(finding.severity, "value", finding.severity))
+                before = repo.get_alert(session=session, alert_id=existing)
+                escalated = SEVERITY_RANK.get(severity, 1) > SEVERITY_RANK.get(before["severity"], 1)
+                values = {"last_step": finding.step, "value": value, "updated_at": now}
+                if escalated:  # an info episode became a warning (or worse): update it and send it now
+                    values |= {
+                        "severity": severity,
+                        "message": finding.message,
+                        "advice": finding.advice,
+                        "evidence": jsonable(finding.evidence),
+                    }
+                repo.update_alert(session=session, alert_id=existing, values=values)
+                if not escalated:  # already open: refreshed, no new alert, no new webhook
+                    continue
+                alert = alert_public(repo.get_alert(session=session, alert_id=existing))
+                changed.append(alert)
+                _queue_webhooks(session=session, alert=alert, run=run(), now=now, settings=settings)
                 continue
             alert_id = repo.insert_alert(
                 session=session,
@@ -136,6 +150,8 @@ def _queue_webhooks(
 ) -> None:
     if not (settings.webhook_urls or settings.slack_webhook_urls):
         return
+    if alert["severity"] == "info" and not settings.webhook_info:
+        return  # info is for the dashboard and the import output; webhook_info routes it to webhooks too
     generic, slack = webhook_payloads(alert, run)
     rows = [(url, "generic", generic) for url in settings.webhook_urls]
     rows += [(url, "slack", slack) for url in settings.slack_webhook_urls]

@@ -229,3 +229,34 @@ class HealthEngine:
         return Observation(
             findings=findings, firing=list(cached.monitor.firing()), last_step=cached.cursor["step"]
         )
+
+    # --- what the dashboard draws --------------------------------------------------------------------
+    def snapshot(self, *, session: Session, run_id: int, run_config: Mapping[str, Any]) -> dict[str, Any]:
+        """The rules' chart marks (threshold lines, bands, the entropy forecast) and the latest canonical
+        signals of one run, from the live monitor when this process holds it, else from the stored state."""
+        from rlvitals.analyzers import HealthMonitor
+
+        with self._lock:
+            cached = self._cache.get(run_id)
+            if cached is not None:
+                return {
+                    "marks": cached.monitor.chart_marks(),
+                    "signals": dict(cached.signals or {}),
+                    "step": cached.cursor.get("step"),
+                }
+        row = repo.load_health_state(session=session, run_id=run_id)
+        stored = json.loads(row["state"] or "{}") if row else {}
+        rules = self.rules_for(run_config)
+        try:
+            if stored.get("monitor"):
+                monitor = HealthMonitor.from_state(stored["monitor"], settings=rules, run_config=run_config)
+            else:
+                monitor = HealthMonitor(settings=rules, run_config=run_config)
+        except ValueError:  # a config that no longer validates: draw the defaults rather than fail
+            monitor = HealthMonitor()
+        cursor = stored.get("cursor") or {}
+        return {
+            "marks": monitor.chart_marks(),
+            "signals": dict((row or {}).get("signals") or {}),
+            "step": cursor.get("step"),
+        }

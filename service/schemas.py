@@ -51,7 +51,7 @@ class AlertPublic(BaseModel):
     id: int
     run_id: int
     rule: str
-    severity: Literal["warning", "critical"]
+    severity: Literal["info", "warning", "critical"]  # info: shown, not sent to webhooks by default
     state: Literal["firing", "resolved"]
     signal: str | None = None
     first_step: int

@@ -118,6 +118,11 @@ class Settings(BaseSettings):
     slack_webhook_urls: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description='Slack-compatible incoming webhooks ({"text": ...}).'
     )
+    webhook_info: bool = Field(
+        False,
+        description="Also send info alerts (e.g. pg_clipfrac below its band) to the webhooks; by default "
+        "they are shown on the dashboard and in the API only.",
+    )
     webhook_timeout: float = Field(5.0, gt=0, description="Seconds one webhook attempt may take.")
     webhook_max_attempts: int = Field(8, ge=1, description="Attempts before a delivery is marked failed.")
     webhook_backoff: float = Field(0.5, gt=0, description="First retry delay (s); doubles each attempt.")

@@ -46,3 +46,15 @@ def test_ingest_bench_runs_rlvitals_quick(tmp_path):
 def test_rollout_correction_bench_prints_its_table():
     out = _run("bench/rollout_correction.py", "--small", "--repeats", "1")
     assert "| (4, 64) | token TIS + token_k1,seq_mean_k3 |" in out and "M tok/s" in out
+
+
+@pytest.mark.timeout(900)
+def test_detection_bench_runs_ours_and_every_peer_on_two_real_runs():
+    # the peers run in their side environment (built on first use, cached by stamp)
+    out = _run(
+        "bench/detection.py", "--runs", "trl_qwen2.5-vl-3b_grpo_oct22_1814,trl_chaos-economy_grpo",
+        timeout=880,
+    )  # fmt: skip
+    for detector in ("rlvitals", "rldoctor 0.2.0", "rlwatch 0.5.1", "rlprobe 0.1.0"):
+        assert f"| {detector} |" in out, out
+    assert "Per incident" in out and "| trl_chaos-economy_grpo | truncation | 5–… |" in out

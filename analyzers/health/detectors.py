@@ -10,6 +10,7 @@
   ``S ← min(cap, max(0, S + z − k))``; an alarm when ``S > h``.
 - :class:`PageHinkley` — Page–Hinkley test on the same residuals, with its own running mean of z:
   ``m ← m + (z − z̄ − δ)``, statistic ``m − min(m)``.
+- :class:`Window` — the median of the last few points (outlier-proof smoothing of rounded logs).
 - :class:`Hysteresis` — a two-threshold latch: turns on past ``on``, off only back past ``off``.
 
 Drift detectors are registered in :data:`DETECTORS` (a plain dict, filled by :func:`register_detector`),
@@ -56,9 +57,12 @@ class Ewma(_State):
     value: float | None = None
     count: int = 0
 
-    def update(self, x: float) -> float:
+    def update(self, x: float, weight: float = 1.0) -> float:
+        """``weight`` counts this point as that many points (1 − (1 − α)^weight): a share measured on
+        few groups moves the average less than one measured on many."""
+        alpha = self.alpha if weight == 1.0 else 1.0 - (1.0 - self.alpha) ** max(weight, 0.0)
         # convex-combination form: cannot overflow for finite inputs; a non-finite input is skipped
-        new = x if self.value is None else (1.0 - self.alpha) * self.value + self.alpha * x
+        new = x if self.value is None else (1.0 - alpha) * self.value + alpha * x
         if math.isfinite(new):
             self.value = new
             self.count += 1
@@ -87,10 +91,18 @@ class RobustBaseline(_State):
     dev_down: float = 0.0
     count: int = 0
     buffer: list[float] = field(default_factory=list)
+    sealed: bool = False
 
     @property
     def ready(self) -> bool:
-        return self.count >= self.warmup
+        return self.sealed or self.count >= self.warmup
+
+    def seal(self) -> None:
+        """End the warm-up now, with the points seen so far (a rule whose warm-up is counted in steps
+        calls it once enough steps have passed, however sparsely the run logs)."""
+        if not self.ready and self.buffer:
+            self._learn()
+            self.sealed = True
 
     def _floor(self) -> float:
         return self.rel_floor * abs(self.center) + self.abs_floor
@@ -114,19 +126,10 @@ class RobustBaseline(_State):
 
     def update(self, x: float) -> None:
         self.count += 1
-        if self.count <= self.warmup:
+        if not self.sealed and self.count <= self.warmup:
             self.buffer.append(x)
             if self.count == self.warmup:
-                finite = [v for v in self.buffer if abs(v) < 1e300]  # keep |v - center| finite
-                self.buffer = finite or [0.0]
-                self.center = _median(self.buffer)
-                above = [v - self.center for v in self.buffer if v > self.center]
-                below = [self.center - v for v in self.buffer if v < self.center]
-                # the median one-sided deviation of a normal is 0.6745 σ; store it as a mean deviation
-                to_mean = MAD_TO_SIGMA / MEAN_ABS_TO_SIGMA
-                self.dev_up = to_mean * _median(above) if above else 0.0
-                self.dev_down = to_mean * _median(below) if below else 0.0
-                self.buffer = []
+                self._learn()
             return
         residual = x - self.center
         dev_up, dev_down = self.dev_up, self.dev_down
@@ -139,6 +142,42 @@ class RobustBaseline(_State):
         center = self.center + self.alpha * residual
         if math.isfinite(center) and math.isfinite(dev_up) and math.isfinite(dev_down):  # else skip the point
             self.center, self.dev_up, self.dev_down = center, dev_up, dev_down
+
+    def _learn(self) -> None:
+        finite = [v for v in self.buffer if abs(v) < 1e300]  # keep |v - center| finite
+        self.buffer = finite or [0.0]
+        self.center = _median(self.buffer)
+        above = [v - self.center for v in self.buffer if v > self.center]
+        below = [self.center - v for v in self.buffer if v < self.center]
+        # the median one-sided deviation of a normal is 0.6745 σ; store it as a mean deviation
+        to_mean = MAD_TO_SIGMA / MEAN_ABS_TO_SIGMA
+        self.dev_up = to_mean * _median(above) if above else 0.0
+        self.dev_down = to_mean * _median(below) if below else 0.0
+        self.buffer = []
+
+
+@dataclass
+class Window(_State):
+    """The last ``size`` values (a short FIFO in the state) and their median: a smoother that one
+    outlier cannot move, for series logged rounded (3 decimals) where an EWMA turns one spike into a run."""
+
+    PARAMS: ClassVar[tuple[str, ...]] = ("size",)
+    size: int = 5
+    values: list[float] = field(default_factory=list)
+
+    def update(self, x: float) -> float:
+        if math.isfinite(x):
+            self.values.append(x)
+            del self.values[: max(0, len(self.values) - self.size)]
+        return self.median
+
+    @property
+    def median(self) -> float:
+        return _median(self.values) if self.values else math.nan
+
+    @property
+    def full(self) -> bool:
+        return len(self.values) >= self.size
 
 
 def _median(values: list[float]) -> float:

@@ -45,13 +45,23 @@ class SettingsError(HealthError):
 
 
 class Severity(str, Enum):
-    """How urgent a finding is: ``warning`` (look at it) or ``critical`` (the run is likely wasting compute)."""
+    """How urgent a finding is: ``info`` (worth knowing, often by design; shown, not paged), ``warning``
+    (look at it) or ``critical`` (the run is likely wasting compute)."""
 
+    INFO = "info"
     WARNING = "warning"
     CRITICAL = "critical"
 
     def __str__(self) -> str:
         return self.value
+
+    @property
+    def rank(self) -> int:
+        """0 info, 1 warning, 2 critical: compare severities by this."""
+        return _SEVERITY_RANK[self.value]
+
+
+_SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 
 
 @dataclass(frozen=True)

@@ -11,12 +11,17 @@ Feed it points in step order::
     blob = json.dumps(monitor.state_dict())                   # persist; later:
     monitor = HealthMonitor.from_state(json.loads(blob))      # identical future behaviour
 
-Episodes: a rule's check is *active* or not at each point it has an opinion on. ``fire_after``
-consecutive active checks open an episode (one ``"firing"`` finding, ``onset_step`` = first of them);
-``resolve_after`` consecutive inactive checks close it (one ``"resolved"`` finding). Points a rule has
+Episodes: a rule's check is *active* or not at each point it has an opinion on. An unbroken run of
+active checks covering ``fire_after`` *steps* opens an episode (one ``"firing"`` finding,
+``onset_step`` = first of them); inactive checks covering ``resolve_after`` steps close it (one
+``"resolved"`` finding). A check covers the steps since the rule's previous check, so a run logged every
+10 steps is judged on the same clock as one logged every step; a streak also needs two checks (when the
+setting is above 1) so one outlier point never opens or closes an episode. Rules whose
+``persistence`` is ``"points"`` (audits, NaN) count checks instead. Points a rule has
 no opinion on (signal absent or non-finite) change nothing. Severity only rises within an episode: an
-escalation (warning -> critical) updates the open finding returned by ``firing()`` and is inherited by
-the resolved finding, without a new transition. Each call is O(number of metrics + rules).
+escalation (info -> warning -> critical) updates the open finding returned by ``firing()``, is inherited
+by the resolved finding, and is returned again as a ``"firing"`` finding of the same episode (same onset,
+``evidence["escalated_from"]`` = the previous severity), so whoever prints or pages sees it get worse. Each call is O(number of metrics + rules).
 """
 
 from __future__ import annotations
@@ -27,7 +32,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from . import event_rules as _event_rules  # noqa: F401  (registers the built-in rules)
+from . import outcome_rules as _outcome_rules  # noqa: F401
 from . import rules as _update_rules  # noqa: F401
+from . import stability_rules as _stability_rules  # noqa: F401
 from . import trend_rules as _trend_rules  # noqa: F401
 from .findings import FIRING, RESOLVED, Check, Finding, HealthError, Severity, decode_floats, encode_floats
 from .registry import RULES, Rule, resolve_settings
@@ -41,16 +48,28 @@ STATE_VERSION = 1
 class _Episode:
     """Time hysteresis of one rule: streak counters and the open finding, if any."""
 
-    active_streak: int = 0
-    clear_streak: int = 0
+    active_streak: int = 0  # checks in the current active streak
+    clear_streak: int = 0  # checks in the current inactive streak of an open episode
     streak_onset: int | None = None
+    active_steps: int = 0  # steps the active streak covers
+    clear_steps: int = 0  # steps the inactive streak covers
+    prev_step: int | None = None  # step of the rule's previous check
     open: Finding | None = None
+
+    def covered(self, step: int) -> int:
+        """Steps this check covers: since the previous check (1 for the first; 0 for a repeat step)."""
+        covered = 1 if self.prev_step is None else max(0, step - self.prev_step)
+        self.prev_step = step if self.prev_step is None else max(self.prev_step, step)
+        return covered
 
     def state_dict(self) -> dict[str, Any]:
         return {
             "active_streak": self.active_streak,
             "clear_streak": self.clear_streak,
             "streak_onset": self.streak_onset,
+            "active_steps": self.active_steps,
+            "clear_steps": self.clear_steps,
+            "prev_step": self.prev_step,
             "open": None if self.open is None else encode_floats(self.open.to_dict()),
         }
 
@@ -61,6 +80,9 @@ class _Episode:
             active_streak=int(state.get("active_streak", 0)),
             clear_streak=int(state.get("clear_streak", 0)),
             streak_onset=state.get("streak_onset"),
+            active_steps=int(state.get("active_steps", state.get("active_streak", 0))),
+            clear_steps=int(state.get("clear_steps", state.get("clear_streak", 0))),
+            prev_step=state.get("prev_step"),
             open=None if opened is None else Finding.from_dict(opened),
         )
 
@@ -128,6 +150,18 @@ class HealthMonitor:
         step = _step(step)
         as_dict = _report_dict(report)
         return self._dispatch(step, lambda rule: rule.observe_audit(step, as_dict))
+
+    def chart_marks(self) -> list[dict[str, Any]]:
+        """Every enabled rule's threshold lines, bands and forecasts (``Rule.chart_marks``), each with
+        ``rule``, ``signal`` (the canonical signal whose panel it belongs on) and ``severity``."""
+        marks: list[dict[str, Any]] = []
+        for rule_id, rule in self._rules.items():
+            severity = self._settings[rule_id]["severity"] or rule.severity
+            for mark in rule.chart_marks():
+                marks.append(
+                    {"rule": rule_id, "signal": rule.signal, "severity": Severity(severity).value, **mark}
+                )
+        return marks
 
     def firing(self) -> list[Finding]:
         """The firing findings of the episodes open now."""
@@ -201,15 +235,25 @@ class HealthMonitor:
     def _advance(self, rule_id: str, rule: Rule, step: int, check: Check) -> Finding | None:
         settings = self._settings[rule_id]
         episode = self._episodes[rule_id]
+        covered = episode.covered(step) if rule.persistence == "steps" else 1
         if check.active:
-            episode.clear_streak = 0
+            episode.clear_streak = episode.clear_steps = 0
             if episode.open is not None:
+                was = episode.open.severity
                 self._escalate(episode, settings, rule, step, check)
+                now = episode.open
+                if now.severity.rank > was.rank:  # announced again: it got worse
+                    episode.open = replace(
+                        now, step=step, evidence={**now.evidence, "escalated_from": was.value}
+                    )
+                    return episode.open
                 return None
             if episode.active_streak == 0:
                 episode.streak_onset = step
+                covered = 1  # the streak starts at this step: it covers it, not the gap before it
             episode.active_streak += 1
-            if episode.active_streak < settings["fire_after"]:
+            episode.active_steps += covered
+            if not _lasted(episode.active_streak, episode.active_steps, settings["fire_after"]):
                 return None
             onset = step if episode.streak_onset is None else episode.streak_onset
             severity = settings["severity"] or check.severity or rule.severity
@@ -225,18 +269,19 @@ class HealthMonitor:
                 message=check.message or f"{rule_id} is firing",
                 advice=check.advice or rule.advice,
             )
-            episode.active_streak = 0
+            episode.active_streak = episode.active_steps = 0
             return episode.open
-        episode.active_streak = 0
+        episode.active_streak = episode.active_steps = 0
         episode.streak_onset = None
         if episode.open is None:
             return None
         episode.clear_streak += 1
-        if episode.clear_streak < settings["resolve_after"]:
+        episode.clear_steps += covered if episode.clear_streak > 1 else 1
+        if not _lasted(episode.clear_streak, episode.clear_steps, settings["resolve_after"]):
             return None
         opened = episode.open
         episode.open = None
-        episode.clear_streak = 0
+        episode.clear_streak = episode.clear_steps = 0
         evidence = dict(check.evidence)
         evidence["fired_at_step"] = opened.step
         return Finding(
@@ -262,7 +307,7 @@ class HealthMonitor:
         if opened is None or settings["severity"] is not None:
             return
         severity = Severity(check.severity or rule.severity)
-        if _RANK[severity] <= _RANK[opened.severity]:
+        if severity.rank <= opened.severity.rank:
             return
         evidence = dict(check.evidence)
         evidence["escalated_at_step"] = step
@@ -276,7 +321,10 @@ class HealthMonitor:
         )
 
 
-_RANK = {Severity.WARNING: 0, Severity.CRITICAL: 1}
+def _lasted(checks: int, steps: int, needed: int) -> bool:
+    """A streak of ``checks`` checks covering ``steps`` steps has lasted ``needed`` steps (and, when more
+    than one step is needed, at least two checks: one outlier point never decides alone)."""
+    return steps >= needed and checks >= min(needed, 2)
 
 
 def _step(step: Any) -> int:

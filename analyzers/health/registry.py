@@ -20,8 +20,9 @@ Built-in rules register themselves exactly as a user's rule would::
                          evidence={"threshold": self.settings["threshold"]},
                          message=f"grad norm {value:.3g} above {self.settings['threshold']:.3g}")
 
-Every rule also accepts the common settings ``enabled`` (bool), ``severity`` ("warning"/"critical",
-overrides the rule's own choice), ``fire_after`` and ``resolve_after`` (ints >= 1).
+Every rule also accepts the common settings ``enabled`` (bool), ``severity`` ("info"/"warning"/"critical",
+overrides the rule's own choice), ``fire_after`` and ``resolve_after`` (ints >= 1, in training steps for
+rules with ``persistence = "steps"``, the default; in checks for ``"points"``).
 Looking up an unknown id raises :class:`UnknownRuleError` listing the registered ids; registering an id
 twice raises :class:`DuplicateRuleError`.
 """
@@ -49,6 +50,15 @@ class RuleId(str, Enum):
     NON_FINITE = "non_finite"
     ZERO_ADVANTAGE_GROUPS = "zero_advantage_groups"
     AUDIT_MISMATCH = "audit_mismatch"
+    ENTROPY_EXPLOSION = "entropy_explosion"
+    RESPONSE_LENGTH_COLLAPSE = "response_length_collapse"
+    RESPONSE_LENGTH_EXPLOSION = "response_length_explosion"
+    TRUNCATION_HIGH = "truncation_high"
+    REWARD_STAGNATION = "reward_stagnation"
+    REWARD_STD_COLLAPSE = "reward_std_collapse"
+    GRAD_NORM_SPIKE = "grad_norm_spike"
+    GRAD_NORM_ZERO = "grad_norm_zero"
+    ROLLOUT_MISMATCH = "rollout_mismatch"
 
     def __str__(self) -> str:
         return self.value
@@ -72,8 +82,12 @@ class Rule:
     signal: ClassVar[str] = ""
     severity: ClassVar[Severity] = Severity.WARNING
     defaults: ClassVar[Mapping[str, Any]] = MappingProxyType({})
-    fire_after: ClassVar[int] = 1
+    fire_after: ClassVar[int] = 1  # steps (or checks, with persistence "points") of activity before firing
     resolve_after: ClassVar[int] = 10
+    # "steps": fire_after/resolve_after count training steps (sparse logging covers the gaps);
+    # "points": they count checks (event rules: audits, NaN)
+    persistence: ClassVar[str] = "steps"
+    evidence_note: ClassVar[str] = ""  # the real run that motivated the rule (docs)
     summary: ClassVar[str] = ""
     advice: ClassVar[str] = ""
     # run-config keys (flattened, dotted; a trailing "." means the whole section) the rule reads; the
@@ -96,6 +110,13 @@ class Rule:
 
     def observe_audit(self, step: int, report: Mapping[str, Any]) -> Check | None:
         return None
+
+    def chart_marks(self) -> list[dict[str, Any]]:
+        """Threshold lines and bands to draw on this rule's signal panel, with the current settings:
+        ``{"kind": "line", "y": 0.05, "label": "ceiling"}``, ``{"kind": "band", "low": .., "high": ..}``,
+        ``{"kind": "forecast", "step": N, "y": floor, "label": ..}``. The monitor adds rule, signal and a
+        default severity. Default: none."""
+        return []
 
     def state_dict(self) -> dict[str, Any]:
         return {}

@@ -13,10 +13,10 @@ import math
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from .detectors import DETECTORS, MEAN_ABS_TO_SIGMA, Ewma, Hysteresis, RobustBaseline, make_detector
+from .detectors import DETECTORS, MEAN_ABS_TO_SIGMA, Ewma, Hysteresis, RobustBaseline, Window, make_detector
 from .findings import Check, Severity
 from .registry import Rule, RuleId, register_rule, require
-from .runconfig import CONFIG_KEYS, updates_per_batch
+from .runconfig import CONFIG_KEYS, LOSS_MODE_KEYS, loss_mode, updates_per_batch
 from .signals import Signal
 
 
@@ -27,19 +27,34 @@ def _load(target: Any, state: Mapping[str, Any] | None) -> None:
 
 @register_rule(RuleId.PG_CLIPFRAC_RANGE)
 class PgClipfracRange(Rule):
-    """pg_clipfrac (share of tokens where the PPO clip is active) outside its healthy band.
+    """pg_clipfrac (share of tokens where the PPO clip is active) outside its band, read with the run config.
 
     The smoothed value (EWMA, ``alpha``) must leave [``low``, ``high``] to open an episode and come back
     inside [low + margin, high − margin] to close it, where the margin is the larger of ``margin`` and
     ``noise_margin`` standard deviations of the smoothed value (learnt from the series), so a noisy series
-    hovering at a threshold stays one episode instead of flapping. With one optimizer update per rollout batch
-    (inferred from the run config, or ``updates_per_batch``) old_log_prob equals log_prob, the ratio is 1
-    and pg_clipfrac is 0 by construction: the low side does not apply, and any raw value above
-    ``single_update_tol`` means the rollout's old_log_prob is not what the actor computes (mismatch).
+    hovering at a threshold stays one episode instead of flapping. Above the band is a warning; below it is
+    ``low_severity`` (``info`` by default: verl's own reference GRPO runs learn well at 0.002–0.009 with four
+    updates per batch at lr 1e-6; set ``"warning"`` per run or server-wide to be paged for it).
+
+    Config-aware modes (``evidence["mode"]``):
+
+    - ``single_update``: one optimizer update per rollout batch (from ``updates_per_batch`` or the run
+      config: verl ``ppo_epochs`` × ⌈train_batch_size / ppo_mini_batch_size⌉, TRL ``num_iterations`` ×
+      ⌈steps_per_generation / gradient_accumulation_steps⌉). old_log_prob then equals log_prob, the ratio
+      is 1 and pg_clipfrac is 0 by construction: the band does not apply, and any raw value above
+      ``single_update_tol`` means the rollout's old_log_prob is not what the actor computes (critical).
+    - ``inferred_single_update``: the config does not say, but every value so far is exactly 0 (TRL with the
+      default ``num_iterations=1``): nothing to report; the first non-zero value ends the inference.
+    - ``gspo``: sequence-level ratios (verl ``policy_loss.loss_mode=gspo``, TRL
+      ``importance_sampling_level=sequence``) clip about two orders of magnitude more tokens than
+      token-level PPO (Zheng et al. 2025, GSPO): the band is [``gspo_low``, ``gspo_high``].
+    - ``sapo``: soft gating, no hard clip (verl ``loss_mode=sapo``, TRL ``loss_type=sapo``): not checked.
     """
 
     signal = Signal.PG_CLIPFRAC.value
-    summary = "pg_clipfrac outside the healthy band [0.1, 0.3]; non-zero with one update per batch"
+    summary = (
+        "pg_clipfrac outside [0.1, 0.3] (above: warning, below: info); non-zero with one update per batch"
+    )
     defaults: ClassVar[Mapping[str, Any]] = {
         "low": 0.1,
         "high": 0.3,
@@ -48,10 +63,17 @@ class PgClipfracRange(Rule):
         "alpha": 0.1,
         "single_update_tol": 0.0,
         "updates_per_batch": 0,
+        "low_severity": "info",
+        "gspo_low": 0.05,
+        "gspo_high": 0.5,
     }
     fire_after = 5
     resolve_after = 20
-    config_keys = CONFIG_KEYS
+    config_keys = (*CONFIG_KEYS, *LOSS_MODE_KEYS)
+    evidence_note = (
+        "verl's reference GRPO/PPO gsm8k runs (Qwen2.5-0.5B, gemma-2-2b, Qwen2-7B) sit at 0.002–0.009 and "
+        "learn; TRL runs with num_iterations=1 log exactly 0: both were false warnings before severities"
+    )
     advice = (
         "Too high: each update moves the policy too far; lower the learning rate or the updates per batch "
         "(ppo_epochs, fewer/larger mini-batches) and check for rollout/actor log-prob mismatch. Too low: "
@@ -67,11 +89,17 @@ class PgClipfracRange(Rule):
         require(
             s["margin"] >= 0.0 and s["low"] + s["margin"] < s["high"] - s["margin"], rid, "margin too wide"
         )
+        require(0.0 <= s["gspo_low"] < s["gspo_high"] <= 1.0, rid, "need 0 <= gspo_low < gspo_high <= 1")
         require(0.0 < s["alpha"] <= 1.0, rid, f"alpha must be in (0, 1], got {s['alpha']}")
         require(s["noise_margin"] >= 0.0, rid, "noise_margin must be >= 0")
         require(s["single_update_tol"] >= 0.0, rid, "single_update_tol must be >= 0")
         require(
             s["updates_per_batch"] >= 0, rid, "updates_per_batch must be >= 0 (0 = infer from run_config)"
+        )
+        require(
+            s["low_severity"] in {v.value for v in Severity},
+            rid,
+            f"low_severity must be one of {[v.value for v in Severity]}, got {s['low_severity']!r}",
         )
 
     def __init__(self, settings: Mapping[str, Any], run_config: Mapping[str, Any]) -> None:
@@ -81,16 +109,32 @@ class PgClipfracRange(Rule):
             self.updates, self.updates_source = explicit, "settings: pg_clipfrac_range.updates_per_batch"
         else:
             self.updates, self.updates_source = updates_per_batch(run_config)
+        self.loss_mode, self.loss_mode_source = loss_mode(run_config)
+        if self.loss_mode == "gspo":
+            self.low, self.high = settings["gspo_low"], settings["gspo_high"]
+        else:
+            self.low, self.high = settings["low"], settings["high"]
         self.ewma = Ewma(alpha=settings["alpha"])
         self.noise = Ewma(alpha=settings["alpha"])  # mean |x - smoothed| (innovation size)
         self.side: str | None = None
+        self.all_zero = True  # every value so far is exactly 0 (infers one update per batch)
+
+    def chart_marks(self) -> list[dict[str, Any]]:
+        if self.loss_mode == "sapo" or self.updates == 1:
+            return [{"kind": "line", "y": 0.0, "label": "0 by construction (one update per batch)"}]
+        return [{"kind": "band", "low": self.low, "high": self.high, "label": f"band ({self.loss_mode})"}]
 
     def observe(self, step: int, signals: Mapping[str, float], metrics: Mapping[str, float]) -> Check | None:
         x = signals.get(self.signal)
-        if x is None:
+        if x is None or self.loss_mode == "sapo":
             return None
         s = self.settings
-        base = {"updates_per_batch": self.updates, "updates_source": self.updates_source}
+        base = {
+            "updates_per_batch": self.updates,
+            "updates_source": self.updates_source,
+            "loss_mode": self.loss_mode,
+            "loss_mode_source": self.loss_mode_source,
+        }
         if self.updates == 1:
             tol = s["single_update_tol"]
             active = x > tol
@@ -111,10 +155,19 @@ class PgClipfracRange(Rule):
                     "compare the two log-probs per token and consider truncated importance sampling."
                 ),
             )
+        self.all_zero = self.all_zero and x == 0.0
+        if self.all_zero and self.updates is None:
+            return Check(
+                active=False,
+                value=x,
+                evidence={**base, "mode": "inferred_single_update"},
+                message="pg_clipfrac is exactly 0 so far: one update per batch (inferred), as TRL's "
+                "default num_iterations=1 gives",
+            )
         if self.ewma.value is not None:
             self.noise.update(abs(x - self.ewma.value))
         m = self.ewma.update(x)
-        low, high = s["low"], s["high"]
+        low, high = self.low, self.high
         # release margin: at least `margin`, and `noise_margin` standard deviations of the smoothed value
         alpha = s["alpha"]
         smoothed_sd = MEAN_ABS_TO_SIGMA * (self.noise.value or 0.0) * math.sqrt(alpha / (2.0 - alpha))
@@ -123,13 +176,22 @@ class PgClipfracRange(Rule):
             self.side = None
         if self.side is None:
             self.side = "high" if m > high else ("low" if m < low else None)
-        evidence = {**base, "smoothed": m, "low": low, "high": high, "margin": margin, "side": self.side}
+        evidence = {
+            **base,
+            "mode": self.loss_mode,
+            "smoothed": m,
+            "low": low,
+            "high": high,
+            "margin": margin,
+            "side": self.side,
+        }
         if self.side == "high":
             return Check(
                 active=True,
                 value=x,
                 evidence=evidence,
-                message=f"pg_clipfrac (smoothed {m:.3f}) is above the healthy band [{low:g}, {high:g}]: "
+                severity=Severity.WARNING,
+                message=f"pg_clipfrac (smoothed {m:.3f}) is above the band [{low:g}, {high:g}]: "
                 "updates push many tokens past the clip range",
                 advice="Lower the learning rate or the updates per batch (ppo_epochs, fewer and larger "
                 "mini-batches); check rollout/actor log-prob mismatch (old_log_prob from the inference engine).",
@@ -139,11 +201,12 @@ class PgClipfracRange(Rule):
                 active=True,
                 value=x,
                 evidence=evidence,
-                message=f"pg_clipfrac (smoothed {m:.3f}) is below the healthy band [{low:g}, {high:g}]: "
-                "the policy barely moves within a batch",
-                advice="If learning stalls, raise the learning rate or take more updates per batch (ppo_epochs, "
-                "smaller ppo_mini_batch_size). With one update per batch clipfrac is 0 by construction: put "
-                "rlvitals.updates_per_batch=1 in the run config so this side is not checked.",
+                severity=Severity(s["low_severity"]),
+                message=f"pg_clipfrac (smoothed {m:.3g}) is below the band [{low:g}, {high:g}]: "
+                "the policy moves little within a batch (common and healthy at small learning rates)",
+                advice="Only a problem if learning stalls: then raise the learning rate or take more updates "
+                "per batch (ppo_epochs, smaller ppo_mini_batch_size). Set pg_clipfrac_range.low_severity to "
+                '"warning" (run config rlvitals.rules, or the server\'s rules) to be alerted for it.',
             )
         return Check(
             active=False,
@@ -153,12 +216,18 @@ class PgClipfracRange(Rule):
         )
 
     def state_dict(self) -> dict[str, Any]:
-        return {"ewma": self.ewma.state_dict(), "noise": self.noise.state_dict(), "side": self.side}
+        return {
+            "ewma": self.ewma.state_dict(),
+            "noise": self.noise.state_dict(),
+            "side": self.side,
+            "all_zero": self.all_zero,
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         _load(self.ewma, state.get("ewma"))
         _load(self.noise, state.get("noise"))
         self.side = state.get("side")
+        self.all_zero = bool(state.get("all_zero", True))
 
 
 @register_rule(RuleId.PPO_KL_DRIFT)
@@ -169,8 +238,9 @@ class PpoKlDrift(Rule):
     rate ``alpha``; its scale is floored at ``rel_floor``·|baseline| + ``abs_floor``, so numerically-zero
     ppo_kl, as with one update per batch, does not turn rounding noise into drift). Residuals are standardized, clipped to ±``z_clip`` and fed to a drift detector
     (``detector``: "cusum" or "page_hinkley", slack ``k``, threshold ``h``, capped at 2h so recovery is
-    prompt). Also fires when ppo_kl exceeds the absolute ``ceiling`` (critical) and when its smoothed value
-    stays below −``negative_tol`` (ppo_kl estimates KL(π_old‖π_θ) on tokens sampled from π_old; it cannot
+    prompt). ``warmup`` counts steps (at least ``min_warmup_points`` points). Also fires when ppo_kl exceeds
+    the absolute ``ceiling`` (critical) and when the median of its last ``negative_window`` points stays
+    below −``negative_tol`` (ppo_kl estimates KL(π_old‖π_θ) on tokens sampled from π_old; it cannot
     be persistently negative unless old_log_prob is not the sampling policy's). The baseline is frozen
     while any condition holds, so it never chases the drift; a drift that persists for
     ``rebaseline_after`` points is accepted as the new level (the baseline is re-learnt and the episode
@@ -189,10 +259,15 @@ class PpoKlDrift(Rule):
         "abs_floor": 1e-4,
         "detector": "cusum",
         "ceiling": 0.05,
-        "negative_tol": 1e-4,
-        "negative_alpha": 0.1,
+        "negative_tol": 5e-4,
+        "negative_window": 9,
+        "min_warmup_points": 5,
         "rebaseline_after": 300,
     }
+    evidence_note = (
+        "a verl console log with one −0.006 point among values rounded to 3 decimals fired 'negative' on "
+        "that single outlier; several mini-batches on the same samples can legitimately give ppo_kl ≤ 0"
+    )
     fire_after = 3
     resolve_after = 10
     advice = (
@@ -205,7 +280,12 @@ class PpoKlDrift(Rule):
     def validate(cls, s: Mapping[str, Any]) -> None:
         rid = cls.id
         require(s["warmup"] >= 2, rid, "warmup must be >= 2")
-        require(0.0 < s["alpha"] <= 1.0 and 0.0 < s["negative_alpha"] <= 1.0, rid, "alphas must be in (0, 1]")
+        require(0.0 < s["alpha"] <= 1.0, rid, "alpha must be in (0, 1]")
+        require(
+            s["negative_window"] >= 1 and s["min_warmup_points"] >= 2,
+            rid,
+            "need negative_window >= 1, min_warmup_points >= 2",
+        )
         require(
             s["k"] >= 0.0 and s["h"] > 0.0 and s["z_clip"] > s["k"], rid, "need k >= 0, h > 0, z_clip > k"
         )
@@ -229,7 +309,8 @@ class PpoKlDrift(Rule):
         self.detector = make_detector(s["detector"], k=s["k"], cap=2.0 * s["h"])
         self.drift = Hysteresis(on=s["h"], off=0.5 * s["h"])
         self.ceiling = Hysteresis(on=s["ceiling"], off=0.8 * s["ceiling"])
-        self.smoothed = Ewma(alpha=s["negative_alpha"])
+        self.smoothed = Window(size=s["negative_window"])
+        self.first_step: int | None = None
         self.negative = Hysteresis(on=-s["negative_tol"], off=-0.5 * s["negative_tol"], upward=False)
         self.drift_points = 0
         self.rebaselined_at: int | None = None
@@ -244,6 +325,7 @@ class PpoKlDrift(Rule):
         self.drift.active = False
         self.drift_points = 0
         self.rebaselined_at = step
+        self.first_step = step
 
     def observe(self, step: int, signals: Mapping[str, float], metrics: Mapping[str, float]) -> Check | None:
         x = signals.get(self.signal)
@@ -252,7 +334,15 @@ class PpoKlDrift(Rule):
         s = self.settings
         above_ceiling = self.ceiling.update(x)
         m = self.smoothed.update(x)
-        negative = self.negative.update(m)
+        negative = self.negative.update(m) if self.smoothed.full else False
+        if self.first_step is None:
+            self.first_step = step
+        if (
+            not self.baseline.ready
+            and step - self.first_step + 1 >= s["warmup"]
+            and self.baseline.count >= s["min_warmup_points"]
+        ):
+            self.baseline.seal()
         z = None
         if self.baseline.ready:
             z = max(-s["z_clip"], min(s["z_clip"], self.baseline.z(x)))
@@ -298,7 +388,9 @@ class PpoKlDrift(Rule):
                 active=True,
                 value=x,
                 evidence=evidence,
-                message=f"ppo_kl has stayed negative (smoothed {m:.3g}): old_log_prob does not look like the "
+                # info: with several mini-batches per batch, ppo_kl <= 0 is legitimate (verl's reference runs)
+                severity=Severity.INFO,
+                message=f"ppo_kl has stayed negative (median of the last {s['negative_window']} points {m:.3g}): old_log_prob does not look like the "
                 "log-probs of the policy that sampled the rollouts",
                 advice="Check that old_log_prob is the sampling policy's, recomputed by the actor before the "
                 "update, and the sign of your logging (ppo_kl = mean(old_log_prob - log_prob)).",
@@ -329,13 +421,21 @@ class PpoKlDrift(Rule):
             "negative": self.negative.state_dict(),
             "drift_points": self.drift_points,
             "rebaselined_at": self.rebaselined_at,
+            "first_step": self.first_step,
         }
+
+    def chart_marks(self) -> list[dict[str, Any]]:
+        marks = [{"kind": "line", "y": self.settings["ceiling"], "label": "ceiling", "severity": "critical"}]
+        if self.baseline.ready:
+            marks.append({"kind": "line", "y": self.baseline.center, "label": "baseline", "severity": "info"})
+        return marks
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         for name in ("baseline", "detector", "drift", "ceiling", "smoothed", "negative"):
             _load(getattr(self, name), state.get(name))
         self.drift_points = int(state.get("drift_points", 0))
         self.rebaselined_at = state.get("rebaselined_at")
+        self.first_step = state.get("first_step")
 
 
 @register_rule(RuleId.PG_CLIPFRAC_LOWER_HIGH)
@@ -382,6 +482,9 @@ class PgClipfracLowerHigh(Rule):
                 else f"pg_clipfrac_lower is back below {self.latch.off:g}"
             ),
         )
+
+    def chart_marks(self) -> list[dict[str, Any]]:
+        return [{"kind": "line", "y": self.settings["threshold"], "label": "threshold"}]
 
     def state_dict(self) -> dict[str, Any]:
         return {"latch": self.latch.state_dict()}

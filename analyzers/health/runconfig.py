@@ -97,3 +97,29 @@ def updates_per_batch(flat: Mapping[str, Any]) -> tuple[int | None, str]:
             "OpenRLHF: max_epochs × rollout_batch_size × n_samples_per_prompt / train_batch_size"
         )
     return None, "unknown (no explicit rlvitals.updates_per_batch, verl, TRL or OpenRLHF keys)"
+
+
+VERL_LOSS_MODE = "actor_rollout_ref.actor.policy_loss.loss_mode"
+LOSS_MODE_KEYS: tuple[str, ...] = (VERL_LOSS_MODE, "importance_sampling_level", "loss_type")
+
+
+def loss_mode(flat: Mapping[str, Any]) -> tuple[str, str]:
+    """How the policy loss clips, and where that came from: ``"gspo"`` (sequence-level ratio),
+    ``"sapo"`` (soft gate, no hard clip) or ``"token"`` (token-level PPO clip: verl vanilla, TRL grpo/
+    bnpo/dr_grpo/dapo, and anything unknown).
+
+    Sources: verl ``actor_rollout_ref.actor.policy_loss.loss_mode``; TRL ``loss_type`` ("sapo") and
+    ``importance_sampling_level`` ("sequence" is GSPO).
+    """
+    verl = flat.get(VERL_LOSS_MODE)
+    if isinstance(verl, str) and verl.lower() in ("gspo", "sapo"):
+        return verl.lower(), f"verl: {VERL_LOSS_MODE}={verl}"
+    trl_loss = flat.get("loss_type")
+    if isinstance(trl_loss, str) and trl_loss.lower() == "sapo":
+        return "sapo", f"TRL: loss_type={trl_loss}"
+    level = flat.get("importance_sampling_level")
+    if isinstance(level, str) and level.lower() == "sequence":
+        return "gspo", "TRL: importance_sampling_level=sequence"
+    if isinstance(verl, str):
+        return "token", f"verl: {VERL_LOSS_MODE}={verl}"
+    return "token", "default (token-level PPO clip)"

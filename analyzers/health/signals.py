@@ -31,6 +31,23 @@ class Signal(str, Enum):
     ENTROPY = "entropy"
     PG_LOSS = "pg_loss"
     ZERO_STD_FRAC = "zero_std_frac"
+    KL_COEF = "kl_coef"  # the KL penalty's coefficient (fixed or adaptive), not a KL
+    # --- what breaks real runs (issue 9): outcome, optimizer and rollout-vs-training signals
+    RESPONSE_LENGTH = "response_length"
+    RESPONSE_CLIP_RATIO = "response_clip_ratio"
+    GRAD_NORM = "grad_norm"
+    REWARD = "reward"
+    REWARD_STD = "reward_std"
+    ROLLOUT_IS_MEAN = "rollout_is_mean"
+    ROLLOUT_IS_MIN = "rollout_is_min"
+    ROLLOUT_IS_MAX = "rollout_is_max"
+    ROLLOUT_ESS = "rollout_ess"
+    ROLLOUT_KL = "rollout_kl"
+    ROLLOUT_CHI2 = "rollout_chi2"
+    ROLLOUT_PROBS_DIFF_MAX = "rollout_probs_diff_max"
+    ROLLOUT_PROBS_DIFF_MEAN = "rollout_probs_diff_mean"
+    ROLLOUT_LOGP_DIFF_MEAN = "rollout_logp_diff_mean"
+    ROLLOUT_LOGP_DIFF_MAX = "rollout_logp_diff_max"
 
     def __str__(self) -> str:
         return self.value
@@ -41,6 +58,8 @@ ALIASES: dict[str, tuple[str, ...]] = {
     Signal.PPO_KL.value: (
         "actor/ppo_kl",  # verl
         "ppo_kl",  # OpenRLHF, bare
+        "policy/approxkl_avg",  # TRL PPOTrainer (k3 of old vs new policy, averaged over its minibatches)
+        "ppo/policy/approxkl",  # TRL < 0.12 PPOTrainer
     ),
     Signal.PG_CLIPFRAC.value: (
         "actor/pg_clipfrac",  # verl
@@ -48,6 +67,8 @@ ALIASES: dict[str, tuple[str, ...]] = {
         "clip_ratio/region_mean",  # TRL >= 0.18 (share of tokens clipped on either side)
         "clip_ratio",  # TRL < 0.18
         "ppo_clip_ratio",  # OpenRLHF
+        "policy/clipfrac_avg",  # TRL PPOTrainer
+        "ppo/policy/clipfrac",  # TRL < 0.12 PPOTrainer
     ),
     Signal.PG_CLIPFRAC_LOWER.value: (
         "actor/pg_clipfrac_lower",  # verl dual-clip share (A < 0 and ratio > clip_ratio_c)
@@ -64,21 +85,78 @@ ALIASES: dict[str, tuple[str, ...]] = {
         "kl_loss",  # verl, bare
         "kl",  # TRL and OpenRLHF: policy vs reference
         "actor/reward_kl_penalty",  # verl in-reward KL (policy vs reference, before the coefficient)
+        "critic/kl",  # older verl: the in-reward KL to the reference (use_kl_in_reward / kl_ctrl)
+        "objective/kl",  # TRL PPOTrainer / RLOO / online DPO: KL(policy || reference), summed over tokens
     ),
     Signal.ENTROPY.value: (
         "actor/entropy",  # verl
         "entropy",  # TRL, bare
         "actor/entropy_loss",  # older verl: the aggregated token entropy
+        "objective/entropy",  # TRL PPOTrainer / RLOO (summed over a completion's tokens)
     ),
     Signal.PG_LOSS.value: (
         "actor/pg_loss",  # verl
         "pg_loss",  # bare
+        "loss/policy_avg",  # TRL PPOTrainer
     ),
     Signal.ZERO_STD_FRAC.value: (
         "frac_reward_zero_std",  # TRL: share of groups whose rewards all tie
         "zero_std_frac",  # bare / rlvitals group diagnostics
     ),
+    Signal.KL_COEF.value: (
+        "actor/kl_coef",  # verl use_kl_loss coefficient
+        "critic/kl_coeff",  # older verl: the in-reward (possibly adaptive) KL controller's value
+        "objective/kl_coef",  # TRL < 0.12 PPOTrainer
+    ),
 }
+
+# --- what breaks real runs (issue 9): outcome, optimizer and rollout-vs-training signals
+ALIASES.update(
+    {
+        Signal.RESPONSE_LENGTH.value: (
+            "response_length/mean",  # verl
+            "completions/mean_length",  # TRL >= 0.17
+            "completion_length",  # TRL < 0.17
+            "response_length",  # OpenRLHF, bare
+        ),
+        Signal.RESPONSE_CLIP_RATIO.value: (
+            "response_length/clip_ratio",  # verl: share of responses at max_response_length
+            "completions/clipped_ratio",  # TRL: share of completions cut at max_completion_length
+        ),
+        Signal.GRAD_NORM.value: (
+            "actor/grad_norm",  # verl
+            "grad_norm",  # TRL (HF Trainer), OpenRLHF, bare
+        ),
+        Signal.REWARD.value: (
+            "critic/score/mean",  # verl: the task score, before any in-reward KL penalty
+            "critic/rewards/mean",  # verl: score minus the in-reward KL penalty
+            "reward",  # TRL, OpenRLHF, bare
+        ),
+        Signal.REWARD_STD.value: (
+            "reward_std",  # TRL: mean within-group std of the rewards
+            "critic/score/std",  # bare verl-style spelling
+        ),
+        Signal.ROLLOUT_IS_MEAN.value: (
+            "rollout_corr/rollout_is_mean",  # verl: mean importance weight π_train / π_rollout
+            "sampling/importance_sampling_ratio/mean",  # TRL (vLLM importance-sampling correction)
+        ),
+        Signal.ROLLOUT_IS_MIN.value: (
+            "rollout_corr/rollout_is_min",  # verl
+            "sampling/importance_sampling_ratio/min",  # TRL
+        ),
+        Signal.ROLLOUT_IS_MAX.value: (
+            "rollout_corr/rollout_is_max",  # verl
+            "sampling/importance_sampling_ratio/max",  # TRL
+        ),
+        Signal.ROLLOUT_ESS.value: ("rollout_corr/rollout_is_eff_sample_size",),  # verl, in (0, 1]
+        Signal.ROLLOUT_KL.value: ("rollout_corr/kl",),  # verl: KL(π_rollout ‖ π_train)
+        Signal.ROLLOUT_CHI2.value: ("rollout_corr/chi2_token",),  # verl: E[ρ²] − 1 per token
+        Signal.ROLLOUT_PROBS_DIFF_MAX.value: ("training/rollout_probs_diff_max",),  # verl
+        Signal.ROLLOUT_PROBS_DIFF_MEAN.value: ("training/rollout_probs_diff_mean",),  # verl
+        Signal.ROLLOUT_LOGP_DIFF_MEAN.value: ("sampling/sampling_logp_difference/mean",),  # TRL
+        Signal.ROLLOUT_LOGP_DIFF_MAX.value: ("sampling/sampling_logp_difference/max",),  # TRL
+    }
+)
 
 _PREFIXES = ("train/",)
 

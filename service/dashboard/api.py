@@ -3,6 +3,9 @@
 - ``GET /dashboard-api/runs/{run_id}/series?names=a,b&start=&end=&max_points=``: metric series with a
   step range and wall times (see ``series``); the charts' only data source besides the SSE stream.
 - ``GET /dashboard-api/runs/{run_id}/names``: ``{"names": [...]}``, every metric the run logged.
+- ``GET /dashboard-api/runs/{run_id}/health``: ``{"marks": [...], "signals": {...}, "step": N}``: every
+  rule's threshold lines and bands with this run's settings, the entropy forecast, and the latest value
+  of each canonical signal (an alert's current value beside its onset value).
 - ``GET /dashboard-api/audits/{audit_id}/histograms``: histograms of the importance ratio and the
   advantages of the batch behind an audit (see ``histograms.batch_histograms``). Served from the audit
   result (the audit worker stores them there after each audit), else computed from the batch's
@@ -66,12 +69,24 @@ def run_metric_names(ctx, run_id: int) -> dict[str, Any]:
         return {"names": repo.metric_names(session=conn, run_id=run_id)}
 
 
+def run_health(ctx, run_id: int) -> dict[str, Any]:
+    with ctx.db.read() as conn:
+        run = repo.get_run(session=conn, run_id=run_id)
+        if run is None:
+            raise NotFound(f"run {run_id} does not exist")
+        return ctx.health.snapshot(session=conn, run_id=run_id, run_config=run.get("config") or {})
+
+
 def build_router() -> APIRouter:
     router = APIRouter(prefix="/dashboard-api", include_in_schema=False)
 
     @router.get("/runs/{run_id}/names")
     async def names(run_id: int, services: ServicesDep) -> JSONResponse:
         return JSONResponse(await run_in_threadpool(run_metric_names, services, run_id))
+
+    @router.get("/runs/{run_id}/health")
+    async def health(run_id: int, services: ServicesDep) -> JSONResponse:
+        return JSONResponse(await run_in_threadpool(run_health, services, run_id))
 
     @router.get("/runs/{run_id}/series")
     async def series(

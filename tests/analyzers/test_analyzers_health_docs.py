@@ -1,4 +1,5 @@
-"""The README's health-rules section covers every built-in rule, its settings and every alias."""
+"""The health-rules docs cover every built-in rule (docs/health-rules.md: its settings, defaults, advice;
+the README: its row in the overview table), the common settings and every alias."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ from rlvitals.analyzers.health import ALIASES, RULES, RuleId
 from rlvitals.analyzers.health.registry import COMMON_DEFAULTS
 
 DOC = Path(__file__).resolve().parents[2] / "README.md"
+REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "health-rules.md"
 
 
 def _sections() -> dict[str, str]:
-    text = DOC.read_text()
+    text = REFERENCE.read_text()
     parts = re.split(r"^#### `([a-z_]+)`\s*$", text, flags=re.MULTILINE)
     return {parts[i]: parts[i + 1].split("\n### ")[0] for i in range(1, len(parts), 2)}
 
@@ -33,7 +35,8 @@ def test_rule_section_documents_each_setting_and_advice(rule_id):
             shown = {f"{default:g}", re.sub(r"e([+-])0(\d)", r"e\1\2", f"{default:.0e}")}
         assert any(form in section for form in shown), f"{rule_id}: default {key}={default} not shown"
     assert "*Advice.*" in section and "*Watches*" in section
-    assert RULES[rule_id].severity.value in DOC.read_text()
+    assert f"**{RULES[rule_id].severity.value}**" in section
+    assert RULES[rule_id].advice.split(":")[0] in section
 
 
 def test_rule_ids_appear_in_the_overview_table():

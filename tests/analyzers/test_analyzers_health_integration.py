@@ -64,7 +64,7 @@ def test_real_group_diagnostics_split_the_cause():
     for diagnostics, cause in ((solved, "all_solved"), (failed, "all_failed")):
         monitor = HealthMonitor()
         findings = [f for step in range(20) for f in monitor.observe_groups(step, diagnostics)]
-        findings += [f for step in range(20, 40) for f in monitor.observe_groups(step, healthy)]
+        findings += [f for step in range(20, 140) for f in monitor.observe_groups(step, healthy)]
         assert [(f.rule, f.state) for f in findings] == [
             ("zero_advantage_groups", "firing"),
             ("zero_advantage_groups", "resolved"),

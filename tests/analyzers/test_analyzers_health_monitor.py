@@ -28,6 +28,15 @@ BUILTINS = {
     "non_finite",
     "zero_advantage_groups",
     "audit_mismatch",
+    "entropy_explosion",
+    "response_length_collapse",
+    "response_length_explosion",
+    "truncation_high",
+    "reward_stagnation",
+    "reward_std_collapse",
+    "grad_norm_spike",
+    "grad_norm_zero",
+    "rollout_mismatch",
 }
 
 

@@ -70,8 +70,12 @@ def grpo_stream(seed: int, *, steps: int = STEPS, single_update: bool = False) -
                 "actor/entropy": entropy0 * (1 - 0.4 * f) * math.exp(rng.gauss(0, 0.05)),
                 "actor/pg_loss": rng.gauss(0, 0.05),
                 "actor/grad_norm": abs(rng.gauss(0.3, 0.1)),
-                "critic/score/mean": rng.random(),
+                "critic/score/mean": 0.3 + 0.5 * f + rng.gauss(0, 0.05),
                 "response_length/mean": 300 + 100 * f + rng.gauss(0, 20),
+                "response_length/clip_ratio": min(1.0, max(0.0, rng.gauss(0.03, 0.02))),
+                "reward_std": abs(rng.gauss(0.35, 0.05)),
+                "rollout_corr/kl": abs(rng.gauss(0.004, 0.002)),
+                "rollout_corr/rollout_is_mean": rng.gauss(1.0, 0.02),
             },
             groups={
                 "zero_std_frac": zero_std,
@@ -191,6 +195,15 @@ def _audit_mismatch(point: Point, rng: random.Random, since: int) -> None:
         }
 
 
+def _length_collapse(point: Point, rng: random.Random, since: int) -> None:
+    point.metrics["response_length/mean"] *= max(0.04, 1 - since / 20)
+
+
+def _grad_spike(point: Point, rng: random.Random, since: int) -> None:
+    if since == 0:
+        point.metrics["actor/grad_norm"] = 30.0
+
+
 SINGLE_UPDATE = {
     "actor_rollout_ref": {"actor": {"ppo_epochs": 1, "ppo_mini_batch_size": 64}},
     "data": {"train_batch_size": 64},
@@ -201,17 +214,42 @@ INCIDENTS: dict[str, Incident] = {
     "ppo_kl_above_ceiling": Incident(
         "ppo_kl_drift", _set("actor/ppo_kl", 0.08, 0.01), 10, 60, Severity.CRITICAL
     ),
-    "ppo_kl_negative": Incident("ppo_kl_drift", _negative_ppo_kl, 25, 60),
+    # info: several mini-batches on the same samples can legitimately give ppo_kl <= 0
+    "ppo_kl_negative": Incident("ppo_kl_drift", _negative_ppo_kl, 25, 60, Severity.INFO),
     "clipfrac_above_band": Incident("pg_clipfrac_range", _set("actor/pg_clipfrac", 0.42, 0.03), 15, 40),
-    "clipfrac_below_band": Incident("pg_clipfrac_range", _set("actor/pg_clipfrac", 0.03, 0.01), 15, 40),
+    # below the band is info by default (verl's reference runs learn at 0.002-0.009)
+    "clipfrac_below_band": Incident(
+        "pg_clipfrac_range", _set("actor/pg_clipfrac", 0.03, 0.01), 15, 40, Severity.INFO
+    ),
+    "clipfrac_below_band_opted_in": Incident(
+        "pg_clipfrac_range",
+        _set("actor/pg_clipfrac", 0.03, 0.01),
+        15,
+        40,
+        settings={"pg_clipfrac_range": {"low_severity": "warning"}},
+    ),
     "clipfrac_lower_high": Incident(
         "pg_clipfrac_lower_high", _set("actor/pg_clipfrac_lower", 0.03, 0.005), 5, 20
     ),
     "kl_loss_runaway": Incident("kl_loss_runaway", _kl_runaway, 120, 60),
     "entropy_collapse": Incident("entropy_collapse", _entropy_collapse, 60, 80),
     "non_finite": Incident("non_finite", _nan, 1, 15, Severity.CRITICAL),
-    "groups_all_solved": Incident("zero_advantage_groups", _groups(solved=True), 8, 20),
-    "groups_all_failed": Incident("zero_advantage_groups", _groups(solved=False), 8, 20),
+    "entropy_explosion": Incident("entropy_explosion", _scale("actor/entropy", 4.0), 10, 30),
+    "response_length_collapse": Incident("response_length_collapse", _length_collapse, 25, 30),
+    "truncation_high": Incident("truncation_high", _set("response_length/clip_ratio", 0.5, 0.05), 10, 30),
+    "truncation_at_cap": Incident(
+        "truncation_high", _set("response_length/clip_ratio", 0.95, 0.02), 10, 30, Severity.CRITICAL
+    ),
+    "reward_std_death": Incident("reward_std_collapse", _set("reward_std", 0.0, 0.0), 20, 30),
+    "grad_norm_zero": Incident(
+        "grad_norm_zero", _set("actor/grad_norm", 0.0, 0.0), 10, 30, Severity.CRITICAL
+    ),
+    "rollout_kl_high": Incident("rollout_mismatch", _set("rollout_corr/kl", 0.3, 0.05), 10, 30),
+    "rollout_is_mean_low": Incident(
+        "rollout_mismatch", _set("rollout_corr/rollout_is_mean", 0.3, 0.05), 10, 30
+    ),
+    "groups_all_solved": Incident("zero_advantage_groups", _groups(solved=True), 20, 80),
+    "groups_all_failed": Incident("zero_advantage_groups", _groups(solved=False), 20, 80),
     "audit_mismatch": Incident(
         "audit_mismatch", _audit_mismatch, AUDIT_EVERY, 3 * AUDIT_EVERY + 1, Severity.CRITICAL
     ),
@@ -231,17 +269,19 @@ def test_incident_fires_its_rule_once_and_resolves(name, seed):
     )
     described = [(f.rule, f.state, f.step, f.onset_step) for f in findings]
     assert {f.rule for f in findings} == {incident.rule}, described
-    firing = [f for f in findings if f.state == "firing"]
+    # an info episode that escalates to a warning is announced again (same onset): one episode
+    firing = [f for f in findings if f.state == "firing" and "escalated_from" not in f.evidence]
     resolved = [f for f in findings if f.state == "resolved"]
     assert len(firing) == 1 and len(resolved) == 1, described
     fired, closed = firing[0], resolved[0]
     assert ONSET <= fired.onset_step <= fired.step <= ONSET + incident.detect_within, described
-    assert fired.severity is incident.severity
+    # the episode reaches the incident's severity (it may open lower, or escalate past it later)
+    assert incident.severity in {f.severity for f in findings if f.state == "firing"}, described
     assert fired.message and fired.advice and fired.evidence
     end = ONSET + (1 if name == "non_finite" else LENGTH)
     assert end <= closed.step <= end + incident.resolve_within, described
     assert closed.onset_step == fired.onset_step
-    assert closed.severity in (fired.severity, Severity.CRITICAL)  # severity may only escalate
+    assert closed.severity.rank >= fired.severity.rank  # severity may only escalate
 
 
 def test_single_update_clipfrac_nonzero_means_rollout_actor_mismatch():
@@ -261,10 +301,16 @@ def test_single_update_clipfrac_nonzero_means_rollout_actor_mismatch():
     assert fired.evidence["mode"] == "single_update" and fired.evidence["updates_per_batch"] == 1
 
 
-def test_single_update_run_without_config_flags_the_low_side():
-    findings = run(grpo_stream(7, single_update=True), perturb=None)
-    assert [(f.rule, f.state) for f in findings] == [("pg_clipfrac_range", "firing")]
-    assert "rlvitals.updates_per_batch" in findings[0].advice
+def test_clipfrac_exactly_zero_all_run_is_inferred_single_update_without_config():
+    # TRL's default num_iterations=1 logs exactly 0: nothing to report, not even info
+    assert run(grpo_stream(7, single_update=True), perturb=None) == []
+
+
+def test_first_nonzero_clipfrac_ends_the_single_update_inference():
+    findings = run(grpo_stream(7, single_update=True), perturb=_set("actor/pg_clipfrac", 0.45, 0.02))
+    fired = findings[0]
+    assert (fired.rule, fired.state, fired.severity) == ("pg_clipfrac_range", "firing", Severity.WARNING)
+    assert ONSET <= fired.onset_step <= ONSET + 15 and fired.evidence["side"] == "high"
 
 
 def test_zero_advantage_advice_follows_the_cause():
@@ -393,12 +439,11 @@ def test_entropy_below_absolute_floor_is_critical():
         transitions += monitor.observe(point.step, point.metrics)
         if point.step == ONSET + LENGTH - 1:
             (escalated,) = monitor.firing()
-    # it crosses the relative threshold first (warning), then the absolute floor (critical): one
-    # episode whose open finding escalates, and the resolution carries the highest severity
+    # a drop straight below the absolute floor is critical from the first finding; one episode
     fired, closed = transitions
-    assert (fired.rule, fired.state, fired.severity) == ("entropy_collapse", "firing", Severity.WARNING)
+    assert (fired.rule, fired.state, fired.severity) == ("entropy_collapse", "firing", Severity.CRITICAL)
     assert escalated.severity is Severity.CRITICAL and escalated.step == fired.step
-    assert "below the floor" in escalated.message and escalated.evidence["escalated_at_step"] > fired.step
+    assert "below the floor" in escalated.message
     assert (closed.state, closed.severity) == ("resolved", Severity.CRITICAL)
     assert fired.evidence["early_level"] > 0.4
 

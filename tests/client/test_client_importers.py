@@ -7,15 +7,24 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import pytest
 import torch
+from rlvitals.analyzers.health import updates_per_batch
 from rlvitals.client.demo import load_tiny_grpo
-from rlvitals.client.importers import read_trl_state, run_import
+from rlvitals.client.importers import (
+    ImportFormatError,
+    read_history,
+    read_trl_console,
+    read_trl_state,
+    run_import,
+)
 
 tiny = load_tiny_grpo()
 # TRL GRPOTrainer names for the tiny trainer's verl-named metrics (TRL logs no ppo_kl)
@@ -82,9 +91,10 @@ def test_verl_jsonl_healthy_run_has_no_findings(tmp_path, histories, monkeypatch
 
 def test_trl_state_merges_entries_of_a_step_and_finds_the_clip_problem(tmp_path, histories):
     path = _write_trl_state(tmp_path / "trainer_state.json", histories["unstable"])
-    steps = list(read_trl_state(path))
+    steps = read_trl_state(path).points
     assert [s for s, _ in steps] == list(range(1, 26))
-    assert steps[-1][1]["train_runtime"] == 12.5 and "clip_ratio/region_mean" in steps[-1][1]
+    # the end-of-training summary entry is not a step of its own, nor merged into the last one
+    assert "train_runtime" not in steps[-1][1] and "clip_ratio/region_mean" in steps[-1][1]
     result = run_import("trl-state", path, upload=False, out=io.StringIO())
     assert "pg_clipfrac_range" in {f.rule for f in result.findings if f.state == "firing"}
 
@@ -164,3 +174,211 @@ def test_follow_keeps_diagnosing_lines_appended_while_the_job_runs(tmp_path, his
     assert not follower.is_alive()
     assert result["d"].steps == 25
     assert "following" in out.getvalue() and "ppo_kl_drift firing" in out.getvalue()
+
+
+# --- every importer on real corpus files (tests/data/real_logs/, sources in its manifest.json) ---------
+
+REAL = Path(__file__).resolve().parents[1] / "data" / "real_logs"
+
+
+def test_verl_console_reads_the_reference_log_with_its_config():
+    history = read_history("verl-console", REAL / "verl_qwen2.5-0.5b_ppo_gsm8k_resp256.log.gz")
+    steps = [s for s, _ in history.points]
+    assert steps == list(range(435))  # ANSI colours and the Ray "(main_task pid=...)" tag stripped
+    first = history.points[0][1]
+    assert first["actor/entropy_loss"] == 0.45 and first["critic/kl_coeff"] == 0.001
+    # the validation line of a step merges into that step
+    assert sum("val/test_score/openai/gsm8k" in m for _, m in history.points) >= 10
+    config = history.config
+    # the printed config and the command-line overrides: 4 optimizer updates per batch
+    assert config["actor_rollout_ref.actor.ppo_epochs"] == 1
+    assert config["actor_rollout_ref.actor.ppo_mini_batch_size"] == 64
+    assert config["data.train_batch_size"] == 256
+    assert updates_per_batch(config)[0] == 4
+    assert "critic/kl" not in history.unmapped()  # the alias tables know verl's in-reward KL
+
+
+def test_verl_console_edge_cases(tmp_path):
+    log = tmp_path / "run.log"
+    log.write_text(
+        "+ python3 -m verl.trainer.main_ppo data.train_batch_size=8 +actor_rollout_ref.actor.ppo_epochs=2 "
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4 actor_rollout_ref.actor.policy_loss.loss_mode=gspo "
+        "trainer.logger=['console']\n"
+        "\x1b[36m(TaskRunner pid=7)\x1b[0m step:1 - actor/pg_clipfrac:np.float64(0.25) - actor/ppo_kl:-0.000"
+        " - actor/entropy:nan - note:text - actor/lr:1e-06\n"
+        "(TaskRunner pid=7) step:1 - val-core/gsm8k/acc/mean@1:0.5\n"
+        "Training Progress: 1%|  | 1/140\n"
+        "step:2 - actor/pg_clipfrac:0.5\n"
+    )
+    history = read_history("verl-console", log)
+    assert [s for s, _ in history.points] == [1, 2]
+    one = history.points[0][1]
+    assert (
+        one["actor/pg_clipfrac"] == 0.25 and one["actor/ppo_kl"] == 0.0 and math.isnan(one["actor/entropy"])
+    )
+    assert one["val-core/gsm8k/acc/mean@1"] == 0.5 and "note" not in one and one["actor/lr"] == 1e-06
+    assert history.config["actor_rollout_ref.actor.ppo_epochs"] == 2
+    assert history.config["actor_rollout_ref.actor.policy_loss.loss_mode"] == "gspo"
+    assert updates_per_batch(history.config)[0] == 4
+    empty = tmp_path / "empty.log"
+    empty.write_text("nothing here\n")
+    with pytest.raises(ImportFormatError, match="no verl console step lines"):
+        read_history("verl-console", empty)
+
+
+def test_trl_console_takes_steps_from_the_progress_bar():
+    history = read_history("trl-console", REAL / "trl_qwen2.5-vl-3b_grpo_oct22_1814_console.md")
+    assert [s for s, _ in history.points] == [10, 20, 30, 40]
+    assert history.points[1][1]["completions/clipped_ratio"] == pytest.approx(0.965625)
+
+
+def test_trl_console_reads_transformers_5_string_values_and_buffered_logs():
+    # transformers 5 prints every value as a string; this log's dicts come in bursts apart from the bar
+    history = read_history("trl-console", REAL / "trl_qwen3.5-9b_grpo_gsm8k_gate2_rho0.70_seed43.log.gz")
+    assert [s for s, _ in history.points] == list(range(1, 201))
+    assert history.points[70][1]["grad_norm"] == pytest.approx(154.6)
+    buffered = read_history("trl-console", REAL / "trl_qwen3.5-9b_grpo_gsm8k_exp1a_rho1.00_seed42.log.gz")
+    assert [s for s, _ in buffered.points] == list(range(5, 201, 5))  # 40 dicts over 200 bar steps
+
+
+def test_trl_console_edge_cases(tmp_path):
+    log = tmp_path / "out.txt"
+    log.write_text(
+        "{'loss': 0.1, 'grad_norm': 0.5, 'reward': 0.25}\n"
+        "{'eval_loss': 0.3, 'epoch': 0.1}\n"
+        "{'loss': 0.0, 'grad_norm': 0.0, 'reward': 'nan'}\n"
+        "{'train_runtime': 12.0, 'train_loss': 0.05}\n"
+        "not a dict {'loss': \n"
+    )
+    history = read_history("trl-console", log)
+    assert [s for s, _ in history.points] == [1, 2]
+    assert history.points[0][1]["eval_loss"] == 0.3 and math.isnan(history.points[1][1]["reward"])
+    assert [s for s, _ in read_trl_console(log, logging_steps=5).points] == [5, 10]
+    empty = tmp_path / "empty.txt"
+    empty.write_text("no dicts\n")
+    with pytest.raises(ImportFormatError, match="no TRL console dict lines"):
+        read_trl_console(empty)
+
+
+def test_trl_state_reads_the_real_file():
+    history = read_history("trl-state", REAL / "trl_chaos-economy_grpo_trainer_state.json")
+    assert [s for s, _ in history.points] == list(range(5, 201, 5))
+    assert history.points[0][1]["completions/clipped_ratio"] == 0.9
+    assert history.config == {"logging_steps": 5}
+    assert "rewards/pnl_reward_fn/mean" in history.unmapped() and "kl" not in history.unmapped()
+
+
+def test_tensorboard_reads_a_real_hf_event_file_with_its_grpo_config():
+    history = read_history("tensorboard", REAL / "trl_qwen2.5-vl-3b_grpo_oct22_1205.tfevents")
+    assert [s for s, _ in history.points] == list(range(10, 491, 10))
+    grad = [m["train/grad_norm"] for _, m in history.points]
+    assert sum(g == 0 for g in grad) == 42  # the issue's "grad_norm 0 on 42 of 49 points"
+    assert history.points[0][1]["train/entropy"] == pytest.approx(0.9559, abs=1e-4)
+    # the HF TensorBoardCallback's `args` text summary is the GRPOConfig
+    assert history.config["num_iterations"] == 1 and history.config["loss_type"] == "dapo"
+    assert updates_per_batch(history.config)[0] == 1
+
+
+def test_tensorboard_reads_what_torch_summarywriter_writes(tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(log_dir=str(tmp_path / "run"))
+    for step in range(1, 6):
+        writer.add_scalar("train/entropy", 1.0 / step, step)
+        writer.add_scalar("train/clip_ratio/region_mean", 0.2, step)
+    writer.add_text("notes", "a text summary is not a metric", 1)
+    writer.close()
+    history = read_history("tensorboard", tmp_path)  # a directory: every event file under it
+    assert [s for s, _ in history.points] == [1, 2, 3, 4, 5]
+    assert history.points[1][1]["train/entropy"] == pytest.approx(0.5)
+    assert "notes" not in history.metric_names
+    not_tb = tmp_path / "x.tfevents"
+    not_tb.write_bytes(b"\x00garbage" * 10)
+    with pytest.raises(ImportFormatError):
+        read_history("tensorboard", not_tb)
+
+
+def test_a_missing_optional_reader_names_the_extra(tmp_path):
+    code = (
+        "import sys; sys.modules['tensorboard'] = None; sys.modules['pyarrow'] = None\n"
+        "from rlvitals.client.importers import MissingExtraError, read_tensorboard, read_wandb_parquet\n"
+        "for reader in (read_tensorboard, read_wandb_parquet):\n"
+        "    try:\n"
+        f"        reader({str(REAL / 'trl_qwen2.5-vl-3b_grpo_oct21_1843.tfevents')!r})\n"
+        "    except MissingExtraError as exc:\n"
+        "        print(exc)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.count("rlvitals[import]") == 2, done.stdout + done.stderr
+
+
+def test_wandb_history_and_chart_csv(tmp_path):
+    history_csv = tmp_path / "history.csv"
+    history_csv.write_text(
+        "_step,_runtime,train/entropy,train/clip_ratio/region_mean,note\n0,1.5,0.9,,a\n1,2.5,0.8,0.2,b\n"
+    )
+    history = read_history("wandb-csv", history_csv)
+    assert history.points == [
+        (0, {"train/entropy": 0.9}),
+        (1, {"train/entropy": 0.8, "train/clip_ratio/region_mean": 0.2}),
+    ]
+    chart = tmp_path / "chart.csv"
+    chart.write_text(
+        'Step,"grpo-1 - train/reward","grpo-1 - train/reward__MIN","grpo-1 - train/reward__MAX"\n'
+        "10,0.5,0.4,0.6\n20,0.7,0.6,0.8\n"
+    )
+    assert read_history("wandb-csv", chart).points == [
+        (10, {"train/reward": 0.5}),
+        (20, {"train/reward": 0.7}),
+    ]
+    bad = tmp_path / "bad.csv"
+    bad.write_text("loss\n0.1\n")
+    with pytest.raises(ImportFormatError, match="no step column"):
+        read_history("wandb-csv", bad)
+
+
+def test_wandb_parquet(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "history.parquet"
+    pq.write_table(pa.table({"_step": [0, 1, 2], "actor/entropy": [0.5, None, 0.3]}), path)
+    assert read_history("wandb-parquet", path).points == [
+        (0, {"actor/entropy": 0.5}),
+        (2, {"actor/entropy": 0.3}),
+    ]
+    not_parquet = tmp_path / "x.parquet"
+    not_parquet.write_text("nope")
+    with pytest.raises(ImportFormatError):
+        read_history("wandb-parquet", not_parquet)
+
+
+def test_cli_import_reports_unmapped_names_and_fails_on_a_warning():
+    # 50-100% of this run's completions are truncated: whatever the rules, --fail-on must agree with
+    # what the import printed (the exit code is the CI contract; the findings themselves are h9rules')
+    path = REAL / "trl_chaos-economy_grpo_trainer_state.json"
+    for level, worse in (("warning", ("[warning]", "[critical]")), ("critical", ("[critical]",))):
+        out = _cli("import", "trl-state", str(path), "--no-upload", "--fail-on", level)
+        fired = any(f"{tag} " in out.stdout for tag in worse)
+        assert out.returncode == (1 if fired else 0), out.stdout + out.stderr
+        assert ("--fail-on " + level in out.stderr) == fired
+    assert "metric name(s) no health rule reads:" in out.stdout and "rewards/pnl_reward_fn/mean" in out.stdout
+    info = _cli("import", "trl-state", str(path), "--no-upload", "--fail-on", "info")
+    assert info.returncode == (1 if "firing at step" in info.stdout else 0), info.stdout + info.stderr
+
+
+def test_diagnosis_fail_on_levels():
+    from rlvitals.client.importers import Diagnosis
+
+    class F:
+        def __init__(self, severity):
+            self.severity, self.state = severity, "firing"
+
+    result = Diagnosis(findings=[F("info")])
+    assert result.fails("info") and not result.fails("warning")
+    result = Diagnosis(findings=[F("info"), F("critical")])
+    assert result.fails("warning") and result.fails("critical")
+    with pytest.raises(ValueError, match="unknown severity"):
+        result.fails("loud")

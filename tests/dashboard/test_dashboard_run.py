@@ -71,7 +71,8 @@ def _panel(tab, name: str) -> dict:
 def test_panels_come_in_health_order_with_band_and_alert_spans(tab, run_id):
     _open(tab, run_id)
     order = tab.js("[...document.querySelectorAll('.panel')].map(p => p.dataset.metric)")
-    assert order == VERL + sorted(OTHERS)
+    # response length and reward are health signals too, in signal order
+    assert order == [*VERL, "response_length/mean", "critic/score/mean"]
     clip = _panel(tab, "actor/pg_clipfrac")
     assert clip["data"][0]["name"] == "actor/pg_clipfrac"
     assert clip["data"][0]["n"] == STEPS  # fewer points than the overview budget: all of them

@@ -50,6 +50,8 @@ VERL = (
 )
 # httpx: the one dependency of rlvitals.client that TRL does not bring (the side env imports this checkout)
 TRL = ((TORCH,), ("trl==1.16.0", "httpx", "-c", "{constraints}"))
+# the peer training monitors bench/detection.py runs beside rlvitals' rules, on the same inputs
+PEERS = (("rldoctor==0.2.0", "rlwatch==0.5.1", "rlprobe==0.1.0", "-c", "{constraints}"),)
 
 
 class SideEnvError(RuntimeError):

@@ -47,7 +47,7 @@
     entropy_collapse: "entropy",
   };
   C.BAND = { signal: "pg_clipfrac", low: 0.1, high: 0.3 };
-  C.SEVERITY_COLOR = { critical: "#dc2626", warning: "#d97706" };
+  C.SEVERITY_COLOR = { critical: "#dc2626", warning: "#d97706", info: "#0e7490" };
 
   // Debiased exponential moving average (TensorBoard's smoothing); nulls and non-finite values pass.
   C.emaState = function () { return { last: 0, n: 0 }; };

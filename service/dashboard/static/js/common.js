@@ -123,7 +123,7 @@
     node.className = "badge " + s;
     node.textContent = s;
   };
-  RLV.SEVERITY_RANK = { critical: 2, warning: 1, healthy: 0 };
+  RLV.SEVERITY_RANK = { critical: 2, warning: 1, info: 0, healthy: 0 }; // info never changes a run's status
 
   // An audit's verdict: true (every reported metric matches), false (a mismatch), null (not done).
   RLV.auditOk = function (a) {

@@ -25,6 +25,7 @@
     xmode: "step",
     focusStep: null,
     hasWall: false,
+    health: null, // {marks, signals, step}: the rules' thresholds, the forecast, current values
   };
   RLV.state = state; // for tests and the curious
 
@@ -94,8 +95,11 @@
   function shapesFor(p) {
     const shapes = [];
     const annotations = [];
-    if (p.signal === C.BAND.signal) shapes.push(C.bandShape(state.logy));
     const x = stepToX(p.name);
+    const marked = RLV.marks.decorate(state.health, p.signal, x, state.logy);
+    if (marked.shapes.length) Array.prototype.push.apply(shapes, marked.shapes);
+    else if (p.signal === C.BAND.signal) shapes.push(C.bandShape(state.logy));
+    Array.prototype.push.apply(annotations, marked.annotations);
     for (const a of alertsFor(p)) {
       for (const s of C.alertShapes(a, x, state.latestStep)) shapes.push(s);
       annotations.push(C.alertAnnotation(a, x));
@@ -270,7 +274,20 @@
     renderLastStep();
   }
   function renderLastStep() { H.renderLastStep(state.latestStep); }
-  function renderAlerts() { H.renderAlerts(runId, state.alerts.values(), focusOn); }
+  function renderAlerts() { H.renderAlerts(runId, state.alerts.values(), focusOn, state.health); }
+  // The rules' marks and the signals' current values: at load, on every alert, and every few seconds
+  // while an alert fires (a forecast moves with the data).
+  let healthTimer = null;
+  async function refreshHealth() {
+    clearTimeout(healthTimer);
+    try {
+      state.health = await RLV.api(RLV.marks.url(runId));
+      renderAlerts();
+      redecorateAll();
+    } catch (err) { RLV.fail(err); }
+    const firing = Array.from(state.alerts.values()).some(function (a) { return a.state === "firing"; });
+    healthTimer = setTimeout(refreshHealth, firing ? 5000 : 30000);
+  }
   function renderAudits() { H.renderAudits(runId, state.audits.values()); }
 
   function focusOn(step) {
@@ -351,6 +368,7 @@
     state.alerts.set(alert.id, alert);
     renderAlerts();
     redecorateAll();
+    refreshHealth();
   }
   function onAudit(audit) {
     state.audits.set(audit.id, audit);
@@ -467,6 +485,7 @@
       return;
     }
     renderAlerts();
+    refreshHealth();
     // The first panel as soon as its own series is here: this is the "open" time the tests measure.
     const firstBody = await pre.firstMetrics.catch(function () { return null; });
     const early = firstBody ? C.orderMetrics(acceptSeries(firstBody.series, true)) : [];

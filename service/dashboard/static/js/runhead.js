@@ -38,22 +38,32 @@
     RLV.$("run-last-step").textContent = Number.isFinite(step) ? String(step) : "–";
   };
 
-  // Firing alerts, worst first, each with "since step N" (onFocus(N) zooms the charts there).
-  H.renderAlerts = function (runId, alerts, onFocus) {
+  // Firing alerts, worst first (info last, shown apart in its own colour), each with "since step N"
+  // (onFocus(N) zooms the charts there), its value at onset and now, and the live forecasts.
+  H.renderAlerts = function (runId, alerts, onFocus, health) {
     const all = Array.from(alerts);
     RLV.setBadge(RLV.$("run-status"), H.status(all));
     const list = RLV.clear(RLV.$("alerts-list"));
     const firing = all.filter(function (a) { return a.state === "firing"; });
-    firing.sort(function (a, b) { return (RLV.SEVERITY_RANK[b.severity] || 0) - (RLV.SEVERITY_RANK[a.severity] || 0); });
+    const rank = function (a) { return a.severity === "info" ? -1 : RLV.SEVERITY_RANK[a.severity] || 0; };
+    firing.sort(function (a, b) { return rank(b) - rank(a); });
     for (const a of firing) {
       const since = RLV.el("a", { href: RLV.runPath(runId) + "?step=" + Number(a.first_step), text: "since step " + a.first_step });
       since.addEventListener("click", function (e) { e.preventDefault(); onFocus(Number(a.first_step)); });
-      list.appendChild(RLV.el("li", { dataset: { rule: a.rule } },
+      const now = RLV.marks ? RLV.marks.current(health, a) : null;
+      const values = RLV.el("span", { className: "now", dataset: { onset: String(a.value), now: String(now) },
+        text: " (at onset " + RLV.fmtNum(a.value) + (now === null ? "" : ", now " + RLV.fmtNum(now)) + ")" });
+      list.appendChild(RLV.el("li", { className: a.severity, dataset: { rule: a.rule, severity: a.severity } },
         RLV.el("span", { className: "chip " + a.severity, text: a.severity }),
-        RLV.el("b", { text: a.rule }), " ", since, " — ", a.message || "", " ",
+        RLV.el("b", { text: a.rule }), " ", since, values, " — ", a.message || "", " ",
         RLV.el("span", { className: "advice", text: a.advice || "" })));
     }
-    RLV.$("alerts-strip").hidden = firing.length === 0;
+    for (const f of RLV.marks ? RLV.marks.forecasts(health) : []) {
+      list.appendChild(RLV.el("li", { className: "forecast", dataset: { forecast: String(f.step) } },
+        RLV.el("span", { className: "chip critical", text: "forecast" }),
+        RLV.el("b", { text: f.signal }), " " + f.label));
+    }
+    RLV.$("alerts-strip").hidden = list.children.length === 0;
   };
 
   // The five latest audits and the count of mismatches, linking to the audits page.

@@ -1,64 +1,84 @@
 """Retroactive diagnosis of runs that were not instrumented: load their scalar history, run the health
 rules locally, print the findings, and (optionally) send the points to a server or the offline spool.
 
-Sources:
+Sources (``rlvitals import KIND FILE``), one reader each, all returning a :class:`History`:
 
 - ``verl-jsonl``: the JSONL verl's ``file`` logger writes (``{"step": N, "data": {name: value}}`` per line,
   ``VERL_FILE_LOGGER_PATH``); ``--follow`` keeps tailing it while the job runs.
-- ``trl-state``: a transformers/TRL ``trainer_state.json`` (its ``log_history``; entries logged at the same
-  step are merged). Never reads ``training_args.bin`` (a pickle).
+- ``verl-console``: verl's console log (``step:N - name:value - ...``), with the config it printed and
+  the Hydra overrides on its command line (:mod:`.console`).
+- ``trl-console``: the ``{'loss': ..., ...}`` dicts TRL / the HF Trainer print per logging step.
+- ``trl-state``: a transformers/TRL ``trainer_state.json`` (:mod:`.files`).
+- ``tensorboard``: TensorBoard event files (the ``rlvitals[import]`` extra).
+- ``wandb-csv`` / ``wandb-parquet``: W&B history exports (parquet needs the ``rlvitals[import]`` extra).
 
-``rlvitals import verl-jsonl FILE`` and ``rlvitals import trl-state trainer_state.json`` are the CLI.
+Every import reports the metric names no health rule reads (``History.unmapped()``), and with
+``fail_on`` tells CI whether a finding at or above that severity fired.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from rlvitals.client.integrations._common import scalars
+from rlvitals.analyzers.health.runconfig import flatten_config
 
-KINDS = ("verl-jsonl", "trl-state")
+from .console import read_trl_console, read_verl_console
+from .files import read_tensorboard, read_trl_state, read_wandb_csv, read_wandb_parquet
+from .history import History, ImportFormatError, MissingExtraError, unmapped_names
 
-
-def read_trl_state(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, float | int]]]:
-    """``(step, numeric metrics)`` from ``trainer_state.json``'s ``log_history``, in step order.
-
-    Entries without a ``step`` are skipped; entries sharing a step (train and eval logs) are merged.
-    """
-    try:
-        state = json.loads(Path(path).read_text())
-    except ValueError as exc:
-        raise ValueError(f"{path}: not JSON ({exc})") from exc
-    history = state.get("log_history") if isinstance(state, dict) else None
-    if not isinstance(history, list):
-        raise ValueError(f"{path}: no log_history list (is this a trainer_state.json?)")
-    merged: dict[int, dict[str, float | int]] = {}
-    for entry in history:
-        if not isinstance(entry, dict):
-            continue
-        step = entry.get("step")
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            continue
-        metrics = scalars({k: v for k, v in entry.items() if k != "step"})
-        if metrics:
-            merged.setdefault(step, {}).update(metrics)
-    yield from sorted(merged.items())
+__all__ = [
+    "KINDS",
+    "READERS",
+    "SEVERITY_LEVELS",
+    "Diagnoser",
+    "Diagnosis",
+    "History",
+    "ImportFormatError",
+    "MissingExtraError",
+    "read_history",
+    "read_tensorboard",
+    "read_trl_console",
+    "read_trl_state",
+    "read_verl_console",
+    "read_wandb_csv",
+    "read_wandb_parquet",
+    "run_import",
+    "unmapped_names",
+]
 
 
-def read_source(kind: str, path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, float | int]]]:
-    if kind == "verl-jsonl":
-        from rlvitals.client.integrations.verl import read_verl_jsonl
+def _read_verl_jsonl(path: str | os.PathLike[str]) -> History:
+    from rlvitals.client.integrations.verl import read_verl_jsonl
 
-        return read_verl_jsonl(path)
-    if kind == "trl-state":
-        return read_trl_state(path)
-    raise ValueError(f"unknown import kind {kind!r}; expected one of {', '.join(KINDS)}")
+    return History(kind="verl-jsonl", points=list(read_verl_jsonl(path)))
+
+
+READERS: dict[str, Callable[[str | os.PathLike[str]], History]] = {
+    "verl-jsonl": _read_verl_jsonl,
+    "verl-console": read_verl_console,
+    "trl-console": read_trl_console,
+    "trl-state": read_trl_state,
+    "tensorboard": read_tensorboard,
+    "wandb-csv": read_wandb_csv,
+    "wandb-parquet": read_wandb_parquet,
+}
+KINDS = tuple(READERS)
+# the order of severities for --fail-on; ``info`` is the lowest
+SEVERITY_LEVELS = ("info", "warning", "critical")
+UNMAPPED_SHOWN = 40
+
+
+def read_history(kind: str, path: str | os.PathLike[str]) -> History:
+    """Read ``path`` with the ``kind`` reader; an unknown kind raises ``ValueError`` naming the valid ones."""
+    reader = READERS.get(kind)
+    if reader is None:
+        raise ValueError(f"unknown import kind {kind!r}; expected one of {', '.join(KINDS)}")
+    return reader(path)
 
 
 @dataclass
@@ -69,6 +89,29 @@ class Diagnosis:
     metric_names: set[str] = field(default_factory=set)
     findings: list[Any] = field(default_factory=list)
     firing: list[Any] = field(default_factory=list)
+    config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def unmapped(self) -> list[str]:
+        """Metric names that no health signal reads."""
+        return unmapped_names(self.metric_names)
+
+    def worst_severity(self) -> str | None:
+        """The highest severity any finding reached (escalations included), or ``None``."""
+        seen = {severity_of(f) for f in [*self.findings, *self.firing]}
+        ranked = [level for level in SEVERITY_LEVELS if level in seen]
+        return ranked[-1] if ranked else None
+
+    def fails(self, level: str) -> bool:
+        """Whether a finding at or above ``level`` (``info`` < ``warning`` < ``critical``) fired."""
+        if level not in SEVERITY_LEVELS:
+            raise ValueError(f"unknown severity {level!r}; expected one of {', '.join(SEVERITY_LEVELS)}")
+        worst = self.worst_severity()
+        return worst is not None and SEVERITY_LEVELS.index(worst) >= SEVERITY_LEVELS.index(level)
+
+
+def severity_of(finding: Any) -> str:
+    return str(getattr(finding.severity, "value", finding.severity))
 
 
 class Diagnoser:
@@ -114,7 +157,7 @@ class Diagnoser:
 
 
 def format_finding(finding: Any) -> str:
-    severity = getattr(finding.severity, "value", finding.severity)
+    severity = severity_of(finding)
     head = f"[{severity}] {finding.rule} {finding.state} at step {finding.step}"
     if finding.state == "firing" and finding.onset_step != finding.step:
         head += f" (onset {finding.onset_step})"
@@ -140,16 +183,19 @@ def run_import(
 ) -> Diagnosis:
     """Read ``path``, run the health rules, print findings to ``out``; send points when asked.
 
-    ``upload`` defaults to True when ``url``/``RLVITALS_URL`` is set or ``offline`` is asked for, else the
-    import is local only.
+    The run config is what the source revealed (verl's printed config and overrides, TensorBoard's
+    ``args``) updated with ``config`` (the caller's word wins). ``upload`` defaults to True when
+    ``url``/``RLVITALS_URL`` is set or ``offline`` is asked for, else the import is local only.
     """
     if kind not in KINDS:
         raise ValueError(f"unknown import kind {kind!r}; expected one of {', '.join(KINDS)}")
     if follow and kind != "verl-jsonl":
         raise ValueError("--follow works with verl-jsonl only")
     path = Path(path)
-    if not path.is_file():
+    if not (path.is_file() or (kind == "tensorboard" and path.is_dir())):
         raise FileNotFoundError(f"no such file: {path}")
+    history = read_history(kind, path)
+    config = {**history.config, **flatten_config(config)} if config else dict(history.config)
     if upload is None:
         upload = bool(offline or url or os.environ.get("RLVITALS_URL"))
     run = None
@@ -160,11 +206,12 @@ def run_import(
             url=url,
             project=project,
             name=name or path.stem,
-            config=dict(config) if config else None,
+            config=config or None,
             mode="offline" if offline else "online",
         )
     diagnoser = Diagnoser(run=run, run_config=config, echo=out)
-    result = diagnoser.feed(read_source(kind, path))
+    result = diagnoser.feed(history.points)
+    result.config = config
     if follow:
         from rlvitals.client.integrations.verl import JsonlTailer
 
@@ -196,4 +243,11 @@ def summary(kind: str, path: Path, result: Diagnosis) -> str:
         lines.append("still firing at the end: " + ", ".join(sorted({f.rule for f in result.firing})))
     elif result.steps:
         lines.append("no health rule is firing at the end of the run")
+    if result.config:
+        lines.append(f"run config: {len(result.config)} key(s) read from the source or --config")
+    unmapped = result.unmapped
+    if unmapped:
+        shown = ", ".join(unmapped[:UNMAPPED_SHOWN])
+        more = f" (+{len(unmapped) - UNMAPPED_SHOWN} more)" if len(unmapped) > UNMAPPED_SHOWN else ""
+        lines.append(f"{len(unmapped)} metric name(s) no health rule reads: {shown}{more}")
     return "\n".join(lines)

@@ -1,0 +1,477 @@
+"""Built-in health rules over what the policy produces: response length, truncation at the length cap,
+the reward and its spread. Registered through :func:`register_rule` like any user rule.
+
+Every level here is the *median of the last few points* (:class:`Window`), so one outlier — or a
+value rounded to 3 decimals in a console log — never decides alone, and every early level is seeded from
+the run's *first* points, so a collapse inside what used to be a warm-up is still measured against where
+the run began. Persistence is in steps (the monitor's clock), not logged points.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from .detectors import Ewma, Hysteresis, Window
+from .findings import Check, Severity
+from .registry import Rule, RuleId, register_rule, require
+from .signals import Signal
+
+
+def _load(target: Any, state: Mapping[str, Any] | None) -> None:
+    if state:
+        target.load_state_dict(state)
+
+
+class SeededLevel:
+    """The early level (median of the first ``seed`` points, or their maximum with ``peak``) and the
+    current level (median of the last ``window`` points) of one series; JSON state."""
+
+    def __init__(self, seed: int, window: int, *, peak: bool = False) -> None:
+        self.seed = Window(size=seed)
+        self.level = Window(size=window)
+        self.peak = peak
+
+    @property
+    def ready(self) -> bool:
+        return self.seed.full
+
+    @property
+    def early(self) -> float:
+        return max(self.seed.values) if self.peak else self.seed.median
+
+    def update(self, x: float) -> float:
+        if not self.seed.full:
+            self.seed.update(x)
+        return self.level.update(x)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"seed": self.seed.state_dict(), "level": self.level.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        _load(self.seed, state.get("seed"))
+        _load(self.level, state.get("level"))
+
+
+def _check_seed(s: Mapping[str, Any], rid: str) -> None:
+    require(s["seed_points"] >= 1 and s["window"] >= 1, rid, "seed_points and window must be >= 1")
+
+
+@register_rule(RuleId.RESPONSE_LENGTH_COLLAPSE)
+class ResponseLengthCollapse(Rule):
+    """Mean response length falling below ``ratio`` × its early level — the *largest* of the first
+    ``seed_points`` points, since a real collapse (53 → 2.6 tokens) happened between the first and the
+    second logged point — with the early level at least ``min_early`` tokens: the policy has learnt to answer with almost nothing (an exploit of a format
+    reward, or a collapse that goes with entropy collapse). Critical below ``critical_tokens`` tokens."""
+
+    signal = Signal.RESPONSE_LENGTH.value
+    summary = "mean response length collapsing far below where the run started"
+    defaults: ClassVar[Mapping[str, Any]] = {
+        "seed_points": 3,
+        "window": 5,
+        "ratio": 0.4,
+        "release": 0.6,
+        "min_early": 10.0,
+        "critical_tokens": 5.0,
+    }
+    fire_after = 5
+    resolve_after = 20
+    evidence_note = (
+        "a TRL GRPO run whose completions shrank from 53 to 3 tokens inside its first 20 logged points "
+        "(entropy 0.96 → 0.03) raised nothing"
+    )
+    advice = (
+        "Read a few recent completions: very short answers usually mean the policy found a reward exploit "
+        "(a format reward paid without content) or has collapsed (see entropy). Check the reward functions, "
+        "lower the learning rate, and restart from a checkpoint before the drop."
+    )
+
+    @classmethod
+    def validate(cls, s: Mapping[str, Any]) -> None:
+        _check_seed(s, cls.id)
+        require(0.0 < s["ratio"] <= s["release"] <= 1.0, cls.id, "need 0 < ratio <= release <= 1")
+
+    def __init__(self, settings: Mapping[str, Any], run_config: Mapping[str, Any]) -> None:
+        super().__init__(settings, run_config)
+        self.series = SeededLevel(settings["seed_points"], settings["window"], peak=True)
+        self.latch = Hysteresis(on=settings["ratio"], off=settings["release"], upward=False)
+
+    def chart_marks(self) -> list[dict[str, Any]]:
+        if not self.series.ready:
+            return []
+        return [{"kind": "line", "y": self.settings["ratio"] * self.series.early, "label": "collapse"}]
+
+    def observe(self, step: int, signals: Mapping[str, float], metrics: Mapping[str, float]) -> Check | None:
+        x = signals.get(self.signal)
+        if x is None:
+            return None
+        s = self.settings
+        level = self.series.update(x)
+        if not self.series.ready or self.series.early < s["min_early"]:
+            return None
+        early = self.series.early
+        relative = level / early
+        active = self.latch.update(relative)
+        evidence = {"level": level, "early_level": early, "relative": relative, "ratio": s["ratio"]}
+        if not active:
+            return Check(active=False, value=x, evidence=evidence, message="response length has recovered")
+        return Check(
+            active=True,
+            value=x,
+            evidence=evidence,
+            severity=Severity.CRITICAL if level < s["critical_tokens"] else Severity.WARNING,
+            message=f"mean response length {level:.3g} tokens is {relative:.0%} of its early level {early:.3g}",
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"series": self.series.state_dict(), "latch": self.latch.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        _load(self.series, state.get("series"))
+        _load(self.latch, state.get("latch"))
+
+
+@register_rule(RuleId.RESPONSE_LENGTH_EXPLOSION)
+class ResponseLengthExplosion(Rule):
+    """Mean response length above ``ratio`` × its early level. Long reasoning growing slowly is often
+    healthy (R1-style runs), so this is ``info``; it becomes a warning when the growth is fast:
+    ``fast_ratio`` × the level of ``fast_steps`` steps ago (repetition loops and rambling grow like this)."""
+
+    signal = Signal.RESPONSE_LENGTH.value
+    summary = "mean response length growing far beyond where the run started (fast growth: warning)"
+    severity = Severity.INFO
+    defaults: ClassVar[Mapping[str, Any]] = {
+        "seed_points": 3,
+        "window": 5,
+        "ratio": 4.0,
+        "release": 3.0,
+        "fast_ratio": 2.0,
+        "fast_steps": 50,
+    }
+    fire_after = 10
+    resolve_after = 30
+    evidence_note = (
+        "runs whose completions grow into the length cap (80–100% truncated, see truncation_high) "
+        "passed silently; growth alone is shown as info, fast growth is a warning"
+    )
+    advice = (
+        "Read a few long completions: repetition loops or rambling mean a length exploit (add a length "
+        "penalty, DAPO's overlong reward shaping, or a lower max length); long careful reasoning is fine."
+    )
+
+    @classmethod
+    def validate(cls, s: Mapping[str, Any]) -> None:
+        _check_seed(s, cls.id)
+        require(1.0 <= s["release"] <= s["ratio"], cls.id, "need 1 <= release <= ratio")
+        require(
+            s["fast_ratio"] > 1.0 and s["fast_steps"] >= 1, cls.id, "need fast_ratio > 1, fast_steps >= 1"
+        )
+
+    def __init__(self, settings: Mapping[str, Any], run_config: Mapping[str, Any]) -> None:
+        super().__init__(settings, run_config)
+        self.series = SeededLevel(settings["seed_points"], settings["window"])
+        self.latch = Hysteresis(on=settings["ratio"], off=settings["release"])
+        self.history: list[list[float]] = []  # [step, level], thinned to cover fast_steps
+
+    def chart_marks(self) -> list[dict[str, Any]]:
+        if not self.series.ready:
+            return []
+        return [{"kind": "line", "y": self.settings["ratio"] * self.series.early, "label": "explosion"}]
+
+    def _past_level(self, step: int) -> float | None:
+        # history[0] is the newest point at or before the horizon (kept so by observe)
+        first = self.history[0] if self.history else None
+        return first[1] if first is not None and first[0] <= step - self.settings["fast_steps"] else None
+
+    def observe(self, step: int, signals: Mapping[str, float], metrics: Mapping[str, float]) -> Check | None:
+        x = signals.get(self.signal)
+        if x is None:
+            return None
+        s = self.settings
+        level = self.series.update(x)
+        self.history.append([float(step), level])
+        horizon = step - s["fast_steps"]
+        while len(self.history) > 2 and self.history[1][0] <= horizon:
+            self.history.pop(0)  # keep one point at or before the horizon
+        if not self.series.ready or self.series.early <= 0:
+            return None
+        early = self.series.early
+        relative = level / early
+        active = self.latch.update(relative)
+        past = self._past_level(step)
+        fast = past is not None and past > 0 and level / past >= s["fast_ratio"]
+        evidence = {
+            "level": level,
+            "early_level": early,
+            "relative": relative,
+            "ratio": s["ratio"],
+            "level_fast_steps_ago": past,
+            "fast": fast,
+        }
+        if not active:
+            return Check(active=False, value=x, evidence=evidence, message="response length is back down")
+        return Check(
+            active=True,
+            value=x,
+            evidence=evidence,
+            severity=Severity.WARNING if fast else Severity.INFO,
+            message=f"mean response length {level:.4g} tokens is {relative:.1f}× its early level {early:.4g}"
+            + (f", {level / past:.1f}× in the last {s['fast_steps']} steps" if fast and past else ""),
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "series": self.series.state_dict(),
+            "latch": self.latch.state_dict(),
+            "history": [list(p) for p in self.history],
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        _load(self.series, state.get("series"))
+        _load(self.latch, state.get("latch"))
+        self.history = [list(p) for p in state.get("history") or []]
+
+
+@register_rule(RuleId.TRUNCATION_HIGH)
+class TruncationHigh(Rule):
+    """The share of responses cut at the length cap (verl ``response_length/clip_ratio``, TRL
+    ``completions/clipped_ratio``), as the median of the last ``window`` points, above ``threshold``
+    (warning) or ``critical`` (critical); the episode closes below ``release``. A truncated response
+    usually gets no reward and teaches the policy nothing but noise."""
+
+    signal = Signal.RESPONSE_CLIP_RATIO.value
+    summary = "too many responses truncated at the max response length"
+    defaults: ClassVar[Mapping[str, Any]] = {"window": 5, "threshold": 0.3, "release": 0.15, "critical": 0.8}
+    fire_after = 5
+    resolve_after = 20
+    evidence_note = (
+        "TRL and verl runs where 80–100% of completions hit the length cap (completions/clipped_ratio, "
+        "response_length/clip_ratio) passed silently"
+    )
+    advice = (
+        "Raise the max response length (max_completion_length / data.max_response_length) if answers need "
+        "it; otherwise the policy is rambling or looping: add an overlong penalty (DAPO) or a length "
+        "penalty, and read a few truncated completions."
+    )
+
+    @classmethod
+    def validate(cls, s: Mapping[str, Any]) -> None:
+        require(s["window"] >= 1, cls.id, "window must be >= 1")
+        require(
+            0.0 <= s["release"] <= s["threshold"] <= s["critical"] <= 1.0,
+            cls.id,
+            "need 0 <= release <= threshold <= critical <= 1",
+        )
+
+    def __init__(self, settings: Mapping[str, Any], run_config: Mapping[str, Any]) -> None:
+        super().__init__(settings, run_config)
+        self.level = Window(size=settings["window"])
+        self.latch = Hysteresis(on=settings["threshold"], off=settings["release"])
+
+    def chart_marks(self) -> list[dict[str, Any]]:
+        s = self.settings
+        return [
+            {"kind": "line", "y": s["threshold"], "label": "threshold"},
+            {"kind": "line", "y": s["critical"], "label": "critical", "severity": "critical"},
+        ]
+
+    def observe(self, step: int, signals: Mapping[str, float], metrics: Mapping[str, float]) -> Check | None:
+        x = signals.get(self.signal)
+        if x is None:
+            return None
+        s = self.settings
+        level = self.level.update(x)
+        active = self.latch.update(level)
+        evidence = {"level": level, "threshold": s["threshold"], "critical": s["critical"]}
+        if not active:
+            return Check(active=False, value=x, evidence=evidence, message="truncation share is back down")
+        return Check(
+            active=True,
+            value=x,
+            evidence=evidence,
+            severity=Severity.CRITICAL if level >= s["critical"] else Severity.WARNING,
+            message=f"{level:.0%} of responses are cut at the max length",
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"level": self.level.state_dict(), "latch": self.latch.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        _load(self.level, state.get("level"))
+        _load(self.latch, state.get("latch"))
+
+
+@register_rule(RuleId.REWARD_STAGNATION)
+class RewardStagnation(Rule):
+    """The reward (median of the last ``window`` points, then an EWMA with ``alpha``) has not beaten its
+    best by ``min_gain`` × (|best| + spread) for ``patience`` steps, after the first ``warmup`` steps. A plateau is often fine (the
+    task is solved, or learnt as far as this model can), so this is ``info``: worth a look, never a page."""
+
+    signal = Signal.REWARD.value
+    summary = "reward has not improved for a long stretch (info)"
+    severity = Severity.INFO
+    defaults: ClassVar[Mapping[str, Any]] = {
+        "window": 5,
+        "alpha": 0.05,
+        "patience": 300,
+        "warmup": 50,
+        "min_gain": 0.02,
+    }
+    fire_after = 1
+    resolve_after = 50
+    evidence_note = "flat-reward runs (the reward never moves off its first level) passed silently"
+    advice = (
+        "If the task is not solved yet: check that rewards vary within groups (reward_std, "
+        "zero_advantage_groups), that the learning rate is not too small, and that answers are not truncated."
+    )
+
+    @classmethod
+    def validate(cls, s: Mapping[str, Any]) -> None:
+        require(
+            s["window"] >= 1 and s["patience"] >= 1 and s["warmup"] >= 0, cls.id, "need window, patience >= 1"
+        )
+        require(s["min_gain"] >= 0.0, cls.id, "min_gain must be >= 0")
+        require(0.0 < s["alpha"] <= 1.0, cls.id, "alpha must be in (0, 1]")
+
+    def __init__(self, settings: Mapping[str, Any], run_config: Mapping[str, Any]) -> None:
+        super().__init__(settings, run_config)
+        self.level = Window(size=settings["window"])
+        self.smooth = Ewma(alpha=settings["alpha"])
+        self.first_step: int | None = None
+        self.best: float | None = None
+        self.best_step: int | None = None
+        self.low: float | None = None  # lowest level seen (the spread is best - low)
+
+    def observe(self, step: int, signals: Mapping[str, float], metrics: Mapping[str, float]) -> Check | None:
+        x = signals.get(self.signal)
+        if x is None:
+            return None
+        s = self.settings
+        if self.first_step is None:
+            self.first_step = step
+        level = self.smooth.update(self.level.update(x))
+        if not self.level.full:
+            return None
+        self.low = level if self.low is None else min(self.low, level)
+        spread = 0.0 if self.best is None else max(0.0, self.best - self.low)
+        gain = s["min_gain"] * (abs(self.best or 0.0) + spread) if self.best is not None else 0.0
+        if self.best is None or level > self.best + gain:
+            self.best, self.best_step = level, step
+        if step - self.first_step < s["warmup"]:
+            return None
+        since = step - (self.best_step if self.best_step is not None else step)
+        evidence = {"level": level, "best": self.best, "best_step": self.best_step, "steps_since_best": since}
+        if since < s["patience"]:
+            return Check(active=False, value=x, evidence=evidence, message="reward is improving again")
+        return Check(
+            active=True,
+            value=x,
+            evidence=evidence,
+            message=f"reward {level:.3g} has not improved on its best {self.best:.3g} (step {self.best_step}) "
+            f"for {since} steps",
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "level": self.level.state_dict(),
+            "smooth": self.smooth.state_dict(),
+            "first_step": self.first_step,
+            "best": self.best,
+            "best_step": self.best_step,
+            "low": self.low,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        _load(self.level, state.get("level"))
+        _load(self.smooth, state.get("smooth"))
+        for name in ("first_step", "best", "best_step", "low"):
+            setattr(self, name, state.get(name))
+
+
+@register_rule(RuleId.REWARD_STD_COLLAPSE)
+class RewardStdCollapse(Rule):
+    """The spread of the rewards dying: TRL ``reward_std`` (or a batch whose score max equals its min,
+    verl ``critic/score/max`` = ``critic/score/min``), as the *mean* of the last ``window`` points (small
+    batches tie often: with 8 completions a step, reward_std is exactly 0 on ~40% of healthy steps), below
+    ``ratio`` × its early level and below ``abs_floor``. Equal rewards mean zero GRPO advantages: no
+    gradient, the run is idling."""
+
+    signal = Signal.REWARD_STD.value
+    summary = "reward spread dying (all samples scored the same: no GRPO signal)"
+    defaults: ClassVar[Mapping[str, Any]] = {
+        "seed_points": 3,
+        "window": 10,
+        "ratio": 0.1,
+        "release": 0.25,
+        "abs_floor": 0.02,
+    }
+    fire_after = 10
+    resolve_after = 20
+    evidence_note = (
+        "a TRL run whose reward_std went to 0 with grad_norm 0 on 42 of 49 points (every completion scored "
+        "the same) raised nothing"
+    )
+    advice = (
+        "Every sample gets the same reward, so advantages are 0: check the reward function on a few "
+        "completions (a broken parser scores everything 0), use harder or easier prompts, more samples per "
+        "prompt, or filter zero-variance groups (DAPO dynamic sampling)."
+    )
+
+    @classmethod
+    def validate(cls, s: Mapping[str, Any]) -> None:
+        _check_seed(s, cls.id)
+        require(0.0 < s["ratio"] <= s["release"] <= 1.0, cls.id, "need 0 < ratio <= release <= 1")
+        require(s["abs_floor"] >= 0.0, cls.id, "abs_floor must be >= 0")
+
+    def __init__(self, settings: Mapping[str, Any], run_config: Mapping[str, Any]) -> None:
+        super().__init__(settings, run_config)
+        self.seed = Window(size=settings["seed_points"])
+        self.recent: list[float] = []
+        self.collapsed = False
+
+    def _spread(self, signals: Mapping[str, float], metrics: Mapping[str, float]) -> float | None:
+        x = signals.get(self.signal)
+        if x is not None:
+            return x
+        high, low = metrics.get("critic/score/max"), metrics.get("critic/score/min")
+        if high is None or low is None or not (math.isfinite(high) and math.isfinite(low)):
+            return None
+        return max(0.0, high - low)
+
+    def observe(self, step: int, signals: Mapping[str, float], metrics: Mapping[str, float]) -> Check | None:
+        x = self._spread(signals, metrics)
+        if x is None:
+            return None
+        s = self.settings
+        if not self.seed.full:
+            self.seed.update(x)
+        self.recent.append(x)
+        del self.recent[: max(0, len(self.recent) - s["window"])]
+        if not self.seed.full or len(self.recent) < s["window"] or self.seed.median <= 0:
+            return None
+        early = self.seed.median
+        level = sum(self.recent) / len(self.recent)
+        relative = level / early
+        if self.collapsed:
+            self.collapsed = relative < s["release"] and level < 2 * s["abs_floor"]
+        else:
+            self.collapsed = relative < s["ratio"] and level < s["abs_floor"]
+        evidence = {"level": level, "early_level": early, "relative": relative, "abs_floor": s["abs_floor"]}
+        if not self.collapsed:
+            return Check(active=False, value=x, evidence=evidence, message="rewards vary again")
+        return Check(
+            active=True,
+            value=x,
+            evidence=evidence,
+            message=f"reward spread {level:.3g} is {relative:.0%} of its early level {early:.3g}: "
+            "samples all score the same, advantages are 0",
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"seed": self.seed.state_dict(), "recent": list(self.recent), "collapsed": self.collapsed}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        _load(self.seed, state.get("seed"))
+        self.recent = [float(v) for v in state.get("recent") or []]
+        self.collapsed = bool(state.get("collapsed", False))

@@ -1,0 +1,303 @@
+"""Built-in health rules over the optimizer and the rollout engine: gradient-norm spikes, all-zero
+gradients, and the rollout-vs-training mismatch that verl and TRL already measure. Registered through
+:func:`register_rule` like any user rule."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from .detectors import Hysteresis, Window
+from .findings import Check, Severity
+from .registry import Rule, RuleId, register_rule, require
+from .signals import Signal
+
+
+def _load(target: Any, state: Mapping[str, Any] | None) -> None:
+    if state:
+        target.load_state_dict(state)
+
+
+@register_rule(RuleId.GRAD_NORM_SPIKE)
+class GradNormSpike(Rule):
+    """A gradient norm ``ratio`` × above the median of the previous ``window`` points (at least
+    ``min_points`` of them). One spike is the event — the optimizer step it fed already moved the weights —
+    so it fires on one point; critical at ``critical_ratio`` ×. Points inside a spike do not enter the
+    median, so a burst of spikes stays measured against the calm level."""
+
+    signal = Signal.GRAD_NORM.value
+    summary = "gradient norm spiking far above its recent median"
+    defaults: ClassVar[Mapping[str, Any]] = {
+        "window": 50,
+        "min_points": 10,
+        "ratio": 50.0,
+        "critical_ratio": 500.0,
+    }
+    fire_after = 1
+    resolve_after = 20
+    evidence_note = (
+        "a TRL Qwen3.5-9B GRPO run: grad_norm 154.6 against a median of ~0.1 (1,500×) with kl 17.8 at the "
+        "same step; verl's healthy reference runs show pre-clip spikes of 18–31× (clipped at 1.0, harmless), "
+        "hence 50×"
+    )
+    advice = (
+        "A single huge gradient moved the weights far: check the batch at that step (a degenerate long "
+        "response, a NaN-adjacent log-prob), tighten gradient clipping (max_grad_norm / grad_clip), lower the "
+        "learning rate; if spikes repeat, look at rollout_mismatch and the precision of the loss."
+    )
+
+    @classmethod
+    def validate(cls, s: Mapping[str, Any]) -> None:
+        require(
+            s["window"] >= 3 and 2 <= s["min_points"] <= s["window"],
+            cls.id,
+            "need 2 <= min_points <= window, window >= 3",
+        )
+        require(1.0 < s["ratio"] <= s["critical_ratio"], cls.id, "need 1 < ratio <= critical_ratio")
+
+    def __init__(self, settings: Mapping[str, Any], run_config: Mapping[str, Any]) -> None:
+        super().__init__(settings, run_config)
+        self.calm = Window(size=settings["window"])
+
+    def chart_marks(self) -> list[dict[str, Any]]:
+        if len(self.calm.values) < self.settings["min_points"]:
+            return []
+        return [{"kind": "line", "y": self.settings["ratio"] * self.calm.median, "label": "spike"}]
+
+    def observe(self, step: int, signals: Mapping[str, float], metrics: Mapping[str, float]) -> Check | None:
+        x = signals.get(self.signal)
+        if x is None:
+            return None
+        s = self.settings
+        if len(self.calm.values) < s["min_points"]:
+            self.calm.update(x)
+            return None
+        median = self.calm.median
+        relative = x / median if median > 0 else 0.0  # no calm level (all-zero gradients): no opinion
+        active = relative >= s["ratio"]
+        if not active:
+            self.calm.update(x)
+        evidence = {"median": median, "relative": relative, "ratio": s["ratio"]}
+        if not active:
+            return Check(
+                active=False, value=x, evidence=evidence, message="gradient norm is back near its median"
+            )
+        return Check(
+            active=True,
+            value=x,
+            evidence=evidence,
+            severity=Severity.CRITICAL if relative >= s["critical_ratio"] else Severity.WARNING,
+            message=f"grad_norm {x:.3g} is {relative:.0f}× its recent median {median:.3g}",
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"calm": self.calm.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        _load(self.calm, state.get("calm"))
+
+
+@register_rule(RuleId.GRAD_NORM_ZERO)
+class GradNormZero(Rule):
+    """Gradients that are exactly zero (≤ ``tol``) on at least ``share`` of the last ``window`` points:
+    the loss has no signal (every advantage 0, or every token masked), so the optimizer steps are empty.
+    Critical when the share reaches ``critical_share``."""
+
+    signal = Signal.GRAD_NORM.value
+    summary = "gradient norm exactly 0 on most recent steps (nothing is being learnt)"
+    defaults: ClassVar[Mapping[str, Any]] = {
+        "window": 10,
+        "share": 0.5,
+        "release": 0.2,
+        "critical_share": 0.9,
+        "tol": 1e-12,
+    }
+    fire_after = 5
+    resolve_after = 20
+    evidence_note = "a TRL GRPO run with grad_norm 0 on 42 of its 49 logged points raised nothing"
+    advice = (
+        "No gradient reaches the weights: every group's rewards tie (see reward_std_collapse and "
+        "zero_advantage_groups), the response mask is empty, or the loss is detached. Read a few "
+        "completions and their rewards."
+    )
+
+    @classmethod
+    def validate(cls, s: Mapping[str, Any]) -> None:
+        require(s["window"] >= 1, cls.id, "window must be >= 1")
+        require(
+            0.0 <= s["release"] <= s["share"] <= s["critical_share"] <= 1.0,
+            cls.id,
+            "need release <= share <= critical_share",
+        )
+        require(s["tol"] >= 0.0, cls.id, "tol must be >= 0")
+
+    def __init__(self, settings: Mapping[str, Any], run_config: Mapping[str, Any]) -> None:
+        super().__init__(settings, run_config)
+        self.zeros: list[int] = []
+        self.latch = Hysteresis(on=settings["share"], off=settings["release"])
+
+    def observe(self, step: int, signals: Mapping[str, float], metrics: Mapping[str, float]) -> Check | None:
+        x = signals.get(self.signal)
+        if x is None:
+            return None
+        s = self.settings
+        self.zeros.append(1 if abs(x) <= s["tol"] else 0)
+        del self.zeros[: max(0, len(self.zeros) - s["window"])]
+        share = sum(self.zeros) / len(self.zeros)
+        active = self.latch.update(share) and len(self.zeros) >= min(3, s["window"])
+        evidence = {"zero_share": share, "window": len(self.zeros), "share": s["share"]}
+        if not active:
+            return Check(active=False, value=x, evidence=evidence, message="gradients are non-zero again")
+        return Check(
+            active=True,
+            value=x,
+            evidence=evidence,
+            severity=Severity.CRITICAL if share >= s["critical_share"] else Severity.WARNING,
+            message=f"grad_norm is 0 on {share:.0%} of the last {len(self.zeros)} points: nothing is being learnt",
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"zeros": list(self.zeros), "latch": self.latch.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.zeros = [int(v) for v in state.get("zeros") or []]
+        _load(self.latch, state.get("latch"))
+
+
+# (signal, kind, threshold setting): "above" fires when the level is above the setting, "below" below it,
+# "outside" outside [low, high]. verl's own health checks (rollout_corr_helper) use these thresholds.
+_MISMATCH_CHECKS: tuple[tuple[str, str, str], ...] = (
+    (Signal.ROLLOUT_IS_MEAN.value, "outside", "is_mean"),
+    (Signal.ROLLOUT_ESS.value, "below", "min_ess"),
+    (Signal.ROLLOUT_KL.value, "above", "max_kl"),
+    (Signal.ROLLOUT_CHI2.value, "above", "max_chi2"),
+    (Signal.ROLLOUT_PROBS_DIFF_MEAN.value, "above", "max_probs_diff_mean"),
+    (Signal.ROLLOUT_LOGP_DIFF_MEAN.value, "above", "max_logp_diff_mean"),
+)
+
+
+@register_rule(RuleId.ROLLOUT_MISMATCH)
+class RolloutMismatch(Rule):
+    """The rollout engine's token probabilities disagree with the trainer's (vLLM/SGLang in bf16 vs FSDP,
+    stale weights, a different tokenizer or chat template), read from what the trainers already log, each
+    as the median of its last ``window`` points:
+
+    - verl ``rollout_corr/rollout_is_mean`` outside [``is_mean_low``, ``is_mean_high``],
+      ``rollout_corr/rollout_is_eff_sample_size`` below ``min_ess``, ``rollout_corr/kl`` above ``max_kl``,
+      ``rollout_corr/chi2_token`` above ``max_chi2`` (verl's own thresholds), and
+      ``training/rollout_probs_diff_mean`` above ``max_probs_diff_mean``;
+    - TRL ``sampling/importance_sampling_ratio/mean`` outside the same band and
+      ``sampling/sampling_logp_difference/mean`` above ``max_logp_diff_mean``.
+
+    Any one condition opens the episode (the message lists all that hold)."""
+
+    signal = Signal.ROLLOUT_KL.value
+    summary = (
+        "rollout engine and trainer disagree on token probabilities (verl rollout_corr/*, TRL sampling/*)"
+    )
+    defaults: ClassVar[Mapping[str, Any]] = {
+        "window": 3,
+        "is_mean_low": 0.5,
+        "is_mean_high": 2.0,
+        "min_ess": 0.3,
+        "max_kl": 0.1,
+        "max_chi2": 1.0,
+        "max_probs_diff_mean": 0.05,
+        "max_logp_diff_mean": 0.1,
+    }
+    fire_after = 3
+    resolve_after = 20
+    evidence_note = (
+        "verl's rollout-correction health checks (rollout_corr_helper: IS mean in [0.5, 2], ESS >= 0.3, "
+        "KL <= 0.1, chi2_token <= 1) — the trainers log these numbers; nobody was reading them"
+    )
+    advice = (
+        "The samples were drawn from a different distribution than the one being trained: align the "
+        "rollout engine's precision and weights with the trainer (weight sync, bf16 vs fp32 logits, "
+        "same tokenizer/chat template), and enable truncated importance sampling (verl rollout_correction, "
+        "TRL vllm_importance_sampling_correction)."
+    )
+
+    @classmethod
+    def validate(cls, s: Mapping[str, Any]) -> None:
+        rid = cls.id
+        require(s["window"] >= 1, rid, "window must be >= 1")
+        require(
+            0.0 < s["is_mean_low"] < 1.0 < s["is_mean_high"], rid, "need 0 < is_mean_low < 1 < is_mean_high"
+        )
+        require(0.0 < s["min_ess"] <= 1.0, rid, "min_ess must be in (0, 1]")
+
+    def __init__(self, settings: Mapping[str, Any], run_config: Mapping[str, Any]) -> None:
+        super().__init__(settings, run_config)
+        self.levels = {signal: Window(size=settings["window"]) for signal, _, _ in _MISMATCH_CHECKS}
+
+    def chart_marks(self) -> list[dict[str, Any]]:
+        s = self.settings
+        return [
+            {
+                "kind": "band",
+                "signal": Signal.ROLLOUT_IS_MEAN.value,
+                "low": s["is_mean_low"],
+                "high": s["is_mean_high"],
+                "label": "healthy",
+            },
+            {"kind": "line", "signal": Signal.ROLLOUT_ESS.value, "y": s["min_ess"], "label": "min ESS"},
+            {"kind": "line", "signal": Signal.ROLLOUT_KL.value, "y": s["max_kl"], "label": "max KL"},
+            {"kind": "line", "signal": Signal.ROLLOUT_CHI2.value, "y": s["max_chi2"], "label": "max χ²"},
+            {
+                "kind": "line",
+                "signal": Signal.ROLLOUT_PROBS_DIFF_MEAN.value,
+                "y": s["max_probs_diff_mean"],
+                "label": "max",
+            },
+            {
+                "kind": "line",
+                "signal": Signal.ROLLOUT_LOGP_DIFF_MEAN.value,
+                "y": s["max_logp_diff_mean"],
+                "label": "max",
+            },
+        ]
+
+    def observe(self, step: int, signals: Mapping[str, float], metrics: Mapping[str, float]) -> Check | None:
+        s = self.settings
+        seen = False
+        failing: dict[str, float] = {}
+        levels: dict[str, float] = {}
+        for signal, kind, key in _MISMATCH_CHECKS:
+            x = signals.get(signal)
+            if x is None:
+                continue
+            seen = True
+            level = self.levels[signal].update(x)
+            levels[signal] = level
+            if kind == "outside":
+                bad = not (s["is_mean_low"] <= level <= s["is_mean_high"])
+            elif kind == "below":
+                bad = level < s[key]
+            else:
+                bad = level > s[key]
+            if bad:
+                failing[signal] = level
+        if not seen:
+            return None
+        evidence = {"levels": levels, "failing": sorted(failing)}
+        if not failing:
+            return Check(
+                active=False, evidence=evidence, message="rollout and training probabilities agree again"
+            )
+        first = sorted(failing)[0]
+        shown = ", ".join(f"{name} {value:.3g}" for name, value in sorted(failing.items()))
+        return Check(
+            active=True,
+            value=failing[first],
+            signal=first,
+            evidence=evidence,
+            message=f"rollout and training policies disagree: {shown} (outside verl's healthy ranges)",
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {signal: window.state_dict() for signal, window in self.levels.items()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        for signal, window in self.levels.items():
+            _load(window, state.get(signal))

@@ -1,0 +1,146 @@
+"""The labelled real-log corpus and our detector over it (bench/detection.py prints, a test asserts).
+
+``load_corpus()`` reads ``tests/data/real_logs/manifest.json`` (or ``RLVITALS_CORPUS_DIR``) and each
+run's points through the importer ``rlvitals import`` uses; ``our_alerts(run)`` runs the health rules
+exactly as ``rlvitals import`` does (a local ``HealthMonitor`` fed the imported points, with the config
+the source revealed); ``score(detector, runs)`` scores any detector with
+``rlvitals.analyzers.health.scoring``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlvitals.analyzers.health.scoring import Alert, RunLabels, RunScore, score_run
+from rlvitals.client.importers import Diagnoser, History, read_history
+
+ROOT = Path(__file__).resolve().parents[1]
+CORPUS_DIR = Path(os.environ.get("RLVITALS_CORPUS_DIR", ROOT / "tests" / "data" / "real_logs"))
+
+
+@dataclass
+class CorpusRun:
+    id: str
+    kind: str
+    path: Path
+    labels: RunLabels
+    history: History
+    entry: Mapping[str, Any] = field(repr=False, default_factory=dict)
+
+    @property
+    def last_step(self) -> int:
+        return self.history.points[-1][0]
+
+
+def load_corpus(directory: Path = CORPUS_DIR, *, only: Iterable[str] | None = None) -> list[CorpusRun]:
+    manifest = json.loads((directory / "manifest.json").read_text())
+    wanted = set(only) if only else None
+    runs = []
+    for entry in manifest["runs"]:
+        if wanted is not None and entry["id"] not in wanted:
+            continue
+        path = directory / entry["file"]
+        runs.append(
+            CorpusRun(
+                id=entry["id"],
+                kind=entry["format"],
+                path=path,
+                labels=RunLabels.from_manifest(entry),
+                history=read_history(entry["format"], path),
+                entry=entry,
+            )
+        )
+    return runs
+
+
+def our_alerts(run: CorpusRun, settings: Mapping[str, Mapping[str, Any]] | None = None) -> list[Alert]:
+    """Every firing transition of our rules on ``run`` (its severity as escalated by the episode's end)."""
+    diagnosis = Diagnoser(run_config=run.history.config, settings=settings).feed(run.history.points)
+    final = {(f.rule, f.onset_step): f for f in diagnosis.firing}
+    resolved = {(f.rule, f.onset_step): f for f in diagnosis.findings if f.state == "resolved"}
+    alerts = []
+    for finding in diagnosis.findings:
+        if finding.state != "firing":
+            continue
+        key = (finding.rule, finding.onset_step)
+        last = final.get(key) or resolved.get(key) or finding
+        alerts.append(Alert(rule=str(finding.rule), step=int(finding.step), severity=_severity(last)))
+    return alerts
+
+
+def _severity(finding: Any) -> str:
+    return str(getattr(finding.severity, "value", finding.severity))
+
+
+Detector = Callable[[CorpusRun], list[Alert]]
+
+
+def score(detector: Detector, runs: Iterable[CorpusRun]) -> list[RunScore]:
+    return [score_run(run.labels, detector(run), last_step=run.last_step) for run in runs]
+
+
+PEERS = ("rldoctor", "rlwatch", "rlprobe")
+PEER_VERSIONS = {"rldoctor": "0.2.0", "rlwatch": "0.5.1", "rlprobe": "0.1.0"}
+DRIVER = Path(__file__).with_name("_peer_driver.py")
+
+
+def peer_python() -> Path:
+    """The peers' side environment (tests/support/sideenv.py, built on first use)."""
+    import sys
+
+    sys.path.insert(0, str(ROOT))
+    from tests.support.sideenv import PEERS as PEER_STEPS
+    from tests.support.sideenv import ensure
+
+    return ensure("peers", PEER_STEPS)
+
+
+def _peer_points(run: CorpusRun) -> list[list[Any]]:
+    """The run's points as a live integration would have seen them (TensorBoard's ``train/`` prefix off)."""
+    points = []
+    for step, metrics in run.history.points:
+        if run.kind == "tensorboard":
+            metrics = {k[len("train/") :] if k.startswith("train/") else k: v for k, v in metrics.items()}
+        points.append([step, metrics])
+    return points
+
+
+def peer_alerts(
+    peer: str, runs: Iterable[CorpusRun], *, python: Path | None = None
+) -> dict[str, list[Alert]]:
+    """Run ``peer`` over ``runs`` in its side environment; alerts per run id."""
+    import subprocess
+
+    runs = list(runs)
+    request = {
+        "peer": peer,
+        "runs": [
+            {
+                "id": run.id,
+                "format": run.kind,
+                "algorithm": "ppo" if run.kind.startswith("verl") else "grpo",
+                "config": run.history.config,
+                "points": _peer_points(run),
+            }
+            for run in runs
+        ],
+    }
+    done = subprocess.run(
+        [str(python or peer_python()), str(DRIVER)],
+        input=json.dumps(request),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=1800,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{peer} driver failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    answer = json.loads(done.stdout)
+    return {
+        rid: [Alert(rule=r, step=int(s), severity=sev) for r, s, sev in rows] for rid, rows in answer.items()
+    }

@@ -1,0 +1,160 @@
+"""Readers for what trainers print to the console: verl's ``console`` logger and TRL's per-log dicts.
+
+verl (``trainer.logger=['console']``) prints one line per step::
+
+    (TaskRunner pid=42) step:12 - actor/entropy:0.42 - actor/pg_clipfrac:np.float64(0.003) - ...
+
+possibly behind Ray's ``(Actor pid=N)`` tag and ANSI colours, and validation results as a second line
+with the same step. Before training it prints the resolved config (a pprinted dict, one line per row,
+each behind the same tag) and, in most captured logs, the command line with its Hydra overrides
+(``actor_rollout_ref.actor.ppo_mini_batch_size=64``). Both go into ``History.config`` (the printed
+config wins over the overrides), so config-aware rules know ``ppo_epochs``, mini-batch sizes and the
+loss mode.
+
+TRL (the HF Trainer's ``ProgressCallback``) prints ``{'loss': 0.1, 'grad_norm': ...}`` once per logging
+step, without the step: it is taken from the tqdm bar printed before it (``  10/500 [00:12<...``), else
+counted as ``n × logging_steps``.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+from collections import Counter
+from typing import Any
+
+from .history import History, ImportFormatError, Point, config_value, flat, merge_points, number, read_text
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_TAG = re.compile(r"^\s*\((?P<tag>[^()]*?pid=\d+[^()]*)\)\s?")
+_FOREIGN_TAG = re.compile(r"\((?:[A-Za-z0-9_:]+ )*pid=\d+(?:, ip=[^)]*)?\)")
+_STEP = re.compile(r"(?:^|\s)step:(?P<step>\d+)\s+-\s+(?P<rest>.*)$")
+_OVERRIDE = re.compile(r"(?:^|[\s\"'])\+{0,2}(?P<key>[A-Za-z_][\w]*(?:\.[\w]+)+)=(?P<value>\S+)")
+_TQDM = re.compile(r"(?:^|[\s|])(?P<n>\d+)/(?P<total>\d+) \[")
+
+
+def read_verl_console(path: str | os.PathLike[str]) -> History:
+    """A verl console log (see the module docstring); raises ``ImportFormatError`` with no step lines."""
+    text = _ANSI.sub("", read_text(path))
+    points = []
+    overrides: dict[str, Any] = {}
+    tagged: dict[str, list[str]] = {}
+    for raw in text.splitlines():
+        line = raw.replace("\r", "")
+        tag_match = _TAG.match(line)
+        body = line[tag_match.end() :] if tag_match else line
+        if tag_match:
+            tagged.setdefault(tag_match.group("tag"), []).append(_FOREIGN_TAG.split(body, maxsplit=1)[0])
+        step_match = _STEP.search(body)
+        if step_match:
+            points.append((int(step_match.group("step")), _key_values(step_match.group("rest"))))
+            continue
+        if "=" in body and ("main_ppo" in body or "main_grpo" in body or ".sh" in body):
+            for override in _OVERRIDE.finditer(body):
+                overrides[override.group("key")] = config_value(override.group("value"))
+    if not points:
+        raise ImportFormatError(f"{path}: no verl console step lines ('step:N - name:value - ...')")
+    config = dict(overrides)
+    printed = _printed_config(tagged)
+    if printed:
+        config.update(flat(printed))
+    return History(kind="verl-console", points=merge_points(points), config=config)
+
+
+def _key_values(rest: str) -> dict[str, float | int]:
+    metrics: dict[str, float | int] = {}
+    for item in rest.split(" - "):
+        name, sep, value = item.partition(":")
+        parsed = number(value) if sep else None
+        if parsed is not None and name.strip():
+            metrics[name.strip()] = parsed
+    return metrics
+
+
+def _printed_config(tagged: dict[str, list[str]]) -> dict[str, Any] | None:
+    """The pprinted config dict, from the lines of the process that printed it, if it parses."""
+    for lines in tagged.values():
+        start = next((i for i, line in enumerate(lines) if line.lstrip().startswith("{'")), None)
+        if start is None:
+            continue
+        depth, chunk = 0, []
+        for line in lines[start:]:
+            chunk.append(line)
+            depth += line.count("{") - line.count("}")
+            if depth <= 0:
+                break
+        try:
+            value = ast.literal_eval("\n".join(chunk))
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            continue
+        if isinstance(value, dict) and any(k in value for k in ("actor_rollout_ref", "data", "trainer")):
+            return value
+    return None
+
+
+def read_trl_console(path: str | os.PathLike[str], *, logging_steps: int | None = None) -> History:
+    """TRL/HF Trainer console dict lines (see the module docstring).
+
+    The step of each dict is the tqdm bar printed just before it when every dict has its own, rising
+    bar; otherwise (stdout and stderr buffered apart, dicts arriving in bursts) it is ``n ×
+    logging_steps``, with ``logging_steps`` inferred as ``last bar / number of dicts`` when not given.
+    Dicts with ``train_runtime`` (the end-of-training summary) are left out; ``eval_*`` dicts merge into
+    the step they follow. Raises ``ImportFormatError`` when the file holds no such dict.
+    """
+    if logging_steps is not None and logging_steps < 1:
+        raise ValueError(f"logging_steps must be >= 1, got {logging_steps}")
+    text = _ANSI.sub("", read_text(path))
+    # the training bar is the one drawn most often (dataset-map and eval bars come and go)
+    totals = Counter(bar.group("total") for bar in _TQDM.finditer(text))
+    training_total = totals.most_common(1)[0][0] if totals else None
+    records: list[tuple[int | None, dict[str, float | int], bool]] = []
+    last_bar: int | None = None
+    max_bar = 0
+    for raw in re.split(r"[\r\n]", text):
+        for bar in _TQDM.finditer(raw):
+            if bar.group("total") == training_total:
+                last_bar = int(bar.group("n"))
+                max_bar = max(max_bar, last_bar)
+        start = raw.find("{'")
+        if start < 0 or not raw.rstrip().endswith("}"):
+            continue
+        try:
+            record = ast.literal_eval(raw[start:].strip())
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            continue
+        if not isinstance(record, dict) or "train_runtime" in record:
+            continue
+        metrics = {str(k): parsed for k, v in record.items() if (parsed := _as_number(v)) is not None}
+        if metrics:
+            records.append((last_bar, metrics, _is_eval(metrics)))
+    if not records:
+        raise ImportFormatError(f"{path}: no TRL console dict lines (\"{{'loss': ..., ...}}\")")
+    train = [bar for bar, _, is_eval in records if not is_eval]
+    bars_usable = logging_steps is None and all(
+        bar is not None and (i == 0 or bar > train[i - 1]) for i, bar in enumerate(train)
+    )
+    every = logging_steps or (max(1, round(max_bar / len(train))) if train and max_bar >= len(train) else 1)
+    points: list[Point] = []
+    step, count = 0, 0  # an eval dict before any train dict lands on step 0
+    for bar, metrics, is_eval in records:
+        if not is_eval:
+            count += 1
+            step = bar if bars_usable and bar is not None else count * every
+        points.append((step, metrics))
+    return History(kind="trl-console", points=merge_points(points))
+
+
+def _is_eval(metrics: dict[str, float | int]) -> bool:
+    """An evaluation log: every key ``eval_*`` (the HF Trainer adds ``epoch`` to every log)."""
+    keys = [k for k in metrics if k not in ("epoch", "step")]
+    return bool(keys) and all(k.startswith("eval_") for k in keys)
+
+
+def _as_number(value: Any) -> float | int | None:
+    """transformers < 5 prints numbers, transformers >= 5 prints them as strings ('0.2221')."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return value
+    return number(value) if isinstance(value, str) else None

@@ -1,0 +1,183 @@
+"""Readers for files trainers and trackers write: ``trainer_state.json``, TensorBoard events, W&B exports.
+
+- ``trl-state``: a transformers/TRL ``trainer_state.json`` (its ``log_history``; entries logged at the
+  same step, train and eval, are merged). Never reads ``training_args.bin`` (a pickle).
+- ``tensorboard``: an ``events.out.tfevents.*`` file or a directory holding them, read with
+  ``tensorboard``'s own event reader (the ``rlvitals[import]`` extra). Scalars written as
+  ``simple_value`` (``torch.utils.tensorboard``) and as rank-0 tensors (TensorBoard 2 / the HF
+  ``TensorBoardCallback``) both count; the HF callback's ``args`` text summary (the
+  ``TrainingArguments``/``GRPOConfig`` as JSON) becomes the config, so ``num_iterations`` and
+  ``steps_per_generation`` reach the config-aware rules.
+- ``wandb-csv`` / ``wandb-parquet``: a run's history exported from W&B (``run.history()`` /
+  ``scan_history()`` saved as CSV or parquet, with ``_step``), or a chart's CSV download (``Step``
+  and ``"<run> - <metric>"`` columns; its ``__MIN``/``__MAX`` columns are left out). Parquet needs
+  ``pyarrow`` (the ``rlvitals[import]`` extra).
+
+Every ``*.gz`` text file is read through gzip.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from rlvitals.client.integrations._common import scalars
+
+from .history import (
+    History,
+    ImportFormatError,
+    MissingExtraError,
+    Point,
+    flat,
+    merge_points,
+    number,
+    read_bytes,
+    read_text,
+)
+
+EXTRA = "rlvitals[import]"
+# the step column of a W&B export, first present wins
+STEP_COLUMNS = ("train/global_step", "trainer/global_step", "_step", "Step", "step", "global_step")
+
+
+def read_trl_state(path: str | os.PathLike[str]) -> History:
+    """``trainer_state.json``'s ``log_history`` (entries without an int ``step`` are skipped)."""
+    try:
+        state = json.loads(read_bytes(path))
+    except ValueError as exc:
+        raise ImportFormatError(f"{path}: not JSON ({exc})") from exc
+    history = state.get("log_history") if isinstance(state, dict) else None
+    if not isinstance(history, list):
+        raise ImportFormatError(f"{path}: no log_history list (is this a trainer_state.json?)")
+    points: list[Point] = []
+    for entry in history:
+        if not isinstance(entry, dict):
+            continue
+        step = entry.get("step")
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            continue
+        if "train_runtime" in entry:  # the end-of-training summary, not a training step
+            continue
+        points.append((step, scalars({k: v for k, v in entry.items() if k != "step"})))
+    config = {}
+    if isinstance(state.get("logging_steps"), int):
+        config["logging_steps"] = state["logging_steps"]
+    return History(kind="trl-state", points=merge_points(points), config=config)
+
+
+def read_tensorboard(path: str | os.PathLike[str]) -> History:
+    """Scalars of one event file, or of every ``*tfevents*`` file under a directory (see module doc)."""
+    try:
+        from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+        from tensorboard.util import tensor_util
+    except ImportError as exc:
+        raise MissingExtraError(
+            f"reading TensorBoard event files needs the 'tensorboard' package: pip install '{EXTRA}'"
+        ) from exc
+    root = Path(path)
+    files = sorted(p for p in root.rglob("*") if "tfevents" in p.name) if root.is_dir() else [root]
+    if not files:
+        raise ImportFormatError(f"{path}: no *tfevents* files in this directory")
+    points: list[Point] = []
+    config: dict[str, Any] = {}
+    for file in files:
+        try:
+            events = list(EventFileLoader(str(file)).Load())
+        except Exception as exc:  # the loader raises DataLossError & co. on a corrupt record
+            raise ImportFormatError(f"{file}: not a readable TensorBoard event file ({exc})") from exc
+        for event in events:
+            if not event.HasField("summary"):
+                continue
+            metrics: dict[str, float | int] = {}
+            for value in event.summary.value:
+                if value.HasField("simple_value"):
+                    metrics[value.tag] = float(value.simple_value)
+                elif value.HasField("tensor"):
+                    array = tensor_util.make_ndarray(value.tensor)
+                    if array.size == 1 and array.dtype.kind in "fiu":
+                        metrics[value.tag] = float(array.reshape(()))
+                    elif array.size == 1 and array.dtype.kind in "SOU" and value.tag.startswith("args"):
+                        config.update(_args_config(array.reshape(()).item()))
+            if metrics:
+                points.append((int(event.step), metrics))
+    if not points:
+        raise ImportFormatError(f"{path}: no scalar summaries in the event file(s)")
+    return History(kind="tensorboard", points=merge_points(points), config=config)
+
+
+def _args_config(text: Any) -> dict[str, Any]:
+    """The HF ``TensorBoardCallback``'s ``args`` text summary: the training arguments as JSON."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", errors="replace")
+    try:
+        args = json.loads(text)
+    except (TypeError, ValueError):
+        return {}
+    return flat(args) if isinstance(args, dict) else {}
+
+
+def read_wandb_csv(path: str | os.PathLike[str]) -> History:
+    """A W&B history or chart export as CSV (see the module docstring)."""
+    rows = list(csv.DictReader(io.StringIO(read_text(path))))
+    return _wandb_rows(path, rows, kind="wandb-csv")
+
+
+def read_wandb_parquet(path: str | os.PathLike[str]) -> History:
+    """A W&B history export as parquet (``pyarrow``, the ``rlvitals[import]`` extra)."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as exc:
+        raise MissingExtraError(
+            f"reading parquet needs the 'pyarrow' package: pip install '{EXTRA}'"
+        ) from exc
+    try:
+        rows = pq.read_table(str(path)).to_pylist()
+    except Exception as exc:  # pyarrow raises ArrowInvalid & co. on a non-parquet file
+        raise ImportFormatError(f"{path}: not a readable parquet file ({exc})") from exc
+    return _wandb_rows(path, rows, kind="wandb-parquet")
+
+
+def _wandb_rows(path: Any, rows: Iterable[Mapping[str, Any]], *, kind: str) -> History:
+    rows = list(rows)
+    columns = list(rows[0]) if rows else []
+    step_column = next((c for c in STEP_COLUMNS if c in columns), None)
+    if step_column is None:
+        raise ImportFormatError(
+            f"{path}: no step column (expected one of {', '.join(STEP_COLUMNS)}); columns: {columns[:8]}"
+        )
+    points: list[Point] = []
+    for number_, row in enumerate(rows, start=2):
+        step = _cell(row.get(step_column))
+        if step is None or not math.isfinite(step) or step < 0 or step != int(step):
+            raise ImportFormatError(
+                f"{path}: row {number_}: step {row.get(step_column)!r} is not an int >= 0"
+            )
+        metrics: dict[str, float | int] = {}
+        for column, value in row.items():
+            if column == step_column or column is None or column.startswith("_"):
+                continue
+            if column.endswith(("__MIN", "__MAX")):
+                continue
+            parsed = _cell(value)
+            if parsed is not None:
+                metrics[column.split(" - ", 1)[1] if " - " in column else column] = parsed
+        points.append((int(step), metrics))
+    if not points:
+        raise ImportFormatError(f"{path}: no rows")
+    return History(kind=kind, points=merge_points(points))
+
+
+def _cell(value: Any) -> float | int | None:
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return value
+    if isinstance(value, str) and value.strip():
+        return number(value)
+    return None

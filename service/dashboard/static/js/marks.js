@@ -1,0 +1,62 @@
+// rlvitals dashboard: the health rules' own thresholds on the charts (GET /dashboard-api/runs/{id}/health):
+// lines (ppo_kl ceiling 0.05, kl_loss 0.5, ...), bands (pg_clipfrac 0.1-0.3) and the entropy forecast
+// (the step at which entropy reaches its floor at the current rate), plus each signal's current value.
+(function () {
+  "use strict";
+  const RLV = window.RLV;
+  const M = (RLV.marks = {});
+  const COLOR = { info: "#0e7490", warning: "#d97706", critical: "#dc2626" };
+
+  M.url = function (runId) { return "/dashboard-api/runs/" + encodeURIComponent(runId) + "/health"; };
+
+  // Shapes and annotations for the marks of one panel's signal; x() maps a step to the axis.
+  M.decorate = function (health, signal, x, logy) {
+    const shapes = [];
+    const annotations = [];
+    if (!health || !signal) return { shapes: shapes, annotations: annotations };
+    const y = function (v) { return logy ? (v > 0 ? Math.log10(v) : null) : v; };
+    for (const m of health.marks || []) {
+      if (m.signal !== signal) continue;
+      const color = COLOR[m.severity] || COLOR.warning;
+      const tag = "mark:" + m.rule + ":" + m.kind + ":" + (m.label || "");
+      if (m.kind === "band" && Number.isFinite(m.low) && Number.isFinite(m.high)) {
+        if (y(m.high) === null) continue;
+        shapes.push({
+          name: "healthy-band", type: "rect", xref: "paper", yref: "y", x0: 0, x1: 1, y0: y(Math.max(m.low, logy ? 1e-12 : m.low)), y1: y(m.high),
+          fillcolor: "#22c55e", opacity: 0.12, line: { width: 0 }, layer: "below",
+        });
+      } else if (m.kind === "line" && Number.isFinite(m.y) && y(m.y) !== null) {
+        shapes.push({
+          name: tag, type: "line", xref: "paper", yref: "y", x0: 0, x1: 1, y0: y(m.y), y1: y(m.y),
+          line: { color: color, width: 1, dash: "dot" }, layer: "below",
+        });
+        annotations.push({
+          name: tag, x: 1, xref: "paper", xanchor: "right", y: y(m.y), yref: "y", yanchor: "bottom", showarrow: false,
+          text: RLV.ptext(m.label + " " + RLV.fmtNum(m.y)), font: { size: 9, color: color },
+        });
+      } else if (m.kind === "forecast" && Number.isFinite(m.step)) {
+        shapes.push({
+          name: tag, type: "line", xref: "x", yref: "paper", x0: x(m.step), x1: x(m.step), y0: 0, y1: 1,
+          line: { color: COLOR.critical, width: 1, dash: "dash" },
+        });
+        annotations.push({
+          name: tag, x: x(m.step), xref: "x", y: 0.5, yref: "paper", xanchor: "right", showarrow: false,
+          text: RLV.ptext("floor at step ~" + m.step), font: { size: 10, color: COLOR.critical },
+        });
+      }
+    }
+    return { shapes: shapes, annotations: annotations };
+  };
+
+  // "entropy reaches the floor 0.02 at step ~N at the current rate": the live forecasts, as text.
+  M.forecasts = function (health) {
+    return ((health && health.marks) || []).filter(function (m) { return m.kind === "forecast"; });
+  };
+
+  // The current value of an alert's signal (the alert's own value is the one at onset).
+  M.current = function (health, alert) {
+    if (!health || !health.signals || !alert.signal) return null;
+    const v = health.signals[alert.signal];
+    return v === undefined ? null : v;
+  };
+})();

@@ -1,0 +1,70 @@
+"""Issue 9's targets, measured on the real-log corpus (tests/data/real_logs/): our health rules raise no
+warning-or-worse alert on a healthy run and catch every labelled incident, scored exactly as
+bench/detection.py scores them (rlvitals.analyzers.health.scoring)."""
+
+from __future__ import annotations
+
+import pytest
+from rlvitals.analyzers.health.scoring import Alert, Incident, RunLabels, episodes, score_run, tally
+
+from bench._detection import load_corpus, our_alerts, score
+
+
+@pytest.fixture(scope="module")
+def scores():
+    return score(our_alerts, load_corpus())
+
+
+def test_the_corpus_has_real_runs_of_both_kinds():
+    runs = load_corpus()
+    assert len(runs) >= 12
+    assert sum(r.labels.healthy for r in runs) >= 5
+    assert sum(len(r.labels.incidents) for r in runs) >= 20
+    for run in runs:
+        assert run.entry["source"]["commit"] and run.entry["source"]["url"].startswith("https://github.com/")
+        assert len(run.history.points) >= 3, run.id
+
+
+def test_no_warning_or_worse_alert_on_a_healthy_run(scores):
+    noisy = {s.run_id: [(a.rule, a.step, a.severity) for a in s.false_alerts] for s in scores if s.healthy}
+    assert noisy == {r: [] for r in noisy}
+
+
+def test_every_labelled_incident_is_caught(scores):
+    missed = {s.run_id: [(i.kind, i.onset) for i in s.missed] for s in scores if s.missed}
+    assert missed == {}
+
+
+def test_no_false_alert_outside_incident_windows_on_unhealthy_runs(scores):
+    false = {s.run_id: [(a.rule, a.step) for a in s.false_alerts] for s in scores if not s.healthy}
+    assert false == {r: [] for r in false}
+
+
+# the scorer itself, on small hand-made cases
+def test_an_alert_inside_the_window_catches_the_incident_and_reports_the_delay():
+    labels = RunLabels("r", healthy=False, incidents=(Incident("truncation", 20, 40),), tolerance=10)
+    result = score_run(labels, [Alert("a", 15), Alert("b", 30), Alert("c", 60)], last_step=100)
+    assert [a.rule for a in result.true_alerts] == ["a", "b"]
+    assert [a.rule for a in result.false_alerts] == ["c"]
+    assert result.incidents[0].delay == -5 and result.incidents[0].rules == ("a", "b")
+
+
+def test_info_alerts_never_catch_or_count_as_false():
+    labels = RunLabels("r", healthy=True)
+    result = score_run(labels, [Alert("x", 3, "info")], last_step=10)
+    assert result.false_alerts == [] and len(result.info_alerts) == 1
+    labels = RunLabels("r", healthy=False, incidents=(Incident("zero_grad", 5),))
+    assert score_run(labels, [Alert("x", 6, "info")], last_step=10).missed
+
+
+def test_a_rule_repeated_on_consecutive_points_is_one_episode():
+    alerts = episodes([(1, [("k", "warning")]), (2, [("k", "critical")]), (3, []), (4, [("k", "warning")])])
+    assert alerts == [Alert("k", 1, "critical"), Alert("k", 4, "warning")]
+
+
+def test_tally_counts_per_rule_catches_and_delays():
+    labels = RunLabels("r", healthy=False, incidents=(Incident("a", 10), Incident("b", 50)), tolerance=0)
+    scored = score_run(labels, [Alert("x", 12), Alert("y", 55), Alert("x", 56)], last_step=100)
+    overall, per_rule = tally([scored])
+    assert (overall.caught, overall.missed, overall.median_delay) == (2, 0, 3.5)  # delays 2 and 5
+    assert per_rule["x"].caught == 2 and per_rule["x"].delays == [2, 6]

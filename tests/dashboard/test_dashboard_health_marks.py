@@ -1,0 +1,82 @@
+"""The run page draws the health rules' own thresholds (served by /dashboard-api/runs/{id}/health),
+shows info findings apart from warnings, the entropy forecast, and each alert's current value beside its
+onset value. Real server, real headless Chromium."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+# four updates per batch: a low clip fraction is the "below the band" case, an info finding
+CONFIG = {"data": {"train_batch_size": 1024}, "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 256}}}
+STEPS = 350
+
+
+def _metrics(step: int) -> dict[str, float]:
+    return {
+        "actor/ppo_kl": 1e-3 * (1 + 0.1 * math.sin(step)),
+        "actor/pg_clipfrac": 0.004,
+        "actor/kl_loss": 1e-3 * step / STEPS,
+        # exponential decay: 0.8 -> 0.197 at step 349 (25% of its early level: info), floor 0.02 at ~922
+        "actor/entropy": 0.8 * math.exp(-0.004 * step),
+    }
+
+
+@pytest.fixture(scope="module")
+def run_id(api) -> int:
+    run = api.create_run("marks-page", project="dash", config=CONFIG)
+    api.log_series(run, _metrics, range(STEPS))
+    api.wait_alert(run, "entropy_collapse")
+    api.wait_alert(run, "pg_clipfrac_range")
+    return run
+
+
+def _shapes(tab, name: str) -> list[dict]:
+    return tab.js(
+        """name => {
+            const p = [...document.querySelectorAll('.panel')].find(p => p.dataset.metric === name);
+            return (p.querySelector('.plot').layout.shapes || []).map(s => ({name: s.name, x0: s.x0, y0: s.y0, y1: s.y1}));
+        }""",
+        name,
+    )
+
+
+def test_rule_thresholds_forecast_and_current_values_on_the_run_page(tab, run_id):
+    tab.open(f"/runs/{run_id}", ready="window.RLV && RLV.timing.allCharts && RLV.state.health")
+    tab.wait(
+        "[...document.querySelectorAll('.panel')].find(p => p.dataset.metric === 'actor/entropy')"
+        ".querySelector('.plot').layout.shapes.some(s => String(s.name).includes(':forecast:'))"
+    )
+    ceiling = [s for s in _shapes(tab, "actor/ppo_kl") if s["name"] == "mark:ppo_kl_drift:line:ceiling"]
+    assert ceiling and ceiling[0]["y0"] == 0.05
+    assert any(
+        s["name"] == "mark:kl_loss_runaway:line:ceiling" and s["y0"] == 0.5
+        for s in _shapes(tab, "actor/kl_loss")
+    )
+    band = [s for s in _shapes(tab, "actor/pg_clipfrac") if s["name"] == "healthy-band"]
+    assert [(s["y0"], s["y1"]) for s in band] == [(0.1, 0.3)]
+    (forecast,) = [s for s in _shapes(tab, "actor/entropy") if ":forecast:" in str(s["name"])]
+    assert 880 <= forecast["x0"] <= 960  # ln(40) / 0.004 = 922
+    entropy = _shapes(tab, "actor/entropy")
+    assert any(s["name"] == "mark:entropy_collapse:line:floor" and s["y0"] == 0.02 for s in entropy)
+
+    strip = tab.js(
+        """() => [...document.querySelectorAll('#alerts-list li')].map(li => ({
+            rule: li.dataset.rule || null, severity: li.dataset.severity || null, cls: li.className,
+            forecast: li.dataset.forecast || null, text: li.textContent}))"""
+    )
+    by_rule = {item["rule"]: item for item in strip if item["rule"]}
+    # info findings are listed, marked as info, and leave the run healthy
+    assert (
+        by_rule["pg_clipfrac_range"]["severity"] == "info" and "info" in by_rule["pg_clipfrac_range"]["cls"]
+    )
+    assert by_rule["entropy_collapse"]["severity"] == "info"
+    assert tab.js("document.getElementById('run-status').textContent") == "healthy"
+    # the value at onset and the value now, side by side
+    text = by_rule["entropy_collapse"]["text"]
+    assert "at onset" in text and "now 0.19" in text
+    (live,) = [item for item in strip if item["forecast"]]
+    assert 880 <= int(live["forecast"]) <= 960 and "floor" in live["text"]
+    tab.shot("run-page-health-marks", full_page=False)
+    tab.assert_clean()
