@@ -20,6 +20,8 @@ COPY src ./src
 COPY analyzers ./analyzers
 COPY client ./client
 COPY service ./service
+# setup.py maps rlvitals.examples to examples/ (`rlvitals demo` runs the tiny trainer from the wheel).
+COPY examples ./examples
 RUN pip install ".[server]" && rlvitals --help >/dev/null
 
 FROM python:3.11-slim
