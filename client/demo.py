@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import ModuleType
@@ -32,7 +33,10 @@ def load_tiny_grpo() -> ModuleType:
 
 
 def _port_free(host: str, port: int) -> bool:
+    """Whether ``rlvitals serve`` could bind ``port``. SO_REUSEADDR as uvicorn binds: a port whose last
+    connections sit in TIME_WAIT (the previous demo, just stopped) is free; one that listens is not."""
     with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:
@@ -118,13 +122,37 @@ def run_demo(
         host=host, port=port, database_url=database_url, log_path=workdir / f"serve-{stamp}.log"
     )
     print(f"rlvitals demo: starting the server on {server.url} ({database_url})", file=out, flush=True)
+    with _sigterm_as_interrupt():
+        return _serve_and_train(server, tiny, torch, rlvitals, stamp, workdir, steps, keep_serving, out)
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """SIGTERM (`kill`, a container stopping, a CI job cancelled) unwinds like Ctrl-C, so the server in
+    its own session is stopped by the ``finally`` below instead of being left running."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
     try:
-        server.start()
-    except (RuntimeError, TimeoutError) as exc:
-        print(f"rlvitals demo: {exc}", file=out)
-        return 1
-    torch.set_num_threads(1)  # a tiny model: threads only add overhead
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _serve_and_train(server, tiny, torch, rlvitals, stamp, workdir, steps, keep_serving, out) -> int:
+    serving = False
     try:
+        try:
+            server.start()
+        except (RuntimeError, TimeoutError) as exc:
+            print(f"rlvitals demo: {exc}", file=out)
+            return 1
+        torch.set_num_threads(1)  # a tiny model: threads only add overhead
         run_ids = {}
         for preset in ("healthy", "unstable"):
             config = tiny.PRESETS[preset]
@@ -161,9 +189,12 @@ def run_demo(
         print(f"  alerts    {server.url}/alerts", file=out, flush=True)
         if keep_serving:
             print("\nServing until Ctrl-C.", file=out, flush=True)
-            with contextlib.suppress(KeyboardInterrupt):
-                server.wait()
+            serving = True
+            server.wait()
         return 0
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM, at any point
+        print("\nrlvitals demo: interrupted; stopping the server", file=out, flush=True)
+        return 0 if serving else 130  # stopping a serving demo is how it ends; mid-training is not
     finally:
         server.stop()
 

@@ -144,6 +144,15 @@ class Settings(BaseSettings):
             return [part.strip() for part in text.split(",") if part.strip()]
         return value
 
+    @field_validator("database_url")
+    @classmethod
+    def _psycopg_for_postgresql(cls, value: str | None) -> str | None:
+        # libpq's and Heroku's spellings mean psycopg2 to SQLAlchemy; the server extra installs psycopg 3.
+        scheme, sep, rest = (value or "").partition("://")
+        if sep and scheme in ("postgres", "postgresql"):
+            return f"postgresql+psycopg://{rest}"
+        return value
+
     @property
     def resolved_database_url(self) -> str:
         if self.database_url:
