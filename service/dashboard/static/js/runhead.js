@@ -94,11 +94,12 @@
     const list = RLV.clear(RLV.$("audits-mini-list"));
     for (const a of all.slice(0, 5)) {
       const ok = RLV.auditOk(a);
-      const text = ok === null ? a.status : ok ? "reported metrics match the recomputation" : a.explanation || "mismatch";
+      const text = ok === null ? a.status : ok ? "reported metrics match the recomputation" : a.summary || a.explanation || "mismatch";
       list.appendChild(RLV.el("li", { className: ok === false ? "bad" : "", dataset: { auditId: String(a.id) } },
         RLV.el("a", { href: RLV.runPath(runId) + "/audits?audit=" + encodeURIComponent(a.id), text: "step " + a.step }),
         ": " + text));
     }
+    RLV.$("audits-mini-count").textContent = all.length + " audits" + (bad ? ", " + bad + " mismatched" : "");
     RLV.$("audits-mini").hidden = all.length === 0;
   };
 })();
