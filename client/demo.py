@@ -23,8 +23,12 @@ from types import ModuleType
 from typing import TextIO
 
 import httpx
+from rlvitals.client.settings import ClientSettings
 
 DEFAULT_PORT = 8000
+# (the label printed and used in run names, the tiny_grpo preset)
+DEMO_PRESETS = {"healthy": "healthy", "unstable": "goes-unstable"}
+EVERY = 5  # audit a batch every EVERY steps
 
 
 def load_tiny_grpo() -> ModuleType:
@@ -154,19 +158,30 @@ def _serve_and_train(server, tiny, torch, rlvitals, stamp, workdir, steps, keep_
             return 1
         torch.set_num_threads(1)  # a tiny model: threads only add overhead
         run_ids = {}
-        for preset in ("healthy", "unstable"):
-            config = tiny.PRESETS[preset]
+        for preset in DEMO_PRESETS:
+            config = tiny.PRESETS[DEMO_PRESETS[preset]]
             if steps is not None:
                 config = dataclasses.replace(config, steps=steps)
+            if config.misreport_step and config.switch_step():  # the first audited step after the switch
+                config = dataclasses.replace(config, misreport_step=-(-config.switch_step() // EVERY) * EVERY)
             run = rlvitals.init(
                 url=server.url,
                 project="demo",
                 name=f"tiny-grpo-{preset}-{stamp}",
                 config=config.run_config(),
                 spool_dir=workdir / "spool",
+                # both audited updates of a sampled step: the on-policy first and the clipped last
+                settings=ClientSettings(batch_every=EVERY, batch_micro_batches="all"),
             )
             print(
-                f"\n== {preset}: lr {config.lr:g}, ppo_epochs {config.ppo_epochs}, {config.steps} steps",
+                f"\n== {preset}: lr {config.lr:g}, ppo_epochs {config.ppo_epochs}, {config.steps} steps"
+                + (
+                    f"; from step {config.switch_step()} lr {config.then.lr:g}, ppo_epochs "
+                    f"{config.then.ppo_epochs}, clip {config.then.clip_ratio:g}; step {config.misreport_step}'s "
+                    f"audited batch reported as {config.misreport_agg_mode} (a trainer bug on purpose)"
+                    if config.then is not None
+                    else ""
+                ),
                 file=out,
             )
             history = tiny.train(config, run, progress=_progress(out))
