@@ -34,7 +34,11 @@
     const keys = Object.keys(details);
     if (keys.length) {
       const list = RLV.el("ul", {});
-      for (const k of keys) list.appendChild(RLV.el("li", {}, RLV.el("code", { text: k }), " ", details[k]));
+      for (const k of keys) {
+        const line = String(details[k]);
+        const text = line.startsWith(k + ": ") ? line.slice(k.length + 2) : line; // the name is the <code>
+        list.appendChild(RLV.el("li", {}, RLV.el("code", { text: k }), " ", text));
+      }
       td.appendChild(RLV.el("details", { className: "metric-details" },
         RLV.el("summary", { text: "details for " + keys.length + " metric" + (keys.length > 1 ? "s" : "") }), list));
     }
