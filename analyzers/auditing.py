@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from .alternatives import NO_DUAL_CLIP, Alternative, find_alternatives, implied_normaliser
+from .audit_names import canonical_name
 from .config import AggMode, KLType, LossConfig
 from .kernels import TokenBatch
 
@@ -33,19 +34,7 @@ DEFAULT_ON_POLICY_TOL = 1e-3
 _BATCH_KEYS = ("log_prob", "old_log_prob", "advantages", "response_mask", "ref_log_prob", "entropy")
 
 
-_ALIASES = {
-    "clip_ratio/region_mean": "pg_clipfrac",  # TRL
-    "ppo_clip_ratio": "pg_clipfrac",  # OpenRLHF
-}
-
-
-def _canonical(name: str) -> str:
-    """``actor/pg_loss`` -> ``pg_loss`` (verl prefixes most metrics, not ``kl_loss``); TRL and
-    OpenRLHF spellings of the clip fraction -> ``pg_clipfrac``."""
-    for alias, canonical in _ALIASES.items():
-        if name == alias or name.endswith("/" + alias):
-            return canonical
-    return name.rsplit("/", 1)[-1]
+_canonical = canonical_name  # the audit's names: see .audit_names (torch-free, the service reads it too)
 
 
 def _close(a: float, b: float, rtol: float, atol: float) -> bool:
@@ -80,6 +69,8 @@ class AuditReport:
     counterfactuals: dict[str, Any]
     on_policy_gap: float | None
     alternatives: dict[str, list[Alternative]] = field(default_factory=dict)
+    summary: str = ""  # one sentence: how many metrics disagree and the likeliest reason
+    details: dict[str, str] = field(default_factory=dict)  # per mismatched metric, its part of explanation
 
     @property
     def mismatched(self) -> list[str]:
@@ -96,6 +87,8 @@ class AuditReport:
                 for k, v in self.verdicts.items()
             },
             "explanation": self.explanation,
+            "summary": self.summary or self.explanation,
+            "details": dict(self.details),
             "counterfactuals": self.counterfactuals,
             "on_policy_gap": None if self.on_policy_gap is None else float(self.on_policy_gap),
         }
@@ -193,9 +186,12 @@ def audit(
     gap = _on_policy_gap(batch)
     on_policy_ok = not on_policy or gap is None or (not math.isnan(gap) and gap <= on_policy_tol)
     ok = all(v["ok"] for v in verdicts.values()) and on_policy_ok
+    details: dict[str, str] = {}
     explanation = _explain(
-        batch, effective, given, recomputed, verdicts, alternatives, gap, on_policy, on_policy_tol, notes
-    )
+        batch, effective, given, recomputed, verdicts, alternatives, gap, on_policy, on_policy_tol, notes,
+        details,
+    )  # fmt: skip
+    summary = _summarise(verdicts, alternatives, explanation)
     return AuditReport(
         ok=ok,
         empty=batch.empty,
@@ -206,11 +202,37 @@ def audit(
         counterfactuals=_counterfactuals(batch, effective) if with_counterfactuals else {},
         on_policy_gap=gap,
         alternatives=alternatives,
+        summary=summary,
+        details=details,
     )
 
 
+def _summarise(verdicts, alternatives, explanation: str) -> str:
+    """One sentence for a list of audits: how many reported metrics disagree and, when one
+    alternative setting explains the first of them, that setting. Matches keep the explanation."""
+    bad = [k for k, v in verdicts.items() if not v["ok"]]
+    if not bad:
+        return explanation
+    head = f"{len(bad)} of {len(verdicts)} reported metrics disagree ({', '.join(bad)})"
+    for key in bad:
+        found = alternatives.get(key) or []
+        if found:
+            return f"{head}: {found[0].sentence}."
+    return f"{head}; no single alternative setting reproduces them."
+
+
 def _explain(
-    batch, config, given, recomputed, verdicts, alternatives, gap, on_policy, on_policy_tol, notes
+    batch,
+    config,
+    given,
+    recomputed,
+    verdicts,
+    alternatives,
+    gap,
+    on_policy,
+    on_policy_tol,
+    notes,
+    details=None,
 ) -> str:
     lines: list[str] = []
     if batch.empty:
@@ -254,6 +276,8 @@ def _explain(
                     f"(this micro-batch has {have})."
                 )
         lines.append(line)
+        if details is not None:
+            details[key] = line
     if gap is not None:
         if on_policy and (math.isnan(gap) or gap > on_policy_tol):
             lines.append(

@@ -63,9 +63,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     demo = subparsers.add_parser(
         "demo",
-        help="run the product: a server on SQLite, a healthy and an unstable GRPO trainer",
-        description="Start `rlvitals serve` on an embedded SQLite file, train a healthy and an unstable "
-        "tiny GRPO policy against it, print the dashboard URL and keep serving.",
+        help="run the product: a server on SQLite, a healthy GRPO trainer and one that goes unstable",
+        description="Start `rlvitals serve` on an embedded SQLite file, train a healthy tiny GRPO policy "
+        "and one that goes unstable half-way (with one batch reported under the wrong aggregation "
+        "mode), print the dashboard URL and keep serving.",
     )
     demo.add_argument("--host", default="127.0.0.1")
     demo.add_argument("--port", type=int, help="default: 8000, or a free port when 8000 is taken")

@@ -16,14 +16,19 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import ModuleType
 from typing import TextIO
 
 import httpx
+from rlvitals.client.settings import ClientSettings
 
 DEFAULT_PORT = 8000
+# (the label printed and used in run names, the tiny_grpo preset)
+DEMO_PRESETS = {"healthy": "healthy", "unstable": "goes-unstable"}
+EVERY = 5  # audit a batch every EVERY steps
 
 
 def load_tiny_grpo() -> ModuleType:
@@ -32,7 +37,10 @@ def load_tiny_grpo() -> ModuleType:
 
 
 def _port_free(host: str, port: int) -> bool:
+    """Whether ``rlvitals serve`` could bind ``port``. SO_REUSEADDR as uvicorn binds: a port whose last
+    connections sit in TIME_WAIT (the previous demo, just stopped) is free; one that listens is not."""
     with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:
@@ -118,27 +126,62 @@ def run_demo(
         host=host, port=port, database_url=database_url, log_path=workdir / f"serve-{stamp}.log"
     )
     print(f"rlvitals demo: starting the server on {server.url} ({database_url})", file=out, flush=True)
+    with _sigterm_as_interrupt():
+        return _serve_and_train(server, tiny, torch, rlvitals, stamp, workdir, steps, keep_serving, out)
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """SIGTERM (`kill`, a container stopping, a CI job cancelled) unwinds like Ctrl-C, so the server in
+    its own session is stopped by the ``finally`` below instead of being left running."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
     try:
-        server.start()
-    except (RuntimeError, TimeoutError) as exc:
-        print(f"rlvitals demo: {exc}", file=out)
-        return 1
-    torch.set_num_threads(1)  # a tiny model: threads only add overhead
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _serve_and_train(server, tiny, torch, rlvitals, stamp, workdir, steps, keep_serving, out) -> int:
+    serving = False
     try:
+        try:
+            server.start()
+        except (RuntimeError, TimeoutError) as exc:
+            print(f"rlvitals demo: {exc}", file=out)
+            return 1
+        torch.set_num_threads(1)  # a tiny model: threads only add overhead
         run_ids = {}
-        for preset in ("healthy", "unstable"):
-            config = tiny.PRESETS[preset]
+        for preset in DEMO_PRESETS:
+            config = tiny.PRESETS[DEMO_PRESETS[preset]]
             if steps is not None:
                 config = dataclasses.replace(config, steps=steps)
+            if config.misreport_step and config.switch_step():  # the first audited step after the switch
+                config = dataclasses.replace(config, misreport_step=-(-config.switch_step() // EVERY) * EVERY)
             run = rlvitals.init(
                 url=server.url,
                 project="demo",
                 name=f"tiny-grpo-{preset}-{stamp}",
                 config=config.run_config(),
                 spool_dir=workdir / "spool",
+                # both audited updates of a sampled step: the on-policy first and the clipped last
+                settings=ClientSettings(batch_every=EVERY, batch_micro_batches="all"),
             )
             print(
-                f"\n== {preset}: lr {config.lr:g}, ppo_epochs {config.ppo_epochs}, {config.steps} steps",
+                f"\n== {preset}: lr {config.lr:g}, ppo_epochs {config.ppo_epochs}, {config.steps} steps"
+                + (
+                    f"; from step {config.switch_step()} lr {config.then.lr:g}, ppo_epochs "
+                    f"{config.then.ppo_epochs}, clip {config.then.clip_ratio:g}; step {config.misreport_step}'s "
+                    f"audited batch reported as {config.misreport_agg_mode} (a trainer bug on purpose)"
+                    if config.then is not None
+                    else ""
+                ),
                 file=out,
             )
             history = tiny.train(config, run, progress=_progress(out))
@@ -161,9 +204,12 @@ def run_demo(
         print(f"  alerts    {server.url}/alerts", file=out, flush=True)
         if keep_serving:
             print("\nServing until Ctrl-C.", file=out, flush=True)
-            with contextlib.suppress(KeyboardInterrupt):
-                server.wait()
+            serving = True
+            server.wait()
         return 0
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM, at any point
+        print("\nrlvitals demo: interrupted; stopping the server", file=out, flush=True)
+        return 0 if serving else 130  # stopping a serving demo is how it ends; mid-training is not
     finally:
         server.stop()
 

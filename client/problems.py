@@ -1,7 +1,10 @@
 """Infrastructure trouble, as the trainer sees it: never an exception, one warning per kind, always counted.
 
-``ClientWarning`` is what ``warnings`` shows (filter it like any other warning); every occurrence is also
-logged at WARNING on the ``rlvitals.client`` logger and kept (the last few) for ``finish()``'s report.
+Each kind is shown once, as one line: a WARNING record on the ``rlvitals.client`` logger (Python prints
+it to stderr when logging is not configured; a trainer that configures logging gets it in its own format).
+The same message is also issued as a ``ClientWarning``, which is ignored unless a filter asks for it:
+``warnings.simplefilter("error", ClientWarning)`` or ``pytest.warns`` catch it, and nothing prints twice.
+Repeats are logged at DEBUG; every occurrence is counted and the last few kept for ``finish()``'s report.
 """
 
 from __future__ import annotations
@@ -17,6 +20,11 @@ logger = logging.getLogger("rlvitals.client")
 
 class ClientWarning(RuntimeWarning):
     """The server, network or disk misbehaved; the client carried on (the message says how)."""
+
+
+# Lowest priority (append): any filter the user or pytest sets (-W, simplefilter, filterwarnings)
+# comes first and wins; by default the log line is the one thing printed.
+warnings.filterwarnings("ignore", category=ClientWarning, append=True)
 
 
 class Problems:

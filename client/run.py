@@ -1,6 +1,7 @@
 """``rlvitals.init`` / ``Run``: the object a trainer holds. The caller's side only validates and enqueues.
 
-``run.log(metrics, step)`` checks its arguments (misuse raises ``TypeError``/``ValueError`` at once) and
+``run.log(metrics, step)`` checks its arguments (misuse raises ``TypeError``/``ValueError`` at once,
+``RuntimeError`` after ``finish()``; a step lower than the last one warns once) and
 appends one tuple to a ``collections.deque`` — no lock, no I/O, no encoding; the pump thread does the rest
 (see ``sender.py``). ``run.log_batch(...)`` decides sampling first (a skipped call costs a few µs), then
 copies the tensors off the device without waiting for it (see ``capture.py``).
@@ -183,6 +184,7 @@ class Run:
         self._stats = Stats()
         self._worker: Worker | None = None
         self._batch_step: int | None = None
+        self._last_step = -1
         self._micro_batch = 0
         self._batches_skipped = 0
         self._finish_lock = threading.Lock()
@@ -253,6 +255,10 @@ class Run:
         if self.state is not Lifecycle.OPEN:
             raise RuntimeError(f"run {self.name!r} is {self.state.value}; log() needs an open run")
         step = check_step(step)
+        if step < self._last_step:
+            self._step_went_back(step)
+        else:
+            self._last_step = step
         values, deferred = check_metrics(metrics)
         if not self._send_scalars:
             return
@@ -260,6 +266,16 @@ class Run:
         self._queue.append((step, values, time.time(), device))
         if self._worker is None:
             self._ensure_worker()
+
+    def _step_went_back(self, step: int) -> None:
+        # Accepted, not refused: a resumed run re-logs steps and a late eval metric may name an older
+        # step. But the server keeps the first value of each (step, metric), so say so, once.
+        self._problems.warn(
+            "step_backwards",
+            f"rlvitals: log() got step {step} after step {self._last_step}; steps should only grow. "
+            "Sending it anyway: a metric not yet stored at that step is kept, one already stored keeps "
+            "its first value (resumed from a checkpoint? start a new run or log from the next step)",
+        )
 
     def log_batch(
         self,

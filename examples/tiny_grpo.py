@@ -9,11 +9,15 @@ Each step: sample ``groups`` prompts × ``group_size`` responses, compute GRPO a
 group (``rlvitals.analyzers.grpo_advantages``), keep the sampling log-probs as ``old_log_prob`` and the
 frozen initial policy's as ``ref_log_prob``, then run ``ppo_epochs`` epochs of ``mini_batches`` clipped
 updates with verl's loss (``rlvitals.analyzers.ppo_loss``: clip + dual clip + low_var_kl KL loss + entropy,
-token-mean), each mini-batch holding whole groups. Scalars go to ``run.log`` every step under verl's names; the first micro-batch of each step
-goes to ``run.log_batch`` (the client samples every ``batch_every`` steps).
+token-mean), each mini-batch holding whole groups. Scalars go to ``run.log`` every step under verl's names;
+the first update's micro-batch (on-policy) and the last one's (clipped, after every epoch of reuse) go to
+``run.log_batch`` (the client samples every ``batch_every`` steps, the first call of a step by default).
+The ``goes-unstable`` preset trains healthily for half its steps, then with the unstable settings, and
+reports one batch with the wrong aggregation mode on purpose (``misreport_step``).
 
     python examples/tiny_grpo.py                         # healthy: reward rises
     python examples/tiny_grpo.py --preset unstable       # high lr + many epochs: the health rules fire
+    python examples/tiny_grpo.py --preset goes-unstable  # healthy, then unstable from mid-run
     python examples/tiny_grpo.py --url http://127.0.0.1:8000 --name my-run
     python examples/tiny_grpo.py --bench                 # step time with and without the hook
 """
@@ -23,6 +27,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import math
 import statistics
 import sys
 import tempfile
@@ -56,6 +61,18 @@ class TinyGRPOConfig:
     entropy_coeff: float = 0.02
     temperature: float = 1.0
     seed: int = 0
+    # A run that goes wrong mid-way: from step ceil(steps * then_from) on, train with ``then``'s
+    # lr, epochs, clip and loss settings (a learning-rate bump, more reuse of each batch).
+    then: TinyGRPOConfig | None = None
+    then_from: float = 0.5
+    # A trainer bug on purpose: at this step the batch's reported metrics are computed with another
+    # aggregation mode than the config it declares (the audit names it); 0 = never.
+    misreport_step: int = 0
+    misreport_agg_mode: str = "seq-mean-token-mean"
+
+    def switch_step(self) -> int | None:
+        """The first step trained with ``then`` (None: the run keeps its settings)."""
+        return None if self.then is None else max(2, math.ceil(self.steps * self.then_from))
 
     def loss_config(self) -> LossConfig:
         return LossConfig(
@@ -87,14 +104,19 @@ class TinyGRPOConfig:
         }
 
 
+_UNSTABLE = dict(
+    lr=4e-2, ppo_epochs=16, clip_ratio=0.2, clip_ratio_c=10.0, kl_loss_coef=0.01, entropy_coeff=0.0
+)
+
 PRESETS: dict[str, TinyGRPOConfig] = {
     "healthy": TinyGRPOConfig(),
     # Ten times the learning rate, four times the epochs over each batch, the usual clip range (0.2, dual
     # clip at 10) instead of the tight one, a token KL coefficient and no entropy bonus: every update
     # overshoots and nothing pulls the policy back. It still learns, but the rules fire and stay firing.
-    "unstable": TinyGRPOConfig(
-        lr=4e-2, ppo_epochs=16, clip_ratio=0.2, clip_ratio_c=10.0, kl_loss_coef=0.01, entropy_coeff=0.0
-    ),
+    "unstable": TinyGRPOConfig(**_UNSTABLE),
+    # The demo's story: healthy settings for the first half, then the unstable ones (alerts start
+    # mid-chart), and at step 30 one batch reported with the wrong aggregation mode (an audit mismatch).
+    "goes-unstable": TinyGRPOConfig(steps=60, then=TinyGRPOConfig(**_UNSTABLE), misreport_step=30),
 }
 
 
@@ -188,8 +210,21 @@ class Trainer:
         self.history = History()
         self.global_step = 0
 
+    def _switch(self) -> None:
+        """From here on train with ``config.then``'s settings (the rollout shape stays)."""
+        late = self.config.then
+        keep = {
+            f: getattr(self.config, f) for f in ("steps", "groups", "group_size", "max_len", "hidden", "seed")
+        }
+        self.config = dataclasses.replace(late, **keep, misreport_step=self.config.misreport_step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.config.lr
+        self.loss_config = self.config.loss_config()
+
     def step(self) -> dict[str, float]:
         started = time.perf_counter()
+        if self.global_step + 1 == self.config.switch_step():
+            self._switch()
         config, step = self.config, self.global_step + 1
         data = rollout(self.policy, config, self.generator)
         token_rewards = torch.zeros(data.mask.shape)
@@ -207,7 +242,8 @@ class Trainer:
         for epoch in range(config.ppo_epochs):
             # mini-batches of whole groups (as verl's contiguous split of rollout.n-interleaved samples)
             order = rows_of_group[torch.randperm(config.groups, generator=self.generator)].flatten()
-            for rows in order.chunk(config.mini_batches):
+            chunks = order.chunk(config.mini_batches)
+            for index, rows in enumerate(chunks):
                 log_prob, entropy = token_log_probs(self.policy, data, rows)
                 tensors = {
                     "log_prob": log_prob,
@@ -221,15 +257,23 @@ class Trainer:
                 self.optimizer.zero_grad()
                 loss.backward()
                 self.optimizer.step()
-                if self.run is not None and epoch == 0 and updates == 0:
+                # The first update (on-policy: log_prob == old_log_prob, nothing clipped) and the last
+                # (after ppo_epochs of reuse: clipped tokens, a real ppo_kl) go to the audits; the
+                # client keeps the first unless ClientSettings(batch_micro_batches="all").
+                last_update = epoch == config.ppo_epochs - 1 and index == len(chunks) - 1
+                if self.run is not None and (updates == 0 or last_update):
                     hook_started = time.perf_counter()
+                    reported = metrics
+                    if step == config.misreport_step and last_update:
+                        wrong = dataclasses.replace(self.loss_config, loss_agg_mode=config.misreport_agg_mode)
+                        reported = ppo_loss(wrong, **{k: v.detach() for k, v in tensors.items()})[1]
                     self.run.log_batch(
                         step,
                         **{k: v.detach() for k, v in tensors.items()},
                         token_level_rewards=token_rewards[rows],
                         group_index=data.group[rows],
                         config=self.loss_config,
-                        reported=metrics,
+                        reported=reported,
                     )
                     hook += time.perf_counter() - hook_started
                 for name, value in metrics.items():

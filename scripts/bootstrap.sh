@@ -6,6 +6,11 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 EXTRA=${RLVITALS_EXTRAS:-dev}
 if [ ! -x .venv/bin/python ]; then
+  # Debian ships venv's ensurepip separately (python3-venv); a plain machine lacks it.
+  if ! "$PY" -c 'import ensurepip' 2>/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq python3-venv >/dev/null
+  fi
   "$PY" -m venv .venv
 fi
 stamp=".venv/.rlvitals-$EXTRA.sha"

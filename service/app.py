@@ -19,6 +19,7 @@ from rlvitals.service.api import (
     routes_alerts,
     routes_audits,
     routes_events,
+    routes_export,
     routes_metrics,
     routes_runs,
     routes_system,
@@ -143,7 +144,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_request_bytes)
-    for module in (routes_system, routes_runs, routes_metrics, routes_audits, routes_alerts, routes_events):
+    modules = (
+        routes_system,
+        routes_runs,
+        routes_metrics,
+        routes_export,
+        routes_audits,
+        routes_alerts,
+        routes_events,
+    )
+    for module in modules:
         app.include_router(module.router)
     _mount_dashboard(app)
     return app

@@ -59,6 +59,9 @@ def audit_public(row: dict[str, Any]) -> dict[str, Any]:
         "recomputed": result.get("recomputed"),
         "verdicts": result.get("verdicts"),
         "explanation": result.get("explanation"),
+        "summary": result.get("summary") or result.get("explanation"),
+        "details": result.get("details") or {},
+        "reported_as": _reported_as(row["reported"] or {}),
         "counterfactuals": result.get("counterfactuals"),
         "groups": result.get("groups"),
         "advantages": result.get("advantages"),
@@ -68,6 +71,14 @@ def audit_public(row: dict[str, Any]) -> dict[str, Any]:
         "created_at": row["created_at"],
         "finished_at": row["finished_at"],
     }
+
+
+def _reported_as(reported: dict[str, Any]) -> dict[str, str]:
+    """``{audit metric: the name the trainer reported it under}`` (``pg_loss`` -> ``actor/pg_loss``),
+    through the same alias table the audit used, so a page can put both on one row."""
+    from rlvitals.analyzers.audit_names import canonical_name
+
+    return {canonical_name(name): name for name in reported}
 
 
 def list_audits(ctx, run_id: int, *, step: int | None, limit: int, offset: int) -> dict[str, Any]:

@@ -7,9 +7,37 @@ and the client's commands never pay for it.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
+
+# What a client-only install (`pip install rlvitals`) lacks; the server commands need all of them.
+SERVER_MODULES = ("pydantic", "pydantic_settings", "fastapi", "uvicorn", "sqlalchemy", "alembic")
+
+
+def missing_server_stack(command: str) -> str | None:
+    """Why ``command`` cannot run here (``None``: it can): the server extra is not installed."""
+    missing = [m for m in SERVER_MODULES if importlib.util.find_spec(m) is None]
+    if not missing:
+        return None
+    return (
+        f"rlvitals {command}: this install has only the client (missing: {', '.join(missing)}). "
+        "Install the server with: pip install 'rlvitals[server]'"
+    )
+
+
+def _needs_server(func):
+    """Run ``func(args)`` only where the server stack is installed; else one line and exit status 2."""
+
+    def wrapper(args: argparse.Namespace) -> int:
+        why = missing_server_stack(args.command if args.command != "keys" else f"keys {args.action}")
+        if why:
+            print(why, file=sys.stderr)
+            return 2
+        return func(args)
+
+    return wrapper
 
 
 def register(subparsers) -> None:
@@ -22,7 +50,7 @@ def register(subparsers) -> None:
     serve.add_argument("--port", type=int, help="TCP port (default 8000)")
     serve.add_argument(
         "--database-url",
-        help="sqlite:///path.db (default: .rlvitals/rlvitals.db) or postgresql+psycopg://...",
+        help="sqlite:///path.db (default: .rlvitals/rlvitals.db) or postgresql://... (psycopg 3)",
     )
     serve.add_argument("--workers", type=int, help="worker processes sharing the port (default 1)")
     serve.add_argument(
@@ -33,7 +61,7 @@ def register(subparsers) -> None:
     )
     serve.add_argument("--rules-file", help="JSON or YAML file with health-rule settings")
     serve.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"])
-    serve.set_defaults(func=_serve)
+    serve.set_defaults(func=_needs_server(_serve))
 
     keys = subparsers.add_parser("keys", help="manage API keys", description="Manage API keys.")
     keys.add_argument("--database-url", help="the server's database (default: as for serve)")
@@ -41,13 +69,13 @@ def register(subparsers) -> None:
     actions.required = True
     create = actions.add_parser("create", help="create a key and print it (shown only once)")
     create.add_argument("--name", default="default", help="a label for the key")
-    create.set_defaults(func=_keys_create)
+    create.set_defaults(func=_needs_server(_keys_create))
     listing = actions.add_parser("list", help="list keys (never the keys themselves)")
     listing.add_argument("--json", action="store_true", help="print JSON")
-    listing.set_defaults(func=_keys_list)
+    listing.set_defaults(func=_needs_server(_keys_list))
     revoke = actions.add_parser("revoke", help="revoke a key by id or prefix")
     revoke.add_argument("key", help="the key's id or its printed prefix (rlv_...)")
-    revoke.set_defaults(func=_keys_revoke)
+    revoke.set_defaults(func=_needs_server(_keys_revoke))
 
 
 def _settings(args: argparse.Namespace):
@@ -127,6 +155,7 @@ def _serve(args: argparse.Namespace) -> int:
         "access_log": settings.access_log,
         "timeout_graceful_shutdown": 5,
     }
+    print(_banner(settings), file=sys.stderr, flush=True)
     if settings.workers == 1:
         from rlvitals.service.app import create_app
 
@@ -137,6 +166,17 @@ def _serve(args: argparse.Namespace) -> int:
         os.environ[SETTINGS_ENV] = settings.model_dump_json()
         uvicorn.run("rlvitals.service.serving:app_from_env", factory=True, workers=settings.workers, **common)
     return 0
+
+
+def _banner(settings) -> str:
+    """The two things a person starting a server wants to know: where to look, where the data goes."""
+    from sqlalchemy.engine import make_url
+
+    host = settings.host
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    shown = f"[{shown}]" if ":" in shown else shown
+    database = make_url(settings.resolved_database_url).render_as_string(hide_password=True)
+    return f"rlvitals: dashboard http://{shown}:{settings.port}/  (API /api/v1, OpenAPI /docs)\nrlvitals: database {database}"
 
 
 def _keys_create(args: argparse.Namespace) -> int:

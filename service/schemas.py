@@ -105,6 +105,15 @@ class AuditPublic(BaseModel):
     recomputed: dict[str, Any] | None
     verdicts: dict[str, Verdict] | None
     explanation: str | None
+    summary: str | None = Field(
+        None, description="One sentence: which metrics disagree and the likeliest reason."
+    )
+    details: dict[str, str] = Field(
+        default_factory=dict, description="Per mismatched metric, its explanation."
+    )
+    reported_as: dict[str, str] = Field(
+        default_factory=dict, description="Audit metric -> the name the trainer reported it under."
+    )
     counterfactuals: dict[str, Any] | None
     groups: dict[str, Any] | None = Field(None, description="GRPO group diagnostics (with group_index).")
     advantages: dict[str, Any] | None = Field(

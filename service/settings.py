@@ -19,7 +19,7 @@ LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost
 
 
 class Settings(BaseSettings):
-    """All server settings (documented, one per row, in docs/readme/service.md)."""
+    """All server settings (documented, one per row, in README.md#settings)."""
 
     model_config = SettingsConfigDict(env_prefix="RLVITALS_", extra="forbid", validate_assignment=True)
 
@@ -147,6 +147,15 @@ class Settings(BaseSettings):
             if text.startswith("["):
                 return json.loads(text)
             return [part.strip() for part in text.split(",") if part.strip()]
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _psycopg_for_postgresql(cls, value: str | None) -> str | None:
+        # libpq's and Heroku's spellings mean psycopg2 to SQLAlchemy; the server extra installs psycopg 3.
+        scheme, sep, rest = (value or "").partition("://")
+        if sep and scheme in ("postgres", "postgresql"):
+            return f"postgresql+psycopg://{rest}"
         return value
 
     @property

@@ -10,7 +10,11 @@ import argparse
 import importlib
 import sys
 
-# (module, description) pairs; each module exposes `register(subparsers)`.
+DESCRIPTION = (
+    "rlvitals: training-health diagnostics for PPO/GRPO trainers (loss audits, health rules, alerts, "
+    "live dashboards)."
+)
+# Each module exposes `register(subparsers)`.
 _COMMAND_MODULES = (
     "rlvitals.service.cli",
     "rlvitals.client.cli",
@@ -18,7 +22,7 @@ _COMMAND_MODULES = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rlvitals", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="rlvitals", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in _COMMAND_MODULES:

@@ -16,6 +16,8 @@ CONTRACT_KEYS = {
     "recomputed",
     "verdicts",
     "explanation",
+    "summary",
+    "details",
     "counterfactuals",
     "on_policy_gap",
     "empty",

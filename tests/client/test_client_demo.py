@@ -27,8 +27,16 @@ def test_demo_serves_trains_both_presets_and_reports_alerts(tmp_path):
     assert re.search(rf"healthy +http://127\.0\.0\.1:{port}/runs/\d+", text)
     assert re.search(rf"unstable +http://127\.0\.0\.1:{port}/runs/\d+", text)
     assert "healthy: no alerts" in text
-    unstable = text.split("unstable:", 1)[1]
+    unstable = text.split("\nunstable:", 1)[1]
     assert "ppo_kl_drift" in unstable or "pg_clipfrac_range" in unstable
+    # healthy for the first half: every alert starts at or after the switch (step 13 of 25), mid-chart
+    switch = int(re.search(r"from step (\d+) lr", text).group(1))
+    assert switch == 13
+    onsets = [int(s) for s in re.findall(r"\) from step (\d+):", unstable)]
+    assert onsets and all(switch <= s < 25 for s in onsets), onsets
+    # the deliberate mismatch, explained: the trainer reported another aggregation mode
+    assert "audit_mismatch" in unstable
+    assert "Reported pg_loss equals seq-mean-token-mean; config says token-mean" in unstable
     delivered = re.findall(r"(\d+)/(\d+) points", text)
     assert len(delivered) == 2 and all(sent == total for sent, total in delivered), delivered
     # --no-serve-forever: the server is gone once the command returns

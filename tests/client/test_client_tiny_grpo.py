@@ -94,3 +94,39 @@ def test_hook_overhead_is_measured_and_small():
     # bounds that still catch a hook doing real work in the caller.
     assert 0 < result["hook_s_per_step"] < 2e-3 and result["hook_pct"] < 5.0
     assert result["overhead_pct"] < 25.0
+
+
+def test_goes_unstable_audits_clipped_batches_and_misreports_once():
+    """The demo's preset: the last update of a step (after every epoch of reuse) is audited too, with
+    tokens clipped; one batch is reported under another aggregation mode on purpose."""
+    import dataclasses
+
+    from rlvitals.analyzers import LossConfig, audit
+    from rlvitals.examples.tiny_grpo import PRESETS, Trainer
+
+    class Recorder:  # what the trainer hands to the client, nothing more
+        def __init__(self):
+            self.batches = []
+
+        def log_batch(self, step, **kw):
+            self.batches.append((step, kw))
+
+        def log(self, metrics, step):
+            pass
+
+    config = dataclasses.replace(PRESETS["goes-unstable"], steps=6, misreport_step=4)
+    recorder = Recorder()
+    Trainer(config, recorder).train()
+    assert config.switch_step() == 3
+    assert [s for s, _ in recorder.batches] == [s for s in range(1, 7) for _ in range(2)]  # first + last
+    clipped = [kw["reported"]["pg_clipfrac"] for _, kw in recorder.batches[1::2]]
+    assert all(c > 0 for c in clipped), clipped  # off-policy: something was clipped
+    verdicts = []
+    for step, kw in recorder.batches:
+        tensors = {
+            k: kw[k]
+            for k in ("log_prob", "old_log_prob", "advantages", "response_mask", "ref_log_prob", "entropy")
+        }
+        report = audit(LossConfig(**dataclasses.asdict(kw["config"])), tensors, kw["reported"])
+        verdicts.append((step, report.ok))
+    assert [v for v in verdicts if not v[1]] == [(4, False)], verdicts

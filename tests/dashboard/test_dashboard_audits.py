@@ -43,7 +43,53 @@ def test_mismatches_are_highlighted_with_their_explanation(tab, audited):
         "id => document.querySelector(`#audits-body tr.explain[data-audit-id='${id}']`).textContent",
         str(audited["bad"]),
     )
-    assert explanation.startswith("pg_loss")
+    assert explanation.startswith("1 of 5 reported metrics disagree (pg_loss)")
+    tab.assert_clean()
+
+
+def test_verl_prefixed_names_share_one_row_per_metric_and_one_folded_explanation(api, tab):
+    """A trainer reporting verl's names (actor/pg_loss) with the wrong aggregation mode."""
+    from rlvitals.analyzers import LossConfig, recompute
+
+    run = api.create_run("prefixed-names", project="dash")
+    tensors = batch(4)
+    wrong_mode = recompute(LossConfig(**{**CONFIG, "loss_agg_mode": "seq-mean-token-mean"}), **tensors)
+    prefixed = {f"actor/{k}": v for k, v in wrong_mode.items()} | {"actor/grad_norm": 1.5}
+    audit_id = api.upload_batch(run, tensors, step=10, config=CONFIG, reported=prefixed)
+    assert api.wait_audit(audit_id)["status"] == "done"
+    tab.open(f"/runs/{run}/audits", ready="window.RLV && RLV.timing.rendered")
+    rows = tab.js(
+        """() => [...document.querySelectorAll('#audits-body tr.clickable')].map(r => ({
+               metric: r.dataset.metric, cells: [...r.querySelectorAll('td')].map(td => td.textContent)}))"""
+    )
+    metrics = [r["metric"] for r in rows]
+    audited_rows = [m for m in metrics if m]
+    assert len(set(audited_rows)) == len(audited_rows) and "pg_loss" in audited_rows  # one row per metric
+    pg = next(r for r in rows if r["metric"] == "pg_loss")["cells"][-6:]  # metric, reported, recomputed, …
+    assert "reported as actor/pg_loss" in pg[0], rows
+    assert pg[1] not in ("", "–") and pg[2] not in ("", "–")  # reported and recomputed on the same row
+    assert not any(r["metric"] == "" and "actor/pg_loss" in r["cells"][0] for r in rows)
+    assert any(
+        "actor/grad_norm" in " ".join(r["cells"]) and "not audited" in " ".join(r["cells"]) for r in rows
+    )
+    explain = tab.js("[...document.querySelectorAll('#audits-body tr.explain')].map(r => r.innerText)")
+    assert len(explain) == 1
+    summary = tab.js("document.querySelector('#audits-body tr.explain .summary').textContent")
+    assert "seq-mean-token-mean" in summary and "config says token-mean" in summary and len(summary) < 200
+    assert tab.js("document.querySelector('#audits-body tr.explain details').open") is False
+    tab.page.click("#audits-body tr.explain details summary")
+    assert "pg_loss" in tab.js("document.querySelector('#audits-body tr.explain details ul').innerText")
+    tab.shot("audits-prefixed")
+    tab.assert_clean()
+
+
+def test_the_run_page_keeps_latest_audits_folded(api, tab, audited):
+    tab.open(f"/runs/{audited['run']}", ready="window.RLV && RLV.timing.allCharts")
+    tab.wait("!document.getElementById('audits-mini').hidden")
+    assert tab.js("document.getElementById('audits-mini').open") is False
+    assert "mismatched" in tab.js("document.getElementById('audits-mini-count').textContent")
+    height = tab.js("document.getElementById('audits-mini').getBoundingClientRect().height")
+    assert height < 60, height  # one line until opened
     tab.assert_clean()
 
 

@@ -232,6 +232,37 @@ def test_a_saved_api_key_goes_with_every_request_and_the_live_stream(api, tab):
     tab.assert_clean()
 
 
+def test_the_live_badge_shows_a_stream_that_opened_before_the_header_was_parsed(api, tab):
+    """The race behind a flaky 'live' wait: common.js opens the stream from <head>; on a busy machine
+    the stream can open before the parser reaches the header's badge. Here the parser is held on a
+    slow script right after common.js (1.5 s), so the stream always opens first."""
+    run_id = api.create_run("run-page-early-stream", project="dash")
+    api.log_series(run_id, _metrics, range(5))
+
+    def hold_parser(route) -> None:
+        html = route.fetch().text()
+        html = html.replace(
+            'data-prefetch="run"></script>',
+            'data-prefetch="run"></script><script src="/__slow.js"></script>',
+            1,
+        )
+        route.fulfill(body=html, content_type="text/html; charset=utf-8")
+
+    def slow_script(route) -> None:
+        time.sleep(1.5)  # the browser keeps running meanwhile: the stream opens, the header waits
+        route.fulfill(body="window.__held = true;", content_type="text/javascript")
+
+    tab.page.route(f"**/runs/{run_id}", hold_parser)
+    tab.page.route("**/__slow.js", slow_script)
+    for key in ("", "rlv_dashboard_test_key"):  # EventSource, then fetch() streaming
+        if key:
+            tab.page.add_init_script(f"window.localStorage.setItem('rlvitals.apiKey', '{key}')")
+        _open(tab, run_id)
+        assert tab.js("window.__held") is True
+        tab.wait("document.getElementById('live').textContent === 'live'", timeout=5)
+    tab.assert_clean()
+
+
 def test_the_live_chart_survives_a_server_restart(browser, serve):
     server = serve()
     trainer = Api(server.url)

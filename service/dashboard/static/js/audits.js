@@ -11,10 +11,39 @@
 
   function verdictOk(v) { return v && v.ok === true; }
   const auditOk = RLV.auditOk;
+  // One row per audited metric: the recomputed name, paired with the name the trainer reported it
+  // under (reported_as, from the audit's alias table: actor/pg_loss -> pg_loss); reported names the
+  // audit does not check follow, on rows of their own.
   function metricsOf(a) {
-    const keys = new Set(Object.keys(a.verdicts || {}));
-    for (const k of Object.keys(a.reported || {})) keys.add(k);
-    return Array.from(keys).sort();
+    const as = a.reported_as || {};
+    const reported = a.reported || {};
+    const rows = [];
+    const used = new Set();
+    for (const m of Object.keys(a.verdicts || {}).sort()) {
+      const name = Object.prototype.hasOwnProperty.call(reported, m) ? m : as[m];
+      if (name !== undefined) used.add(name);
+      rows.push({ metric: m, reportedAs: name });
+    }
+    for (const k of Object.keys(reported).sort()) if (!used.has(k)) rows.push({ metric: null, reportedAs: k });
+    return rows;
+  }
+  // One explanation per audit: the summary, then each metric's detail folded.
+  function explanationNode(a) {
+    const td = RLV.el("td", {}, RLV.el("span", { className: "summary", text: a.summary || a.explanation || "" }));
+    const details = a.details || {};
+    const keys = Object.keys(details);
+    if (keys.length) {
+      const list = RLV.el("ul", {});
+      for (const k of keys) {
+        const line = String(details[k]);
+        const text = line.startsWith(k + ": ") ? line.slice(k.length + 2) : line; // the name is the <code>
+        list.appendChild(RLV.el("li", {}, RLV.el("code", { text: k }), " ", text));
+      }
+      td.appendChild(RLV.el("details", { className: "metric-details" },
+        RLV.el("summary", { text: "details for " + keys.length + " metric" + (keys.length > 1 ? "s" : "") }), list));
+    }
+    td.colSpan = 8;
+    return td;
   }
 
   function render() {
@@ -31,7 +60,9 @@
       const statusText = a.status === "done" ? (ok ? "match" : "mismatch") : a.status;
       const rowsNodes = [];
       for (let i = 0; i < rows; i++) {
-        const m = metrics[i];
+        const row = metrics[i];
+        const m = row ? row.metric : null;
+        const shownAs = row ? row.reportedAs : undefined;
         const v = m ? (a.verdicts || {})[m] : null;
         const tr = RLV.el("tr", {
           className: "clickable" + (v && !verdictOk(v) ? " mismatch" : "") + (String(a.id) === String(selected) ? " selected" : ""),
@@ -47,8 +78,12 @@
           tr.appendChild(stepCell);
           tr.appendChild(statusCell);
         }
-        tr.appendChild(RLV.el("td", {}, m ? RLV.el("code", { text: m }) : a.status === "error" ? a.error || a.explanation || "error" : "–"));
-        tr.appendChild(RLV.el("td", { className: "num", text: m ? RLV.fmtNum((a.reported || {})[m]) : "" }));
+        const label = m || shownAs;
+        const nameCell = RLV.el("td", {}, label ? RLV.el("code", { text: label }) : a.status === "error" ? a.error || a.explanation || "error" : "–");
+        if (m && shownAs && shownAs !== m) nameCell.appendChild(RLV.el("span", { className: "muted reported-as", text: " reported as " + shownAs }));
+        if (!m && shownAs) nameCell.appendChild(RLV.el("span", { className: "muted", text: " not audited" }));
+        tr.appendChild(nameCell);
+        tr.appendChild(RLV.el("td", { className: "num", text: shownAs !== undefined ? RLV.fmtNum((a.reported || {})[shownAs]) : "" }));
         tr.appendChild(RLV.el("td", { className: "num", text: m ? RLV.fmtNum((a.recomputed || {})[m]) : "" }));
         tr.appendChild(RLV.el("td", { className: "num", text: v ? RLV.fmtNum(v.abs_err) : "" }));
         tr.appendChild(RLV.el("td", { className: "num", text: v ? RLV.fmtNum(v.rel_err) : "" }));
@@ -57,10 +92,8 @@
         rowsNodes.push(tr);
       }
       for (const tr of rowsNodes) tbody.appendChild(tr);
-      if (ok === false && a.explanation) {
-        const td = RLV.el("td", { text: a.explanation });
-        td.colSpan = 8;
-        tbody.appendChild(RLV.el("tr", { className: "explain", dataset: { auditId: String(a.id) } }, td));
+      if (ok === false && (a.summary || a.explanation)) {
+        tbody.appendChild(RLV.el("tr", { className: "explain", dataset: { auditId: String(a.id) } }, explanationNode(a)));
       }
     }
     RLV.$("audits-empty").hidden = audits.size > 0;

@@ -201,31 +201,41 @@
   }
   C.preview = function (div, series, opts) {
     const o = opts || {};
+    const log = !!o.logy;
+    const ty = function (v) { return log ? Math.log10(v) : v; }; // value -> drawn coordinate
     const m = { l: 56, r: 12, t: 18, b: 32 };
     const w = Math.max(200, div.clientWidth || 600);
     const h = 260;
     let x0 = Infinity, x1 = -Infinity, y0 = Infinity, y1 = -Infinity;
     for (let i = 0; i < series.step.length; i++) {
-      const v = series.value[i];
-      if (v === null) continue;
+      const v = series.value[i] === null ? null : ty(series.value[i]);
+      if (v === null || !Number.isFinite(v)) continue;
       const x = series.step[i];
       if (x < x0) x0 = x;
       if (x > x1) x1 = x;
       if (v < y0) y0 = v;
       if (v > y1) y1 = v;
     }
-    if (o.band) { y0 = Math.min(y0, C.BAND.low); y1 = Math.max(y1, C.BAND.high); }
+    if (o.band) { y0 = Math.min(y0, ty(C.BAND.low)); y1 = Math.max(y1, ty(C.BAND.high)); }
     if (!Number.isFinite(x0)) { x0 = 0; x1 = 1; y0 = 0; y1 = 1; }
     if (x1 === x0) x1 = x0 + 1;
-    if (y1 === y0) { y0 -= 0.5; y1 += 0.5; }
+    const constant = y1 === y0;
+    if (constant) { const d = log ? 0.5 : y0 === 0 ? 1 : Math.abs(y0) * 0.5; y0 -= d; y1 += d; } // as C.axes
     const pad = (y1 - y0) * 0.05;
     y0 -= pad; y1 += pad;
     const px = function (x) { return m.l + ((x - x0) / (x1 - x0)) * (w - m.l - m.r); };
     const py = function (y) { return h - m.b - ((y - y0) / (y1 - y0)) * (h - m.t - m.b); };
     const svg = svgEl("svg", { width: w, height: h, class: "preview", "data-points": series.step.length });
+    // Tick labels: the value's own for a constant series; the left margin grows to the widest label
+    // and the last x label ends at the edge, so nothing is clipped.
+    const yticks = (constant ? [(y0 + y1) / 2] : [y0 + pad, (y0 + y1) / 2, y1 - pad]).map(function (v) {
+      return { v: v, text: RLV.fmtNum(log ? Math.pow(10, v) : v) };
+    });
+    const widest = Math.max.apply(null, yticks.map(function (t) { return t.text.length; }));
+    m.l = Math.max(m.l, Math.ceil(widest * 6.6) + 12);
     if (o.band) {
       svg.appendChild(svgEl("rect", {
-        class: "band", x: m.l, width: w - m.l - m.r, y: py(C.BAND.high), height: Math.max(0, py(C.BAND.low) - py(C.BAND.high)),
+        class: "band", x: m.l, width: w - m.l - m.r, y: py(ty(C.BAND.high)), height: Math.max(0, py(ty(C.BAND.low)) - py(ty(C.BAND.high))),
         fill: "#22c55e", "fill-opacity": 0.12,
       }));
     }
@@ -241,18 +251,78 @@
       t.textContent = text;
       svg.appendChild(t);
     };
-    [y0 + pad, (y0 + y1) / 2, y1 - pad].forEach(function (v) { label(RLV.fmtNum(v), m.l - 6, py(v) + 4, "end"); });
-    [x0, (x0 + x1) / 2, x1].forEach(function (v) { label(RLV.fmtNum(Math.round(v)), px(v), h - m.b + 16, "middle"); });
+    yticks.forEach(function (t) { label(t.text, m.l - 6, py(t.v) + 4, "end"); });
+    [[x0, "start"], [(x0 + x1) / 2, "middle"], [x1, "end"]].forEach(function (t) {
+      label(RLV.fmtNum(Math.round(t[0])), px(t[0]), h - m.b + 16, t[1]);
+    });
     let d = "";
     let pen = false;
     for (let i = 0; i < series.step.length; i++) {
-      const v = series.value[i];
-      if (v === null) { pen = false; continue; }
+      const v = series.value[i] === null ? null : ty(series.value[i]);
+      if (v === null || !Number.isFinite(v)) { pen = false; continue; }
       d += (pen ? "L" : "M") + px(series.step[i]).toFixed(1) + " " + py(v).toFixed(1);
       pen = true;
     }
     svg.appendChild(svgEl("path", { d: d || "M0 0", fill: "none", stroke: "#2563eb", "stroke-width": 1.2 }));
     RLV.clear(div).appendChild(svg);
+  };
+
+  // ---- axes that explain: titles, automatic log-y, a readable constant series ----------------------
+  // A panel goes log-y by itself when its finite values are all positive and span LOG_DECADES
+  // decades or more (a kl_loss growing 1e-4 -> 0.5 is a flat line on a linear axis); the "log y"
+  // box forces it everywhere. The whole run's series decides, so zooming never flips the scale.
+  C.LOG_DECADES = 2;
+  C.yStats = function (series) {
+    let min = Infinity, max = -Infinity, n = 0;
+    const values = (series && series.value) || [];
+    for (let i = 0; i < values.length; i++) {
+      const v = values[i];
+      if (v === null || !Number.isFinite(v)) continue;
+      if (v < min) min = v;
+      if (v > max) max = v;
+      n++;
+    }
+    return { min: min, max: max, n: n };
+  };
+  C.autoLog = function (series) {
+    const st = C.yStats(series);
+    return st.n > 1 && st.min > 0 && st.max / st.min >= Math.pow(10, C.LOG_DECADES);
+  };
+  C.isLog = function (series, forced) {
+    if (!forced) return C.autoLog(series);
+    const st = C.yStats(series);
+    return st.n === 0 || st.min > 0; // a log axis cannot show zero or negative values
+  };
+  // The metric's short name for the y title ("actor/pg_clipfrac" -> "pg_clipfrac").
+  C.shortName = function (name) {
+    const parts = String(name).split("/");
+    return parts[parts.length - 1] || String(name);
+  };
+  // Titles, the y scale, and for a constant series a narrow range with its value as the one tick
+  // (autorange would pad it to +-1 and print ticks that never name the value).
+  C.axes = function (layout, series, opts) {
+    const o = opts || {};
+    const log = C.isLog(series, o.logy);
+    const st = C.yStats(series);
+    layout.xaxis.title = { text: o.xtitle || "step", standoff: 4, font: { size: 11, color: "#6b7280" } };
+    layout.yaxis.title = {
+      text: RLV.ptext(C.shortName(o.name || "")) + (log && !o.logy ? " (log, auto)" : log ? " (log)" : ""),
+      standoff: 4, font: { size: 11, color: "#6b7280" },
+    };
+    layout.yaxis.type = log ? "log" : "linear";
+    if (st.n > 0 && st.min === st.max) {
+      const v = st.min;
+      if (log) layout.yaxis.range = [Math.log10(v) - 0.5, Math.log10(v) + 0.5];
+      else {
+        const d = v === 0 ? 1 : Math.abs(v) * 0.5;
+        layout.yaxis.range = [v - d, v + d];
+      }
+      layout.yaxis.autorange = false;
+      layout.yaxis.tickmode = "array";
+      layout.yaxis.tickvals = [v];
+      layout.yaxis.ticktext = [RLV.fmtNum(v)];
+    }
+    return layout;
   };
 
   C.histogram = function (div, hist, opts) {

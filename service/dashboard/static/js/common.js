@@ -296,9 +296,13 @@
     return q;
   };
 
+  // The stream opens from <head> (see the prefetch below) and may open before the parser reaches
+  // the header's badge: keep the latest state and draw it once the badge exists.
+  let liveState = null;
   RLV.setLive = function (state) {
+    liveState = state;
     const live = RLV.$("live");
-    if (!live) return;
+    if (!live) return; // DOMContentLoaded draws liveState
     live.hidden = false;
     live.className = "live " + (state === "open" || state === "reopen" ? "on" : "off");
     live.textContent = state === "open" || state === "reopen" ? "live" : "reconnecting…";
@@ -355,6 +359,7 @@
   // ---- page chrome ---------------------------------------------------------------------------------
   document.addEventListener("DOMContentLoaded", function () {
     const page = document.body.dataset.page;
+    if (liveState) RLV.setLive(liveState);
     for (const a of document.querySelectorAll("[data-nav]")) {
       if (a.dataset.nav === page || (page === "run" && a.dataset.nav === "runs")) a.classList.add("on");
     }

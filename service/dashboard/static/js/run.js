@@ -92,13 +92,16 @@
     });
   }
 
+  // Whether a panel's y axis is logarithmic (the "log y" box, or its series spanning decades).
+  function panelLog(p) { return C.isLog(state.overview.get(p.name), state.logy); }
+
   function shapesFor(p) {
     const shapes = [];
     const annotations = [];
     const x = stepToX(p.name);
-    const marked = RLV.marks.decorate(state.health, p.signal, x, state.logy);
+    const marked = RLV.marks.decorate(state.health, p.signal, x, panelLog(p));
     if (marked.shapes.length) Array.prototype.push.apply(shapes, marked.shapes);
-    else if (p.signal === C.BAND.signal) shapes.push(C.bandShape(state.logy));
+    else if (p.signal === C.BAND.signal) shapes.push(C.bandShape(panelLog(p)));
     Array.prototype.push.apply(annotations, marked.annotations);
     for (const a of alertsFor(p)) {
       for (const s of C.alertShapes(a, x, state.latestStep)) shapes.push(s);
@@ -146,6 +149,9 @@
     const layout = C.layout({
       logy: state.logy, xdate: state.xmode === "wall" && state.hasWall, shapes: deco.shapes, annotations: deco.annotations,
     });
+    C.axes(layout, state.overview.get(p.name), {
+      name: p.name, logy: state.logy, xtitle: state.xmode === "wall" && state.hasWall ? "wall time" : "step",
+    });
     if (state.view) {
       const x = stepToX(p.name);
       layout.xaxis.range = [x(state.view.start), x(state.view.end)];
@@ -162,7 +168,9 @@
       const last = a.state === "firing" ? Math.max(Number(a.last_step), state.latestStep) : Number(a.last_step);
       return { x0: Number(a.first_step), x1: last, color: C.SEVERITY_COLOR[a.severity] || "#d97706" };
     });
-    C.preview(p.div, state.overview.get(p.name) || emptySeries(), { band: p.signal === C.BAND.signal, spans: spans });
+    C.preview(p.div, state.overview.get(p.name) || emptySeries(), {
+      band: p.signal === C.BAND.signal, spans: spans, logy: panelLog(p),
+    });
   }
 
   function draw(p) {

@@ -32,6 +32,36 @@
     })("", run.config, 0);
     for (const r of rows) tbody.appendChild(RLV.el("tr", {}, RLV.el("td", { text: r[0] }), RLV.el("td", { text: r[1] })));
     RLV.$("config-box").hidden = rows.length === 0;
+    H.renderExport(run);
+  };
+
+  // Download links for the run's series (API v1 /export). With a saved key the file is fetched with
+  // the Authorization header (a plain link cannot send one) and handed to the browser as a blob.
+  H.renderExport = function (run) {
+    for (const format of ["csv", "parquet"]) {
+      const link = RLV.$("export-" + format);
+      link.href = RLV.apiRun(run.id) + "/export?format=" + format;
+      if (link.dataset.wired) continue;
+      link.dataset.wired = "1";
+      link.addEventListener("click", async function (e) {
+        const key = RLV.getKey();
+        if (!key) return; // the browser downloads the link itself
+        e.preventDefault();
+        try {
+          const resp = await fetch(link.href, { headers: { Authorization: "Bearer " + key } });
+          if (!resp.ok) throw new Error("export: HTTP " + resp.status);
+          const name = /filename="([^"]+)"/.exec(resp.headers.get("Content-Disposition") || "");
+          const url = URL.createObjectURL(await resp.blob());
+          const a = document.createElement("a");
+          a.href = url; // a blob: URL this page just made (RLV.el allows only same-origin paths)
+          a.download = name ? name[1] : "run-" + run.id + "." + format;
+          document.body.appendChild(a);
+          a.click();
+          a.remove();
+          setTimeout(function () { URL.revokeObjectURL(url); }, 10000);
+        } catch (err) { RLV.fail(err); }
+      });
+    }
   };
 
   H.renderLastStep = function (step) {
@@ -74,11 +104,12 @@
     const list = RLV.clear(RLV.$("audits-mini-list"));
     for (const a of all.slice(0, 5)) {
       const ok = RLV.auditOk(a);
-      const text = ok === null ? a.status : ok ? "reported metrics match the recomputation" : a.explanation || "mismatch";
+      const text = ok === null ? a.status : ok ? "reported metrics match the recomputation" : a.summary || a.explanation || "mismatch";
       list.appendChild(RLV.el("li", { className: ok === false ? "bad" : "", dataset: { auditId: String(a.id) } },
         RLV.el("a", { href: RLV.runPath(runId) + "/audits?audit=" + encodeURIComponent(a.id), text: "step " + a.step }),
         ": " + text));
     }
+    RLV.$("audits-mini-count").textContent = all.length + " audits" + (bad ? ", " + bad + " mismatched" : "");
     RLV.$("audits-mini").hidden = all.length === 0;
   };
 })();

@@ -1,0 +1,18 @@
+"""The names an audit checks, and the trainers' spellings of them (no torch: the service's read path
+uses this to pair a reported name with its recomputed one)."""
+
+from __future__ import annotations
+
+ALIASES = {
+    "clip_ratio/region_mean": "pg_clipfrac",  # TRL
+    "ppo_clip_ratio": "pg_clipfrac",  # OpenRLHF
+}
+
+
+def canonical_name(name: str) -> str:
+    """``actor/pg_loss`` -> ``pg_loss`` (verl prefixes most metrics, not ``kl_loss``); TRL and
+    OpenRLHF spellings of the clip fraction -> ``pg_clipfrac``."""
+    for alias, canonical in ALIASES.items():
+        if name == alias or name.endswith("/" + alias):
+            return canonical
+    return name.rsplit("/", 1)[-1]
