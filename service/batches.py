@@ -23,7 +23,7 @@ import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rlvitals.service.encoding import jsonable
+from rlvitals.service.encoding import jsonable, storable_problem
 from rlvitals.service.errors import InvalidInput
 
 if TYPE_CHECKING:  # torch is imported with the first batch: a scalar-only server never loads it
@@ -34,6 +34,7 @@ OPTIONAL_FLOAT = ("ref_log_prob", "entropy", "token_level_rewards")
 ALLOWED = (*REQUIRED, *OPTIONAL_FLOAT, "group_index")
 FLOAT_TENSORS = ("log_prob", "old_log_prob", "advantages", *OPTIONAL_FLOAT)
 RECORD_ID_MAX = 128  # the column's width
+JSON_DEPTH = 64  # settings.max_json_depth's default
 _SPELLED = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
@@ -57,6 +58,8 @@ def read_metadata(body: bytes) -> dict[str, str]:
         raise InvalidInput(f"body is not a safetensors file: header length {header_len} exceeds the body")
     try:
         header = json.loads(body[8 : 8 + header_len])
+    except RecursionError as exc:
+        raise InvalidInput("body is not a safetensors file: header JSON is nested too deeply") from exc
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidInput(f"body is not a safetensors file: header is not JSON ({exc})") from exc
     if not isinstance(header, dict):
@@ -104,22 +107,29 @@ def _record_id(meta: dict[str, str]) -> str | None:
     return raw
 
 
-def _json_object(meta: dict[str, str], name: str) -> dict[str, Any]:
+def _json_object(meta: dict[str, str], name: str, max_depth: int) -> dict[str, Any]:
     raw = meta.get(name)
     if raw is None or raw.strip() == "":
         return {}
     try:
         value = json.loads(raw)
+    except RecursionError as exc:
+        raise InvalidInput(
+            f"safetensors metadata {name!r} is nested deeper than the limit of {max_depth} levels"
+        ) from exc
     except ValueError as exc:
         raise InvalidInput(f"safetensors metadata {name!r} is not valid JSON: {exc}") from exc
     if not isinstance(value, dict):
         raise InvalidInput(f"safetensors metadata {name!r} must be a JSON object; got {type(value).__name__}")
+    problem = storable_problem(value, max_depth=max_depth)
+    if problem is not None:
+        raise InvalidInput(f"safetensors metadata {name!r}: {problem}")
     return value
 
 
-def _reported(meta: dict[str, str]) -> dict[str, Any]:
+def _reported(meta: dict[str, str], max_depth: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for key, value in _json_object(meta, "reported").items():
+    for key, value in _json_object(meta, "reported", max_depth).items():
         if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
             out[key] = None if value is None else float(value)
         elif isinstance(value, str) and value in _SPELLED:
@@ -131,8 +141,9 @@ def _reported(meta: dict[str, str]) -> dict[str, Any]:
     return out
 
 
-def validate(body: bytes) -> tuple[Batch, dict[str, torch.Tensor]]:
-    """Parse and check one upload; returns the batch description and its tensors."""
+def validate(body: bytes, *, max_json_depth: int = JSON_DEPTH) -> tuple[Batch, dict[str, torch.Tensor]]:
+    """Parse and check one upload; returns the batch description and its tensors. ``config`` and
+    ``reported`` nested deeper than ``max_json_depth`` or holding invalid text are refused."""
     import torch
 
     meta = read_metadata(body)
@@ -176,12 +187,12 @@ def validate(body: bytes) -> tuple[Batch, dict[str, torch.Tensor]]:
             )
         if "token_level_rewards" not in tensors:
             raise InvalidInput("group_index needs token_level_rewards (the GRPO advantage audit uses both)")
-    config = _json_object(meta, "config")
+    config = _json_object(meta, "config", max_json_depth)
     _check_config(config)
     batch = Batch(
         step=_int_field(meta, "step", required=True),
         config=jsonable(config),
-        reported=_reported(meta),
+        reported=_reported(meta, max_json_depth),
         rank=_int_field(meta, "rank", required=False),
         micro_batch=_int_field(meta, "micro_batch", required=False),
         shape=(int(shape[0]), int(shape[1])),

@@ -49,6 +49,13 @@ class Settings(BaseSettings):
     max_request_bytes: int = Field(
         32 * 1024 * 1024, ge=1024, description="Largest accepted JSON body (bytes); larger -> 413."
     )
+    max_json_depth: int = Field(
+        64,
+        ge=2,
+        le=200,
+        description="Deepest nesting of JSON objects/arrays accepted in a run's config and a batch's "
+        "config/reported metadata; deeper -> 422 (so nothing stored is too deep to read back).",
+    )
     max_steps_per_request: int = Field(
         100_000, ge=1, description="Most steps one POST /metrics may carry; more -> 413."
     )

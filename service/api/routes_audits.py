@@ -28,7 +28,7 @@ _BINARY_BODY = {
 
 def _submit(services: Services, run_id: int, body: bytes) -> tuple[int, str | None]:
     try:
-        batch, _tensors = batches.validate(body)
+        batch, _tensors = batches.validate(body, max_json_depth=services.settings.max_json_depth)
     except InvalidInput:
         services.telemetry.count_batch("invalid")
         raise
