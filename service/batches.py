@@ -3,9 +3,10 @@
 Only ``safetensors`` is ever parsed (never pickle / ``torch.load``). Tensors, all ``(batch,
 response_len)`` unless noted:
 
-- required: ``log_prob``, ``old_log_prob``, ``advantages`` (floating), ``response_mask`` (0/1 of any
-  bool / integer / floating dtype);
-- optional: ``ref_log_prob``, ``entropy``, ``token_level_rewards`` (floating) and ``group_index``
+- required: ``log_prob``, ``old_log_prob``, ``advantages`` (float16, bfloat16, float32 or float64:
+  float8 and integers are refused), ``response_mask`` (0/1 of bool, a signed integer or uint8, or
+  one of those float dtypes);
+- optional: ``ref_log_prob``, ``entropy``, ``token_level_rewards`` (same float dtypes) and ``group_index``
   ``(batch,)`` int64 (the GRPO group of each sequence; needs ``token_level_rewards``).
 
 safetensors metadata (all strings): ``step`` (int >= 0, required), ``config`` (JSON object of verl
@@ -33,6 +34,8 @@ REQUIRED = ("log_prob", "old_log_prob", "advantages", "response_mask")
 OPTIONAL_FLOAT = ("ref_log_prob", "entropy", "token_level_rewards")
 ALLOWED = (*REQUIRED, *OPTIONAL_FLOAT, "group_index")
 FLOAT_TENSORS = ("log_prob", "old_log_prob", "advantages", *OPTIONAL_FLOAT)
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")  # what the audit computes in
+MASK_DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64", *FLOAT_DTYPES)
 RECORD_ID_MAX = 128  # the column's width
 JSON_DEPTH = 64  # settings.max_json_depth's default
 _SPELLED = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
@@ -167,11 +170,18 @@ def validate(body: bytes, *, max_json_depth: int = JSON_DEPTH) -> tuple[Batch, d
                 f"{name} has shape {list(tensor.shape)}; every token tensor must match log_prob's {list(shape)}",
                 detail={"tensor": name, "shape": list(tensor.shape), "expected": list(shape)},
             )
-        if name in FLOAT_TENSORS and not tensor.dtype.is_floating_point:
-            raise InvalidInput(f"{name} must be a floating-point tensor; got {tensor.dtype}")
+        if name in FLOAT_TENSORS and _dtype(tensor) not in FLOAT_DTYPES:
+            raise InvalidInput(
+                f"{name} must be {', '.join(FLOAT_DTYPES)} (what trainers compute log-probs in); got "
+                f"{_dtype(tensor)}: convert it with .float() before sending",
+                detail={"tensor": name, "dtype": _dtype(tensor), "allowed": list(FLOAT_DTYPES)},
+            )
     mask = tensors["response_mask"]
-    if mask.dtype.is_complex:
-        raise InvalidInput(f"response_mask must be bool, integer or floating; got {mask.dtype}")
+    if _dtype(mask) not in MASK_DTYPES:
+        raise InvalidInput(
+            f"response_mask must be one of {', '.join(MASK_DTYPES)}; got {_dtype(mask)}",
+            detail={"tensor": "response_mask", "dtype": _dtype(mask), "allowed": list(MASK_DTYPES)},
+        )
     if mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
         bad = mask[(mask != 0) & (mask != 1)]
         raise InvalidInput(
@@ -199,6 +209,10 @@ def validate(body: bytes, *, max_json_depth: int = JSON_DEPTH) -> tuple[Batch, d
         record_id=_record_id(meta),
     )
     return batch, tensors
+
+
+def _dtype(tensor: torch.Tensor) -> str:
+    return str(tensor.dtype).removeprefix("torch.")
 
 
 def _check_config(config: dict[str, Any]) -> None:
