@@ -23,6 +23,7 @@ from rlvitals.service.api import (
     routes_runs,
     routes_system,
 )
+from rlvitals.service.api.access import AccessPolicy
 from rlvitals.service.api.fastlane import App
 from rlvitals.service.api.limits import BodyLimitMiddleware
 from rlvitals.service.audits import AuditPool
@@ -141,6 +142,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.services = services
     app.state.settings = settings
+    app.access = AccessPolicy(settings, services.auth)
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_request_bytes)
     for module in (routes_system, routes_runs, routes_metrics, routes_audits, routes_alerts, routes_events):

@@ -172,8 +172,8 @@ def validate(body: bytes, *, max_json_depth: int = JSON_DEPTH) -> tuple[Batch, d
             )
         if name in FLOAT_TENSORS and _dtype(tensor) not in FLOAT_DTYPES:
             raise InvalidInput(
-                f"{name} must be {', '.join(FLOAT_DTYPES)} (what trainers compute log-probs in); got "
-                f"{_dtype(tensor)}: convert it with .float() before sending",
+                f"{name} must be a floating-point tensor of {', '.join(FLOAT_DTYPES)}; got "
+                f"{_dtype(tensor)} (convert it with .float() before sending)",
                 detail={"tensor": name, "dtype": _dtype(tensor), "allowed": list(FLOAT_DTYPES)},
             )
     mask = tensors["response_mask"]

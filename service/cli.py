@@ -1,4 +1,4 @@
-"""``rlvitals serve`` and ``rlvitals keys create|list|revoke``.
+"""``rlvitals serve`` and ``rlvitals keys create|list|revoke|open``.
 
 The web stack (fastapi, uvicorn) is imported inside the command functions, so ``rlvitals --help``
 and the client's commands never pay for it.
@@ -48,6 +48,10 @@ def register(subparsers) -> None:
     revoke = actions.add_parser("revoke", help="revoke a key by id or prefix")
     revoke.add_argument("key", help="the key's id or its printed prefix (rlv_...)")
     revoke.set_defaults(func=_keys_revoke)
+    reopen = actions.add_parser(
+        "open", help="open writes to everyone again: forget revoked keys (refused while active keys exist)"
+    )
+    reopen.set_defaults(func=_keys_open)
 
 
 def _settings(args: argparse.Namespace):
@@ -185,4 +189,19 @@ def _keys_revoke(args: argparse.Namespace) -> int:
         print(f"rlvitals keys revoke: no active key matches {args.key!r}", file=sys.stderr)
         return 1
     print(f"revoked {count} key(s)")
+    return 0
+
+
+def _keys_open(args: argparse.Namespace) -> int:
+    from rlvitals.service.auth import open_writes
+
+    db = _database(_settings(args))
+    try:
+        count = open_writes(db)
+    except ValueError as exc:
+        print(f"rlvitals keys open: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        db.dispose()
+    print(f"writes are open to anyone who can reach the server ({count} revoked key(s) forgotten)")
     return 0

@@ -30,6 +30,16 @@ class Settings(BaseSettings):
     insecure: bool = Field(
         False, description="Allow binding a non-loopback address while no API key exists (open writes)."
     )
+    require_key_for_reads: bool | None = Field(
+        None,
+        description="Reads (API, SSE, /metrics, dashboard; not /healthz) need an API key once one "
+        "exists. Default: on when host is not a loopback address.",
+    )
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Host header values accepted besides loopback names, IP addresses and the bind "
+        'address (DNS-rebinding guard); ".example.com" allows its subdomains, "*" any host.',
+    )
 
     # --- storage ---------------------------------------------------------------------------------
     data_dir: Path = Field(Path(".rlvitals"), description="Directory for the default SQLite database.")
@@ -140,7 +150,7 @@ class Settings(BaseSettings):
     log_level: str = Field("info", description="uvicorn log level.")
     access_log: bool = Field(False, description="Log every request (uvicorn access log; costs ingest speed).")
 
-    @field_validator("webhook_urls", "slack_webhook_urls", mode="before")
+    @field_validator("webhook_urls", "slack_webhook_urls", "allowed_hosts", mode="before")
     @classmethod
     def _split_urls(cls, value: Any) -> Any:
         # Accept "a,b" as well as a JSON list from the environment.
@@ -160,6 +170,12 @@ class Settings(BaseSettings):
     @property
     def host_is_loopback(self) -> bool:
         return is_loopback(self.host)
+
+    @property
+    def reads_need_key(self) -> bool:
+        if self.require_key_for_reads is not None:
+            return self.require_key_for_reads
+        return not self.host_is_loopback
 
 
 def is_loopback(host: str) -> bool:

@@ -26,6 +26,7 @@ from typing import Any
 import orjson
 from fastapi import FastAPI
 from pydantic import ValidationError
+from rlvitals.service.api.access import DOCS_PATHS, AccessPolicy, with_docs_headers
 from rlvitals.service.api.deps import MAX_ID
 from rlvitals.service.errors import ServiceError, error_response
 from rlvitals.service.schemas import MetricsIn
@@ -39,9 +40,18 @@ _HEADERS = [(b"content-type", b"application/json")]
 
 
 class App(FastAPI):
-    """FastAPI with the ingest fast lane in front."""
+    """FastAPI with the access checks (``api.access``) and the ingest fast lane in front."""
+
+    access: AccessPolicy | None = None
 
     async def __call__(self, scope: MutableMapping[str, Any], receive: Receive, send: Send) -> None:
+        if self.access is not None and scope["type"] in ("http", "websocket"):
+            refusal = self.access.refusal(scope)
+            if refusal is not None:
+                await refusal(scope, receive, send)
+                return
+            if scope["path"] in DOCS_PATHS:
+                send = with_docs_headers(send)
         if scope["type"] == "http" and scope["method"] == "POST":
             match = _PATH.fullmatch(scope["path"])
             if match is not None:

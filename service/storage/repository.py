@@ -544,6 +544,15 @@ def any_active_key(*, session: Session) -> bool:
     return session.execute(select(KEYS.c.id).where(KEYS.c.revoked_at.is_(None)).limit(1)).first() is not None
 
 
+def any_key(*, session: Session) -> bool:
+    """Whether a key was ever created (revoked ones count: revoking the last key must not reopen writes)."""
+    return session.execute(select(KEYS.c.id).limit(1)).first() is not None
+
+
+def delete_revoked_keys(*, session: Session) -> int:
+    return session.execute(delete(KEYS).where(KEYS.c.revoked_at.is_not(None))).rowcount
+
+
 def active_key_id(*, session: Session, key_hash: str) -> int | None:
     return session.execute(
         select(KEYS.c.id).where(KEYS.c.key_hash == key_hash, KEYS.c.revoked_at.is_(None))
