@@ -139,7 +139,20 @@ class Settings(BaseSettings):
     webhook_max_attempts: int = Field(8, ge=1, description="Attempts before a delivery is marked failed.")
     webhook_backoff: float = Field(0.5, gt=0, description="First retry delay (s); doubles each attempt.")
     webhook_backoff_max: float = Field(60.0, gt=0, description="Cap on the retry delay (s).")
-    webhook_workers: int = Field(2, ge=0, le=32, description="Webhook sender threads per process.")
+    webhook_workers: int = Field(
+        1,
+        ge=0,
+        le=32,
+        description="Webhook sender threads per destination URL and process (0: this process sends none); "
+        "each URL has its own, so a slow one delays only itself.",
+    )
+    webhook_rule_limit: int = Field(
+        5,
+        ge=0,
+        description="Most alert notifications per (run, rule) in webhook_rule_window (0: no limit); the "
+        "skipped ones are counted in the next notification sent.",
+    )
+    webhook_rule_window: float = Field(3600.0, gt=0, description="Seconds of webhook_rule_limit's window.")
 
     # --- live events -----------------------------------------------------------------------------
     sse_heartbeat: float = Field(15.0, gt=0, description="Seconds between SSE keep-alive comments.")

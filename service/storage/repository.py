@@ -476,11 +476,16 @@ def add_deliveries(*, session: Session, rows: Sequence[dict[str, Any]]) -> None:
         session.execute(DELIVERIES.insert(), list(rows))
 
 
-def claim_delivery(*, session: Session, now: float, stale_before: float) -> dict | None:
+def claim_delivery(
+    *, session: Session, now: float, stale_before: float, url: str | None = None
+) -> dict | None:
+    """The next due delivery (to ``url`` only, when given), marked ``sending``."""
     due = or_(
         and_(DELIVERIES.c.status == "pending", DELIVERIES.c.next_attempt_at <= now),
         and_(DELIVERIES.c.status == "sending", DELIVERIES.c.claimed_at < stale_before),
     )
+    if url is not None:
+        due = and_(DELIVERIES.c.url == url, due)
     stmt = select(DELIVERIES).where(due).order_by(DELIVERIES.c.next_attempt_at, DELIVERIES.c.id).limit(1)
     if session.dialect.name == "postgresql":
         stmt = stmt.with_for_update(skip_locked=True)
@@ -493,10 +498,37 @@ def claim_delivery(*, session: Session, now: float, stale_before: float) -> dict
     return row
 
 
-def next_delivery_due(*, session: Session) -> float | None:
-    return session.execute(
-        select(func.min(DELIVERIES.c.next_attempt_at)).where(DELIVERIES.c.status == "pending")
+def next_delivery_due(*, session: Session, url: str | None = None) -> float | None:
+    where = [DELIVERIES.c.status == "pending"] + ([DELIVERIES.c.url == url] if url is not None else [])
+    return session.execute(select(func.min(DELIVERIES.c.next_attempt_at)).where(*where)).scalar()
+
+
+def rule_notifications(*, session: Session, run_id: int, rule: str, since: float) -> tuple[int, float | None]:
+    """(alert transitions of ``rule`` on the run queued for delivery since ``since``, the newest
+    queue time of any of its transitions): one transition is one (alert, created_at) pair, however
+    many URLs it went to."""
+    joined = DELIVERIES.join(ALERTS, ALERTS.c.id == DELIVERIES.c.alert_id)
+    mine = and_(ALERTS.c.run_id == run_id, ALERTS.c.rule == rule)
+    recent = (
+        select(DELIVERIES.c.alert_id, DELIVERIES.c.created_at)
+        .select_from(joined)
+        .where(mine, DELIVERIES.c.created_at > since)
+        .distinct()
+        .subquery()
+    )
+    count = session.execute(select(func.count()).select_from(recent)).scalar() or 0
+    newest = session.execute(
+        select(func.max(DELIVERIES.c.created_at)).select_from(joined).where(mine)
     ).scalar()
+    return int(count), newest
+
+
+def rule_transitions(*, session: Session, run_id: int, rule: str, after: float) -> int:
+    """Alert transitions (firings and resolutions) of ``rule`` on the run strictly after ``after``."""
+    mine = and_(ALERTS.c.run_id == run_id, ALERTS.c.rule == rule)
+    fired = session.execute(select(func.count()).where(mine, ALERTS.c.created_at > after)).scalar() or 0
+    resolved = session.execute(select(func.count()).where(mine, ALERTS.c.resolved_at > after)).scalar() or 0
+    return int(fired) + int(resolved)
 
 
 def record_attempt(
