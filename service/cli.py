@@ -99,7 +99,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
     from rlvitals.service.auth import keys_exist
     from rlvitals.service.health import HealthEngine
-    from rlvitals.service.serving import PROTOCOL, SETTINGS_ENV, tune_gc
+    from rlvitals.service.serving import PROTOCOL, SETTINGS_ENV, ServeLocked, sqlite_serve_lock, tune_gc
     from sqlalchemy.exc import SQLAlchemyError
 
     try:
@@ -121,6 +121,11 @@ def _serve(args: argparse.Namespace) -> int:
     refusal = bind_refusal(settings, has_keys=has_keys)
     if refusal:
         print(f"rlvitals serve: {refusal}", file=sys.stderr)
+        return 2
+    try:
+        lock = sqlite_serve_lock(settings.resolved_database_url)  # noqa: F841 (held until exit)
+    except ServeLocked as exc:
+        print(f"rlvitals serve: {exc}", file=sys.stderr)
         return 2
     common = {
         "host": settings.host,

@@ -412,6 +412,27 @@ def claim_audit(*, session: Session, worker: str, now: float, stale_before: floa
     return _row(session.execute(select(AUDITS).where(AUDITS.c.id == job_id)).first())
 
 
+def running_claims(*, session: Session, prefix: str) -> list[tuple[int, str]]:
+    """(id, claimed_by) of the running jobs whose claimer name starts with ``prefix``."""
+    rows = session.execute(
+        select(AUDITS.c.id, AUDITS.c.claimed_by).where(
+            AUDITS.c.status == "running", AUDITS.c.claimed_by.startswith(prefix, autoescape=True)
+        )
+    ).all()
+    return [(int(r[0]), r[1]) for r in rows]
+
+
+def release_audits(*, session: Session, ids: list[int]) -> int:
+    """Hand running jobs back to the queue (their claimer is gone)."""
+    if not ids:
+        return 0
+    return session.execute(
+        update(AUDITS)
+        .where(AUDITS.c.id.in_(ids), AUDITS.c.status == "running")
+        .values(status="pending", claimed_by=None, claimed_at=None)
+    ).rowcount
+
+
 def finish_audit(
     *,
     session: Session,
