@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rlvitals.service.encoding import jsonable, storable_problem
-from rlvitals.service.errors import InvalidInput
+from rlvitals.service.errors import InvalidInput, PayloadTooLarge
 
 if TYPE_CHECKING:  # torch is imported with the first batch: a scalar-only server never loads it
     import torch
@@ -52,8 +52,8 @@ class Batch:
     record_id: str | None = None  # the client's upload id: a resend is recognised by it
 
 
-def read_metadata(body: bytes) -> dict[str, str]:
-    """The ``__metadata__`` of a safetensors file (its header is JSON; nothing is executed)."""
+def _header(body: bytes | bytearray) -> tuple[dict[str, Any], int]:
+    """A safetensors file's JSON header and where its data starts (nothing is executed)."""
     if len(body) < 8:
         raise InvalidInput("body is not a safetensors file: shorter than its 8-byte header length")
     (header_len,) = struct.unpack("<Q", body[:8])
@@ -67,20 +67,68 @@ def read_metadata(body: bytes) -> dict[str, str]:
         raise InvalidInput(f"body is not a safetensors file: header is not JSON ({exc})") from exc
     if not isinstance(header, dict):
         raise InvalidInput("body is not a safetensors file: header is not a JSON object")
-    meta = header.get("__metadata__") or {}
+    return header, 8 + header_len
+
+
+def read_metadata(body: bytes | bytearray) -> dict[str, str]:
+    """The ``__metadata__`` of a safetensors file."""
+    meta = _header(body)[0].get("__metadata__") or {}
     if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
         raise InvalidInput("safetensors __metadata__ must map names to strings")
     return meta
 
 
-def load_tensors(body: bytes) -> dict[str, torch.Tensor]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load
+_DTYPES = {  # safetensors dtype names -> torch attribute names
+    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
+    "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
+    "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "U16": "uint16", "U32": "uint32", "U64": "uint64",
+}  # fmt: skip
 
-    try:
-        return load(body)
-    except (SafetensorError, ValueError, RuntimeError, TypeError) as exc:
-        raise InvalidInput(f"body is not a valid safetensors file: {exc}") from exc
+
+def load_tensors(body: bytes | bytearray) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file as views into ``body`` (a ``bytearray``: no copy; ``bytes``
+    are copied once into one). The same checks as the safetensors library: known dtypes, sizes
+    matching shapes, data inside the file, no two tensors sharing bytes, no byte unused."""
+    import torch
+
+    buffer = body if isinstance(body, bytearray) else bytearray(body)
+    header, start = _header(buffer)
+    data = memoryview(buffer)[start:]
+    spans: list[tuple[int, int, str]] = []
+    out: dict[str, torch.Tensor] = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype = getattr(torch, _DTYPES[info["dtype"]])
+            shape = [int(n) for n in info["shape"]]
+            begin, end = (int(n) for n in info["data_offsets"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidInput(
+                f"body is not a valid safetensors file: tensor {name!r} has a malformed entry "
+                f"(dtype one of {sorted(_DTYPES)}, shape, data_offsets): {info!r:.200}"
+            ) from exc
+        numel = math.prod(shape)
+        if min(shape, default=0) < 0 or not 0 <= begin <= end <= len(data):
+            raise InvalidInput(f"body is not a valid safetensors file: tensor {name!r} lies outside the file")
+        if end - begin != numel * dtype.itemsize:
+            raise InvalidInput(
+                f"body is not a valid safetensors file: tensor {name!r} has {end - begin} bytes, but shape "
+                f"{shape} of {info['dtype']} needs {numel * dtype.itemsize}"
+            )
+        spans.append((begin, end, name))
+        flat = torch.frombuffer(data[begin:end], dtype=dtype) if numel else torch.empty(0, dtype=dtype)
+        out[name] = flat.reshape(shape)
+    position = 0
+    for begin, end, name in sorted(spans):
+        if begin != position:
+            raise InvalidInput(
+                f"body is not a valid safetensors file: tensor {name!r} overlaps another or leaves a gap"
+            )
+        position = end
+    if position != len(data):
+        raise InvalidInput("body is not a valid safetensors file: bytes after the last tensor")
+    return out
 
 
 def _int_field(meta: dict[str, str], name: str, *, required: bool) -> int | None:
@@ -144,9 +192,12 @@ def _reported(meta: dict[str, str], max_depth: int) -> dict[str, Any]:
     return out
 
 
-def validate(body: bytes, *, max_json_depth: int = JSON_DEPTH) -> tuple[Batch, dict[str, torch.Tensor]]:
+def validate(
+    body: bytes | bytearray, *, max_json_depth: int = JSON_DEPTH, max_tokens: int | None = None
+) -> tuple[Batch, dict[str, torch.Tensor]]:
     """Parse and check one upload; returns the batch description and its tensors. ``config`` and
-    ``reported`` nested deeper than ``max_json_depth`` or holding invalid text are refused."""
+    ``reported`` nested deeper than ``max_json_depth`` or holding invalid text are refused, and so
+    (413) is a batch of more than ``max_tokens`` tokens (``batch x response_len``: the audit's CPU)."""
     import torch
 
     meta = read_metadata(body)
@@ -161,6 +212,12 @@ def validate(body: bytes, *, max_json_depth: int = JSON_DEPTH) -> tuple[Batch, d
     if len(shape) != 2 or 0 in shape:
         raise InvalidInput(
             f"log_prob must be 2-D (batch, response_len) and non-empty; got shape {list(shape)}"
+        )
+    if max_tokens is not None and shape[0] * shape[1] > max_tokens:
+        raise PayloadTooLarge(
+            f"a batch of {shape[0]}x{shape[1]} = {shape[0] * shape[1]} tokens exceeds max_audit_tokens "
+            f"({max_tokens}); upload a sample of the micro-batch",
+            detail={"tokens": shape[0] * shape[1], "limit": max_tokens},
         )
     for name, tensor in tensors.items():
         if name == "group_index":

@@ -99,7 +99,14 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
     from rlvitals.service.auth import keys_exist
     from rlvitals.service.health import HealthEngine
-    from rlvitals.service.serving import PROTOCOL, SETTINGS_ENV, ServeLocked, sqlite_serve_lock, tune_gc
+    from rlvitals.service.serving import (
+        PROTOCOL,
+        SETTINGS_ENV,
+        NoDelayHTTPProtocol,
+        ServeLocked,
+        sqlite_serve_lock,
+        tune_gc,
+    )
     from sqlalchemy.exc import SQLAlchemyError
 
     try:
@@ -135,7 +142,9 @@ def _serve(args: argparse.Namespace) -> int:
         "proxy_headers": False,
         "access_log": settings.access_log,
         "timeout_graceful_shutdown": 5,
+        "limit_concurrency": settings.max_connections,
     }
+    NoDelayHTTPProtocol.header_timeout = settings.header_timeout
     if settings.workers == 1:
         from rlvitals.service.app import create_app
 

@@ -28,9 +28,27 @@ SETTINGS_ENV = "_RLVITALS_SERVE_SETTINGS"  # how the parent hands its Settings t
 
 
 class NoDelayHTTPProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
+    """uvicorn's protocol with ``TCP_NODELAY`` (above), and a deadline for a new connection's first
+    request headers (``Settings.header_timeout``; uvicorn has none, so a client that connects and
+    trickles a header line every few seconds would hold a connection slot for ever)."""
+
+    header_timeout: float | None = None  # set from the settings before uvicorn starts
+
     def connection_made(self, transport) -> None:  # type: ignore[override]
         set_nodelay(transport.get_extra_info("socket"))
         super().connection_made(transport)
+        if self.header_timeout:
+            self._header_timer = self.loop.call_later(self.header_timeout, self._headers_overdue)
+
+    def _headers_overdue(self) -> None:
+        if self.cycle is None and not self.transport.is_closing():
+            self.transport.close()
+
+    def connection_lost(self, exc) -> None:  # type: ignore[override]
+        timer = getattr(self, "_header_timer", None)
+        if timer is not None:
+            timer.cancel()
+        super().connection_lost(exc)
 
 
 def set_nodelay(sock) -> None:
@@ -55,7 +73,9 @@ def app_from_env():
     from rlvitals.service.app import create_app
     from rlvitals.service.settings import Settings
 
-    app = create_app(Settings(**json.loads(os.environ[SETTINGS_ENV])))
+    settings = Settings(**json.loads(os.environ[SETTINGS_ENV]))
+    NoDelayHTTPProtocol.header_timeout = settings.header_timeout
+    app = create_app(settings)
     tune_gc()
     return app
 

@@ -59,6 +59,41 @@ class Settings(BaseSettings):
     max_request_bytes: int = Field(
         32 * 1024 * 1024, ge=1024, description="Largest accepted JSON body (bytes); larger -> 413."
     )
+    max_points_per_request: int = Field(
+        250_000,
+        ge=1,
+        description="Most points (step x metric values) one POST /metrics may carry; more -> 413.",
+    )
+    max_metric_names_per_run: int = Field(
+        10_000,
+        ge=0,
+        description="Most distinct metric names one run may hold (0: no limit); points adding more -> 413.",
+    )
+    max_concurrent_uploads: int = Field(
+        4, ge=1, description="Batch uploads being received at once per process; more -> 429 + Retry-After."
+    )
+    max_upload_bytes_in_flight: int = Field(
+        1024 * 1024 * 1024,
+        ge=1024,
+        description="Bytes (declared Content-Length) of the batch uploads being received at once per "
+        "process; an upload that would pass it -> 429 + Retry-After.",
+    )
+    max_audit_tokens: int = Field(
+        16 * 1024 * 1024,
+        ge=1,
+        description="Largest batch x response_len one audit may compute over (bounds its CPU); larger -> 413.",
+    )
+    header_timeout: float = Field(
+        10.0,
+        gt=0,
+        description="Seconds a connection may take to send a request's headers before it is closed.",
+    )
+    body_timeout: float = Field(
+        30.0, gt=0, description="Seconds a request body may pause between chunks; then 408."
+    )
+    max_connections: int = Field(
+        1000, ge=1, description="Open connections per process (uvicorn limit_concurrency); beyond it -> 503."
+    )
     max_json_depth: int = Field(
         64,
         ge=2,

@@ -28,9 +28,12 @@ _BINARY_BODY = {
 }
 
 
-def _submit(services: Services, run_id: int, body: bytes) -> tuple[int, str | None]:
+def _submit(services: Services, run_id: int, body: bytes | bytearray) -> tuple[int, str | None]:
+    settings = services.settings
     try:
-        batch, _tensors = batches.validate(body, max_json_depth=services.settings.max_json_depth)
+        batch, _tensors = batches.validate(
+            body, max_json_depth=settings.max_json_depth, max_tokens=settings.max_audit_tokens
+        )
     except InvalidInput:
         services.telemetry.count_batch("invalid")
         raise
@@ -61,8 +64,12 @@ async def post_batch(run_id: RunId, request: Request, services: ServicesDep) -> 
             f"{ctype or 'no Content-Type'}",
             detail={"allowed": list(BATCH_TYPES)},
         )
-    body = await read_body(request, services.settings.max_batch_bytes)
-    audit_id, resent_status = await run_in_threadpool(_submit, services, run_id, body)
+    declared = request.headers.get("content-length", "")
+    held = int(declared) if declared.isdigit() else services.settings.max_batch_bytes
+    with request.app.state.uploads.admit(min(held, services.settings.max_batch_bytes)):
+        body = await read_body(request, services.settings.max_batch_bytes)
+        audit_id, resent_status = await run_in_threadpool(_submit, services, run_id, body)
+        del body
     if resent_status is not None:
         return JSONResponse({"id": audit_id, "status": resent_status}, status_code=200)
     return JSONResponse({"id": audit_id, "status": "pending"}, status_code=202)
