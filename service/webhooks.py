@@ -84,6 +84,15 @@ class WebhookSender(WorkerThreads):
 
     def start(self) -> None:
         self._stop.clear()
+        try:  # a URL dropped from the settings still gets what was queued for it
+            with self.db.read() as session:
+                left = [u for u in repo.pending_delivery_urls(session=session) if u not in self._wakes]
+        except Exception as exc:
+            log.warning("listing pending webhook deliveries failed: %s", exc)
+            left = []
+        for url in left:
+            self.urls.append(url)
+            self._wakes[url] = threading.Event()
         for n, url in enumerate(self.urls):
             for i in range(self.settings.webhook_workers):
                 thread = threading.Thread(

@@ -524,6 +524,12 @@ def next_delivery_due(*, session: Session, url: str | None = None) -> float | No
     return session.execute(select(func.min(DELIVERIES.c.next_attempt_at)).where(*where)).scalar()
 
 
+def pending_delivery_urls(*, session: Session) -> list[str]:
+    """URLs with deliveries still to send (some may no longer be configured)."""
+    stmt = select(DELIVERIES.c.url).where(DELIVERIES.c.status.in_(("pending", "sending"))).distinct()
+    return list(session.execute(stmt).scalars())
+
+
 def rule_notifications(*, session: Session, run_id: int, rule: str, since: float) -> tuple[int, float | None]:
     """(alert transitions of ``rule`` on the run queued for delivery since ``since``, the newest
     queue time of any of its transitions): one transition is one (alert, created_at) pair, however

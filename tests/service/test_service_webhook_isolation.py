@@ -108,3 +108,15 @@ def test_slack_text_escapes_names_and_messages(app_client, tmp_path, hooks):
     assert "&lt;!channel&gt; &lt;https://evil.example|Click&gt; &amp; co" in text
     assert "&lt;@U123&gt;" in text
     assert "<!" not in text and "<http" not in text and "<@" not in text
+
+
+def test_deliveries_queued_for_a_url_dropped_from_the_settings_are_still_sent(app_client, tmp_path, hooks):
+    hook = hooks()
+    url = f"sqlite:///{tmp_path}/dropped.db"
+    api = app_client(url, webhook_urls=[hook.url("/old")], webhook_workers=0)  # queued, not sent
+    run_id = api.create_run()
+    api.log(run_id, [{"step": 0, "metrics": {"actor/pg_loss": "NaN"}}])
+    api.stop()
+    later = app_client(url)  # restarted without that URL
+    assert hook.wait_for(1)[0]["path"] == "/old"
+    assert later.services.webhooks.urls == [hook.url("/old")]
