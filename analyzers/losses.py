@@ -17,6 +17,7 @@ and the ``seq-*`` modes give NaN (``token-sum`` gives 0).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -243,7 +244,9 @@ def clipped_token_losses(
     ppo_kl = masked_mean(-negative_approx_kl, response_mask)
 
     pg_losses1 = -advantages * ratio
-    pg_losses2 = -advantages * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
+    # a bound past the dtype's range never binds: 1 + 1e30 ("no upper clip") would overflow float16
+    high = 1 + clip_high if 1 + clip_high <= torch.finfo(ratio.dtype).max else math.inf
+    pg_losses2 = -advantages * torch.clamp(ratio, 1 - clip_low, high)
     clip_pg_losses1 = torch.maximum(pg_losses1, pg_losses2)
     pg_clipfrac = masked_mean(torch.gt(pg_losses2, pg_losses1).float(), response_mask)
 

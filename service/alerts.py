@@ -16,6 +16,7 @@ from typing import Any
 from rlvitals.service.encoding import jsonable
 from rlvitals.service.settings import Settings
 from rlvitals.service.storage import repository as repo
+from rlvitals.service.webhooks import notification_budget, slack_escape
 from sqlalchemy.engine import Connection as Session
 
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
@@ -50,21 +51,28 @@ def run_status(alerts: Iterable[Mapping[str, Any]]) -> str:
     return {0: "healthy", 1: "warning", 2: "critical"}[worst]
 
 
-def webhook_payloads(alert: Mapping[str, Any], run: Mapping[str, Any]) -> tuple[dict, dict]:
-    """(generic JSON payload, Slack-compatible ``{"text": ...}`` payload) for one transition."""
+def webhook_payloads(
+    alert: Mapping[str, Any], run: Mapping[str, Any], *, suppressed: int = 0
+) -> tuple[dict, dict]:
+    """(generic JSON payload, Slack-compatible ``{"text": ...}`` payload) for one transition;
+    ``suppressed``: the rule's transitions on this run skipped by the rate limit since the last one."""
     generic = {
         "event": f"alert.{alert['state']}",
         "alert": alert,
         "run": {"id": run["id"], "name": run["name"], "project": run["project"]},
+        "suppressed": suppressed,
     }
+    e = slack_escape
     icon = ":white_check_mark:" if alert["state"] == "resolved" else ":rotating_light:"
     verb = "resolved" if alert["state"] == "resolved" else alert["severity"].upper()
     text = (
-        f"{icon} *{verb}* `{alert['rule']}` on run *{run['project']}/{run['name']}* "
-        f"(step {alert['last_step']}): {alert['message']}"
+        f"{icon} *{verb}* `{e(alert['rule'])}` on run *{e(run['project'])}/{e(run['name'])}* "
+        f"(step {alert['last_step']}): {e(alert['message'])}"
     )
     if alert["state"] == "firing" and alert["advice"]:
-        text += f"\n_What to do:_ {alert['advice']}"
+        text += f"\n_What to do:_ {e(alert['advice'])}"
+    if suppressed:
+        text += f"\n_{suppressed} more transition(s) of this rule on this run were not sent (rate limit)._"
     return generic, {"text": text}
 
 
@@ -152,7 +160,10 @@ def _queue_webhooks(
         return
     if alert["severity"] == "info" and not settings.webhook_info:
         return  # info is for the dashboard and the import output; webhook_info routes it to webhooks too
-    generic, slack = webhook_payloads(alert, run)
+    suppressed = notification_budget(session=session, alert=alert, now=now, settings=settings)
+    if suppressed is None:  # over the rule's rate limit: counted in the next one that goes out
+        return
+    generic, slack = webhook_payloads(alert, run, suppressed=suppressed)
     rows = [(url, "generic", generic) for url in settings.webhook_urls]
     rows += [(url, "slack", slack) for url in settings.slack_webhook_urls]
     repo.add_deliveries(

@@ -24,8 +24,9 @@ from rlvitals.service.api import (
     routes_runs,
     routes_system,
 )
+from rlvitals.service.api.access import AccessPolicy
 from rlvitals.service.api.fastlane import App
-from rlvitals.service.api.limits import BodyLimitMiddleware
+from rlvitals.service.api.limits import BodyLimitMiddleware, UploadGate
 from rlvitals.service.audits import AuditPool
 from rlvitals.service.auth import Authenticator
 from rlvitals.service.cache import SeriesCache
@@ -142,6 +143,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.services = services
     app.state.settings = settings
+    app.access = AccessPolicy(settings, services.auth)
+    app.body_timeout = settings.body_timeout
+    app.state.uploads = UploadGate(
+        max_uploads=settings.max_concurrent_uploads, max_bytes=settings.max_upload_bytes_in_flight
+    )
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_request_bytes)
     modules = (

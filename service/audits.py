@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import secrets
 import socket
 import threading
 import time
@@ -171,6 +172,26 @@ class _Superseded(Exception):
     """The job was handed to another worker meanwhile (this one stalled past the claim timeout)."""
 
 
+_PROCESS = secrets.token_hex(4)  # tells this process from an earlier one with the same pid
+
+
+def _alive(claimer: str) -> bool:
+    """Whether the process named by a claimer's ``pid:token:thread`` (host stripped) still runs."""
+    pid_text, _, rest = claimer.partition(":")
+    if not pid_text.isdigit():
+        return True  # not a name we wrote: leave it to the claim timeout
+    pid = int(pid_text)
+    if pid == os.getpid():
+        return rest.partition(":")[0] == _PROCESS  # same pid, another token: a restarted container
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
 class AuditPool(WorkerThreads):
     thread_name = "rlvitals-audit"
 
@@ -188,7 +209,7 @@ class AuditPool(WorkerThreads):
         self.health = health
         self.telemetry = telemetry
         super().__init__()
-        self.worker_id = f"{socket.gethostname()}:{os.getpid()}"
+        self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{_PROCESS}"
 
     # --- producer side -----------------------------------------------------------------------------
     def submit(self, *, run_id: int, batch: Batch, blob: bytes) -> tuple[int, str | None]:
@@ -244,6 +265,30 @@ class AuditPool(WorkerThreads):
     # --- workers -------------------------------------------------------------------------------
     def _thread_count(self) -> int:
         return self.settings.audit_workers
+
+    def start(self) -> None:
+        try:
+            reclaimed = self.reclaim_dead()
+        except Exception as exc:  # the claim timeout still hands them out
+            log.warning("reclaiming audits of dead processes failed: %s", exc)
+        else:
+            if reclaimed:
+                log.info("reclaimed %d audit job(s) claimed by processes that are gone", reclaimed)
+        super().start()
+
+    def reclaim_dead(self) -> int:
+        """At start: jobs claimed on this host by a process that no longer runs (or by an earlier
+        process with this pid, e.g. pid 1 in a restarted container: nothing here claimed anything
+        yet) go back to the queue now, not after ``audit_claim_timeout``. Other hosts' claims wait
+        for the timeout: their processes cannot be asked."""
+        host = f"{socket.gethostname()}:"
+        with self.db.write() as session:
+            dead = [
+                job_id
+                for job_id, claimer in repo.running_claims(session=session, prefix=host)
+                if not _alive(claimer[len(host) :])
+            ]
+            return repo.release_audits(session=session, ids=dead)
 
     def _join_timeout(self) -> float:
         return 30.0

@@ -1,13 +1,20 @@
 """API keys: ``rlvitals keys create`` prints a key once; the database keeps only its SHA-256.
 
-While no active key exists the server is open (and refuses to bind a non-loopback address unless
-``--insecure``). Once one exists every write (POST) needs ``Authorization: Bearer <key>``. Reads
-stay open. Lookups are cached for ``ttl`` seconds, so a key created or revoked from the CLI takes
-effect on a running server within a second.
+While no key was ever created the server is open (and refuses to bind a non-loopback address unless
+``--insecure``). Once one was, every write (POST) needs ``Authorization: Bearer <key>`` of an active
+key — also after the last key is revoked: writes open again only with ``rlvitals keys open``, which
+forgets the revoked keys (and refuses while an active one exists). A revoked key never works again.
+Reads need a key too where ``Settings.reads_need_key`` (by default: bound off loopback); for reads
+``Authorization: Basic`` with the key as password is accepted as well (``curl -u :KEY``, Prometheus'
+basic_auth); writes stay Bearer-only (a browser replays cached Basic credentials cross-site, which
+would let any page write). Lookups are cached for ``ttl`` seconds, so a key
+created or revoked from the CLI takes effect on a running server within a second.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import secrets
 import threading
@@ -48,8 +55,18 @@ def list_keys(db: Database) -> list[dict]:
 
 
 def keys_exist(db: Database) -> bool:
+    """Whether writes are closed: a key was ever created (an active or a revoked one)."""
     with db.read() as session:
-        return repo.any_active_key(session=session)
+        return repo.any_key(session=session)
+
+
+def open_writes(db: Database) -> int:
+    """``rlvitals keys open``: forget the revoked keys so writes are open again; the number
+    forgotten. Refused (``ValueError``) while an active key exists."""
+    with db.write() as session:
+        if repo.any_active_key(session=session):
+            raise ValueError("active keys exist; revoke them first (`rlvitals keys list`)")
+        return repo.delete_revoked_keys(session=session)
 
 
 class Authenticator:
@@ -86,6 +103,31 @@ class Authenticator:
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
             raise Unauthorized("malformed Authorization header: expected 'Bearer <key>'")
+        self._check_key(token)
+
+    def check_read(self, authorization: str | None) -> None:
+        """Raise ``Unauthorized`` unless keys are off or the key, sent as ``Bearer <key>`` or as the
+        password of ``Basic``, is active. (No ``WWW-Authenticate: Basic`` challenge: the browser's
+        own prompt would pop up over the dashboard's key dialog on every 401.)"""
+        if not self.enabled():
+            return
+        scheme, _, token = (authorization or "").partition(" ")
+        token = token.strip()
+        if scheme.lower() == "basic" and token:
+            try:
+                token = base64.b64decode(token, validate=True).decode("utf-8").partition(":")[2]
+            except (binascii.Error, UnicodeDecodeError):
+                token = ""
+        elif scheme.lower() != "bearer":
+            token = ""
+        if not token:
+            raise Unauthorized(
+                "reads on this server need an API key: send Authorization: Bearer <key> "
+                "(the dashboard asks for it: the Key button)"
+            )
+        self._check_key(token)
+
+    def _check_key(self, token: str) -> None:
         digest = hash_key(token)
         now = time.monotonic()
         with self._lock:

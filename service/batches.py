@@ -3,10 +3,11 @@
 Only ``safetensors`` is ever parsed (never pickle / ``torch.load``). Tensors, all ``(batch,
 response_len)`` unless noted:
 
-- required: ``log_prob``, ``old_log_prob``, ``advantages`` (floating), ``response_mask`` (0/1 of any
-  bool / integer / floating dtype);
-- optional: ``ref_log_prob``, ``entropy``, ``token_level_rewards``, ``rollout_log_probs`` (the rollout
-  engine's log-probs, verl's name; floating) and ``group_index``
+- required: ``log_prob``, ``old_log_prob``, ``advantages`` (float16, bfloat16, float32 or float64:
+  float8 and integers are refused), ``response_mask`` (0/1 of bool, a signed integer or uint8, or
+  one of those float dtypes);
+- optional (same float dtypes): ``ref_log_prob``, ``entropy``, ``token_level_rewards``,
+  ``rollout_log_probs`` (the rollout engine's log-probs, verl's name) and ``group_index``
   ``(batch,)`` int64 (the GRPO group of each sequence; needs ``token_level_rewards``).
 
 safetensors metadata (all strings): ``step`` (int >= 0, required), ``config`` (JSON object of verl
@@ -25,8 +26,8 @@ import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rlvitals.service.encoding import jsonable
-from rlvitals.service.errors import InvalidInput
+from rlvitals.service.encoding import jsonable, storable_problem
+from rlvitals.service.errors import InvalidInput, PayloadTooLarge
 
 if TYPE_CHECKING:  # torch is imported with the first batch: a scalar-only server never loads it
     import torch
@@ -35,7 +36,10 @@ REQUIRED = ("log_prob", "old_log_prob", "advantages", "response_mask")
 OPTIONAL_FLOAT = ("ref_log_prob", "entropy", "token_level_rewards", "rollout_log_probs")
 ALLOWED = (*REQUIRED, *OPTIONAL_FLOAT, "group_index")
 FLOAT_TENSORS = ("log_prob", "old_log_prob", "advantages", *OPTIONAL_FLOAT)
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")  # what the audit computes in
+MASK_DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64", *FLOAT_DTYPES)
 RECORD_ID_MAX = 128  # the column's width
+JSON_DEPTH = 64  # settings.max_json_depth's default
 _SPELLED = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
@@ -50,8 +54,8 @@ class Batch:
     record_id: str | None = None  # the client's upload id: a resend is recognised by it
 
 
-def read_metadata(body: bytes) -> dict[str, str]:
-    """The ``__metadata__`` of a safetensors file (its header is JSON; nothing is executed)."""
+def _header(body: bytes | bytearray) -> tuple[dict[str, Any], int]:
+    """A safetensors file's JSON header and where its data starts (nothing is executed)."""
     if len(body) < 8:
         raise InvalidInput("body is not a safetensors file: shorter than its 8-byte header length")
     (header_len,) = struct.unpack("<Q", body[:8])
@@ -59,24 +63,74 @@ def read_metadata(body: bytes) -> dict[str, str]:
         raise InvalidInput(f"body is not a safetensors file: header length {header_len} exceeds the body")
     try:
         header = json.loads(body[8 : 8 + header_len])
+    except RecursionError as exc:
+        raise InvalidInput("body is not a safetensors file: header JSON is nested too deeply") from exc
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidInput(f"body is not a safetensors file: header is not JSON ({exc})") from exc
     if not isinstance(header, dict):
         raise InvalidInput("body is not a safetensors file: header is not a JSON object")
-    meta = header.get("__metadata__") or {}
+    return header, 8 + header_len
+
+
+def read_metadata(body: bytes | bytearray) -> dict[str, str]:
+    """The ``__metadata__`` of a safetensors file."""
+    meta = _header(body)[0].get("__metadata__") or {}
     if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
         raise InvalidInput("safetensors __metadata__ must map names to strings")
     return meta
 
 
-def load_tensors(body: bytes) -> dict[str, torch.Tensor]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load
+_DTYPES = {  # safetensors dtype names -> torch attribute names
+    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
+    "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
+    "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "U16": "uint16", "U32": "uint32", "U64": "uint64",
+}  # fmt: skip
 
-    try:
-        return load(body)
-    except (SafetensorError, ValueError, RuntimeError, TypeError) as exc:
-        raise InvalidInput(f"body is not a valid safetensors file: {exc}") from exc
+
+def load_tensors(body: bytes | bytearray) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file as views into ``body`` (a ``bytearray``: no copy; ``bytes``
+    are copied once into one). The same checks as the safetensors library: known dtypes, sizes
+    matching shapes, data inside the file, no two tensors sharing bytes, no byte unused."""
+    import torch
+
+    buffer = body if isinstance(body, bytearray) else bytearray(body)
+    header, start = _header(buffer)
+    data = memoryview(buffer)[start:]
+    spans: list[tuple[int, int, str]] = []
+    out: dict[str, torch.Tensor] = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype = getattr(torch, _DTYPES[info["dtype"]])
+            shape = [int(n) for n in info["shape"]]
+            begin, end = (int(n) for n in info["data_offsets"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidInput(
+                f"body is not a valid safetensors file: tensor {name!r} has a malformed entry "
+                f"(dtype one of {sorted(_DTYPES)}, shape, data_offsets): {info!r:.200}"
+            ) from exc
+        numel = math.prod(shape)
+        if min(shape, default=0) < 0 or not 0 <= begin <= end <= len(data):
+            raise InvalidInput(f"body is not a valid safetensors file: tensor {name!r} lies outside the file")
+        if end - begin != numel * dtype.itemsize:
+            raise InvalidInput(
+                f"body is not a valid safetensors file: tensor {name!r} has {end - begin} bytes, but shape "
+                f"{shape} of {info['dtype']} needs {numel * dtype.itemsize}"
+            )
+        spans.append((begin, end, name))
+        flat = torch.frombuffer(data[begin:end], dtype=dtype) if numel else torch.empty(0, dtype=dtype)
+        out[name] = flat.reshape(shape)
+    position = 0
+    for begin, end, name in sorted(spans):
+        if begin != position:
+            raise InvalidInput(
+                f"body is not a valid safetensors file: tensor {name!r} overlaps another or leaves a gap"
+            )
+        position = end
+    if position != len(data):
+        raise InvalidInput("body is not a valid safetensors file: bytes after the last tensor")
+    return out
 
 
 def _int_field(meta: dict[str, str], name: str, *, required: bool) -> int | None:
@@ -106,22 +160,29 @@ def _record_id(meta: dict[str, str]) -> str | None:
     return raw
 
 
-def _json_object(meta: dict[str, str], name: str) -> dict[str, Any]:
+def _json_object(meta: dict[str, str], name: str, max_depth: int) -> dict[str, Any]:
     raw = meta.get(name)
     if raw is None or raw.strip() == "":
         return {}
     try:
         value = json.loads(raw)
+    except RecursionError as exc:
+        raise InvalidInput(
+            f"safetensors metadata {name!r} is nested deeper than the limit of {max_depth} levels"
+        ) from exc
     except ValueError as exc:
         raise InvalidInput(f"safetensors metadata {name!r} is not valid JSON: {exc}") from exc
     if not isinstance(value, dict):
         raise InvalidInput(f"safetensors metadata {name!r} must be a JSON object; got {type(value).__name__}")
+    problem = storable_problem(value, max_depth=max_depth)
+    if problem is not None:
+        raise InvalidInput(f"safetensors metadata {name!r}: {problem}")
     return value
 
 
-def _reported(meta: dict[str, str]) -> dict[str, Any]:
+def _reported(meta: dict[str, str], max_depth: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for key, value in _json_object(meta, "reported").items():
+    for key, value in _json_object(meta, "reported", max_depth).items():
         if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
             out[key] = None if value is None else float(value)
         elif isinstance(value, str) and value in _SPELLED:
@@ -133,8 +194,12 @@ def _reported(meta: dict[str, str]) -> dict[str, Any]:
     return out
 
 
-def validate(body: bytes) -> tuple[Batch, dict[str, torch.Tensor]]:
-    """Parse and check one upload; returns the batch description and its tensors."""
+def validate(
+    body: bytes | bytearray, *, max_json_depth: int = JSON_DEPTH, max_tokens: int | None = None
+) -> tuple[Batch, dict[str, torch.Tensor]]:
+    """Parse and check one upload; returns the batch description and its tensors. ``config`` and
+    ``reported`` nested deeper than ``max_json_depth`` or holding invalid text are refused, and so
+    (413) is a batch of more than ``max_tokens`` tokens (``batch x response_len``: the audit's CPU)."""
     import torch
 
     meta = read_metadata(body)
@@ -150,6 +215,12 @@ def validate(body: bytes) -> tuple[Batch, dict[str, torch.Tensor]]:
         raise InvalidInput(
             f"log_prob must be 2-D (batch, response_len) and non-empty; got shape {list(shape)}"
         )
+    if max_tokens is not None and shape[0] * shape[1] > max_tokens:
+        raise PayloadTooLarge(
+            f"a batch of {shape[0]}x{shape[1]} = {shape[0] * shape[1]} tokens exceeds max_audit_tokens "
+            f"({max_tokens}); upload a sample of the micro-batch",
+            detail={"tokens": shape[0] * shape[1], "limit": max_tokens},
+        )
     for name, tensor in tensors.items():
         if name == "group_index":
             continue
@@ -158,11 +229,18 @@ def validate(body: bytes) -> tuple[Batch, dict[str, torch.Tensor]]:
                 f"{name} has shape {list(tensor.shape)}; every token tensor must match log_prob's {list(shape)}",
                 detail={"tensor": name, "shape": list(tensor.shape), "expected": list(shape)},
             )
-        if name in FLOAT_TENSORS and not tensor.dtype.is_floating_point:
-            raise InvalidInput(f"{name} must be a floating-point tensor; got {tensor.dtype}")
+        if name in FLOAT_TENSORS and _dtype(tensor) not in FLOAT_DTYPES:
+            raise InvalidInput(
+                f"{name} must be a floating-point tensor of {', '.join(FLOAT_DTYPES)}; got "
+                f"{_dtype(tensor)} (convert it with .float() before sending)",
+                detail={"tensor": name, "dtype": _dtype(tensor), "allowed": list(FLOAT_DTYPES)},
+            )
     mask = tensors["response_mask"]
-    if mask.dtype.is_complex:
-        raise InvalidInput(f"response_mask must be bool, integer or floating; got {mask.dtype}")
+    if _dtype(mask) not in MASK_DTYPES:
+        raise InvalidInput(
+            f"response_mask must be one of {', '.join(MASK_DTYPES)}; got {_dtype(mask)}",
+            detail={"tensor": "response_mask", "dtype": _dtype(mask), "allowed": list(MASK_DTYPES)},
+        )
     if mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
         bad = mask[(mask != 0) & (mask != 1)]
         raise InvalidInput(
@@ -178,18 +256,22 @@ def validate(body: bytes) -> tuple[Batch, dict[str, torch.Tensor]]:
             )
         if "token_level_rewards" not in tensors:
             raise InvalidInput("group_index needs token_level_rewards (the GRPO advantage audit uses both)")
-    config = _json_object(meta, "config")
+    config = _json_object(meta, "config", max_json_depth)
     _check_config(config)
     batch = Batch(
         step=_int_field(meta, "step", required=True),
         config=jsonable(config),
-        reported=_reported(meta),
+        reported=_reported(meta, max_json_depth),
         rank=_int_field(meta, "rank", required=False),
         micro_batch=_int_field(meta, "micro_batch", required=False),
         shape=(int(shape[0]), int(shape[1])),
         record_id=_record_id(meta),
     )
     return batch, tensors
+
+
+def _dtype(tensor: torch.Tensor) -> str:
+    return str(tensor.dtype).removeprefix("torch.")
 
 
 def _check_config(config: dict[str, Any]) -> None:

@@ -1,4 +1,4 @@
-"""``rlvitals serve`` and ``rlvitals keys create|list|revoke``.
+"""``rlvitals serve`` and ``rlvitals keys create|list|revoke|open``.
 
 The web stack (fastapi, uvicorn) is imported inside the command functions, so ``rlvitals --help``
 and the client's commands never pay for it.
@@ -76,6 +76,10 @@ def register(subparsers) -> None:
     revoke = actions.add_parser("revoke", help="revoke a key by id or prefix")
     revoke.add_argument("key", help="the key's id or its printed prefix (rlv_...)")
     revoke.set_defaults(func=_needs_server(_keys_revoke))
+    reopen = actions.add_parser(
+        "open", help="open writes to everyone again: forget revoked keys (refused while active keys exist)"
+    )
+    reopen.set_defaults(func=_needs_server(_keys_open))
 
 
 def _settings(args: argparse.Namespace):
@@ -123,7 +127,14 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
     from rlvitals.service.auth import keys_exist
     from rlvitals.service.health import HealthEngine
-    from rlvitals.service.serving import PROTOCOL, SETTINGS_ENV, tune_gc
+    from rlvitals.service.serving import (
+        PROTOCOL,
+        SETTINGS_ENV,
+        NoDelayHTTPProtocol,
+        ServeLocked,
+        sqlite_serve_lock,
+        tune_gc,
+    )
     from sqlalchemy.exc import SQLAlchemyError
 
     try:
@@ -146,6 +157,11 @@ def _serve(args: argparse.Namespace) -> int:
     if refusal:
         print(f"rlvitals serve: {refusal}", file=sys.stderr)
         return 2
+    try:
+        lock = sqlite_serve_lock(settings.resolved_database_url)  # noqa: F841 (held until exit)
+    except ServeLocked as exc:
+        print(f"rlvitals serve: {exc}", file=sys.stderr)
+        return 2
     common = {
         "host": settings.host,
         "port": settings.port,
@@ -154,7 +170,9 @@ def _serve(args: argparse.Namespace) -> int:
         "proxy_headers": False,
         "access_log": settings.access_log,
         "timeout_graceful_shutdown": 5,
+        "limit_concurrency": settings.max_connections,
     }
+    NoDelayHTTPProtocol.header_timeout = settings.header_timeout
     print(_banner(settings), file=sys.stderr, flush=True)
     if settings.workers == 1:
         from rlvitals.service.app import create_app
@@ -225,4 +243,19 @@ def _keys_revoke(args: argparse.Namespace) -> int:
         print(f"rlvitals keys revoke: no active key matches {args.key!r}", file=sys.stderr)
         return 1
     print(f"revoked {count} key(s)")
+    return 0
+
+
+def _keys_open(args: argparse.Namespace) -> int:
+    from rlvitals.service.auth import open_writes
+
+    db = _database(_settings(args))
+    try:
+        count = open_writes(db)
+    except ValueError as exc:
+        print(f"rlvitals keys open: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        db.dispose()
+    print(f"writes are open to anyone who can reach the server ({count} revoked key(s) forgotten)")
     return 0

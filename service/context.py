@@ -4,7 +4,7 @@ sender and the audit pool."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -34,3 +34,5 @@ class Services:
     series_cache: SeriesCache | None = None
     columns: SeriesColumns | None = None
     writer: IngestWriter = None  # type: ignore[assignment]  # set by build_services (it needs them)
+    # metric names each run holds, as this process knows them (max_metric_names_per_run)
+    run_names: dict[int, set[str]] = field(default_factory=dict)

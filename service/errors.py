@@ -26,7 +26,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from rlvitals.service.encoding import JSONResponse, jsonable
+from rlvitals.service.encoding import JSONResponse, jsonable, scrub
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("rlvitals.service")
@@ -85,6 +85,7 @@ _HTTP_CODES = {
     404: "not_found",
     405: "method_not_allowed",
     406: "not_acceptable",
+    408: "request_timeout",
     409: "conflict",
     413: "payload_too_large",
     415: "unsupported_media_type",
@@ -98,7 +99,7 @@ def error_response(
     status: int, code: str, message: str, detail: Any = None, headers: dict[str, str] | None = None
 ) -> JSONResponse:
     """The one helper that builds every error reply."""
-    body = {"error": {"code": code, "message": message, "detail": jsonable(detail)}}
+    body = {"error": {"code": code, "message": scrub(message), "detail": scrub(jsonable(detail))}}
     return JSONResponse(body, status_code=status, headers=headers)
 
 
@@ -143,6 +144,8 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = _HTTP_CODES.get(exc.status_code, "http_error")
+        if exc.status_code == 400 and isinstance(exc.__cause__, RecursionError):  # FastAPI's json.loads
+            return error_response(422, "invalid_input", "body JSON is nested too deeply to parse", None)
         if exc.status_code == 404 and exc.detail == "Not Found":
             message = f"no such path: {request.url.path}"
         elif exc.status_code == 405:

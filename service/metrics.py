@@ -46,11 +46,17 @@ def ingest_many(ctx: Services, items: list[tuple[int, list[StepIn]]]) -> list[di
     started = time.perf_counter()
     outcomes: list[dict[str, int] | Exception | None] = [None] * len(items)
     prepared: list[_Prepared] = []
+    max_points = ctx.settings.max_points_per_request
     for index, (run_id, steps) in enumerate(items):
         if len(steps) > ctx.settings.max_steps_per_request:
             outcomes[index] = PayloadTooLarge(
                 f"{len(steps)} steps in one request; the limit is {ctx.settings.max_steps_per_request}",
                 detail={"limit": ctx.settings.max_steps_per_request},
+            )
+        elif (n := sum(len(s.metrics) for s in steps)) > max_points:
+            outcomes[index] = PayloadTooLarge(
+                f"{n} points in one request; the limit is {max_points} (max_points_per_request)",
+                detail={"limit": max_points},
             )
         else:
             prepared.append(_prepare(index, run_id, steps))
@@ -121,6 +127,25 @@ def _observer(p: _Prepared):
     return observe
 
 
+def _check_names(ctx: Services, session, p: _Prepared) -> None:
+    """Refuse (413) points that would give the run more than ``max_metric_names_per_run`` names.
+    The run's names are read once per process, then kept up to date by this process's ingest."""
+    limit = ctx.settings.max_metric_names_per_run
+    if not limit:
+        return
+    known = ctx.run_names.get(p.run_id)
+    if known is None:
+        known = ctx.run_names[p.run_id] = set(repo.metric_names(session=session, run_id=p.run_id))
+    fresh = {name for metrics in p.by_step.values() for name in metrics if name not in known}
+    if fresh and len(known) + len(fresh) > limit:
+        raise PayloadTooLarge(
+            f"run {p.run_id} would have {len(known) + len(fresh)} metric names; the limit is {limit} "
+            "(max_metric_names_per_run): names are for metrics, not for ids or values",
+            detail={"limit": limit, "run_names": len(known), "new_names": len(fresh)},
+        )
+    known |= fresh
+
+
 class _Stored:
     __slots__ = ("changed", "events", "prepared", "version")
 
@@ -182,6 +207,7 @@ def _store(ctx: Services, session, p: _Prepared, now: float) -> _Stored | None:
         exists = repo.run_exists(session=session, run_id=run_id)
     if not exists:
         return None
+    _check_names(ctx, session, p)
     repo.add_points(session=session, rows=p.rows)
     observation = ctx.health.update(
         session=session,

@@ -7,8 +7,8 @@ from typing import Any
 
 from rlvitals.service.alerts import alert_public, run_status
 from rlvitals.service.context import Services
-from rlvitals.service.encoding import jsonable
-from rlvitals.service.errors import NotFound
+from rlvitals.service.encoding import jsonable, storable_problem
+from rlvitals.service.errors import InvalidInput, NotFound
 from rlvitals.service.schemas import RunCreate
 from rlvitals.service.storage import repository as repo
 
@@ -34,6 +34,9 @@ def create_or_resume(ctx: Services, body: RunCreate) -> tuple[dict[str, Any], bo
     Resuming with a non-empty config replaces the stored one (and rebuilds the run's monitor with it);
     tags are merged.
     """
+    problem = storable_problem(body.config, max_depth=ctx.settings.max_json_depth)
+    if problem is not None:
+        raise InvalidInput(f"config{problem.removeprefix('value')}", detail={"field": "config"})
     config = jsonable(body.config)
     ctx.health.validate_run_config(config)
     now = time.time()

@@ -1,5 +1,10 @@
 """Running the app under uvicorn: one process, or ``--workers N`` processes sharing the socket.
 
+One ``rlvitals serve`` per SQLite file (``sqlite_serve_lock``): its processes keep live state (the
+health monitors, the event bus) that a second, independent ``serve`` on the same file would not
+see. ``--workers N`` is the way to run several processes there: the parent holds the lock, and its
+workers coordinate (detector state written with every update, events relayed through a table).
+
 uvicorn#3149: with ``--workers > 1`` the accepted sockets miss ``TCP_NODELAY`` (the listening socket
 is re-created from its file descriptor in each worker, so asyncio no longer recognises it as TCP and
 skips its usual ``TCP_NODELAY``), and Nagle's algorithm meets the client's delayed ACK: about +40 ms
@@ -10,6 +15,7 @@ whatever the worker count.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import gc
 import json
 import os
@@ -22,9 +28,27 @@ SETTINGS_ENV = "_RLVITALS_SERVE_SETTINGS"  # how the parent hands its Settings t
 
 
 class NoDelayHTTPProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
+    """uvicorn's protocol with ``TCP_NODELAY`` (above), and a deadline for a new connection's first
+    request headers (``Settings.header_timeout``; uvicorn has none, so a client that connects and
+    trickles a header line every few seconds would hold a connection slot for ever)."""
+
+    header_timeout: float | None = None  # set from the settings before uvicorn starts
+
     def connection_made(self, transport) -> None:  # type: ignore[override]
         set_nodelay(transport.get_extra_info("socket"))
         super().connection_made(transport)
+        if self.header_timeout:
+            self._header_timer = self.loop.call_later(self.header_timeout, self._headers_overdue)
+
+    def _headers_overdue(self) -> None:
+        if self.cycle is None and not self.transport.is_closing():
+            self.transport.close()
+
+    def connection_lost(self, exc) -> None:  # type: ignore[override]
+        timer = getattr(self, "_header_timer", None)
+        if timer is not None:
+            timer.cancel()
+        super().connection_lost(exc)
 
 
 def set_nodelay(sock) -> None:
@@ -49,6 +73,41 @@ def app_from_env():
     from rlvitals.service.app import create_app
     from rlvitals.service.settings import Settings
 
-    app = create_app(Settings(**json.loads(os.environ[SETTINGS_ENV])))
+    settings = Settings(**json.loads(os.environ[SETTINGS_ENV]))
+    NoDelayHTTPProtocol.header_timeout = settings.header_timeout
+    app = create_app(settings)
     tune_gc()
     return app
+
+
+class ServeLocked(RuntimeError):
+    pass
+
+
+def sqlite_serve_lock(database_url: str):
+    """Lock ``<db>.serve.lock`` beside a SQLite database for this process's lifetime (an open file
+    with an exclusive ``flock``; the kernel drops it when the process dies, however it dies). Raises
+    ``ServeLocked`` naming the holder's pid. ``None`` (no lock needed) for PostgreSQL or memory."""
+    from sqlalchemy.engine import make_url
+
+    url = make_url(database_url)
+    if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+        return None
+    path = os.path.abspath(url.database) + ".serve.lock"
+    handle = open(path, "a+")  # noqa: SIM115 (held open on purpose until the process exits)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "?"
+        handle.close()
+        raise ServeLocked(
+            f"another rlvitals serve (pid {holder}) already serves {url.database}; two servers on one "
+            "SQLite file would each see only part of the steps. Stop it, use --workers N for more "
+            "processes, or PostgreSQL for several servers."
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return handle

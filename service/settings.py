@@ -30,6 +30,16 @@ class Settings(BaseSettings):
     insecure: bool = Field(
         False, description="Allow binding a non-loopback address while no API key exists (open writes)."
     )
+    require_key_for_reads: bool | None = Field(
+        None,
+        description="Reads (API, SSE, /metrics, dashboard; not /healthz) need an API key once one "
+        "exists. Default: on when host is not a loopback address.",
+    )
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Host header values accepted besides loopback names, IP addresses and the bind "
+        'address (DNS-rebinding guard); ".example.com" allows its subdomains, "*" any host.',
+    )
 
     # --- storage ---------------------------------------------------------------------------------
     data_dir: Path = Field(Path(".rlvitals"), description="Directory for the default SQLite database.")
@@ -48,6 +58,48 @@ class Settings(BaseSettings):
     )
     max_request_bytes: int = Field(
         32 * 1024 * 1024, ge=1024, description="Largest accepted JSON body (bytes); larger -> 413."
+    )
+    max_points_per_request: int = Field(
+        250_000,
+        ge=1,
+        description="Most points (step x metric values) one POST /metrics may carry; more -> 413.",
+    )
+    max_metric_names_per_run: int = Field(
+        10_000,
+        ge=0,
+        description="Most distinct metric names one run may hold (0: no limit); points adding more -> 413.",
+    )
+    max_concurrent_uploads: int = Field(
+        4, ge=1, description="Batch uploads being received at once per process; more -> 429 + Retry-After."
+    )
+    max_upload_bytes_in_flight: int = Field(
+        1024 * 1024 * 1024,
+        ge=1024,
+        description="Bytes (declared Content-Length) of the batch uploads being received at once per "
+        "process; an upload that would pass it -> 429 + Retry-After.",
+    )
+    max_audit_tokens: int = Field(
+        16 * 1024 * 1024,
+        ge=1,
+        description="Largest batch x response_len one audit may compute over (bounds its CPU); larger -> 413.",
+    )
+    header_timeout: float = Field(
+        10.0,
+        gt=0,
+        description="Seconds a connection may take to send a request's headers before it is closed.",
+    )
+    body_timeout: float = Field(
+        30.0, gt=0, description="Seconds a request body may pause between chunks; then 408."
+    )
+    max_connections: int = Field(
+        1000, ge=1, description="Open connections per process (uvicorn limit_concurrency); beyond it -> 503."
+    )
+    max_json_depth: int = Field(
+        64,
+        ge=2,
+        le=200,
+        description="Deepest nesting of JSON objects/arrays accepted in a run's config and a batch's "
+        "config/reported metadata; deeper -> 422 (so nothing stored is too deep to read back).",
     )
     max_steps_per_request: int = Field(
         100_000, ge=1, description="Most steps one POST /metrics may carry; more -> 413."
@@ -127,7 +179,20 @@ class Settings(BaseSettings):
     webhook_max_attempts: int = Field(8, ge=1, description="Attempts before a delivery is marked failed.")
     webhook_backoff: float = Field(0.5, gt=0, description="First retry delay (s); doubles each attempt.")
     webhook_backoff_max: float = Field(60.0, gt=0, description="Cap on the retry delay (s).")
-    webhook_workers: int = Field(2, ge=0, le=32, description="Webhook sender threads per process.")
+    webhook_workers: int = Field(
+        1,
+        ge=0,
+        le=32,
+        description="Webhook sender threads per destination URL and process (0: this process sends none); "
+        "each URL has its own, so a slow one delays only itself.",
+    )
+    webhook_rule_limit: int = Field(
+        5,
+        ge=0,
+        description="Most alert notifications per (run, rule) in webhook_rule_window (0: no limit); the "
+        "skipped ones are counted in the next notification sent.",
+    )
+    webhook_rule_window: float = Field(3600.0, gt=0, description="Seconds of webhook_rule_limit's window.")
 
     # --- live events -----------------------------------------------------------------------------
     sse_heartbeat: float = Field(15.0, gt=0, description="Seconds between SSE keep-alive comments.")
@@ -138,7 +203,7 @@ class Settings(BaseSettings):
     log_level: str = Field("info", description="uvicorn log level.")
     access_log: bool = Field(False, description="Log every request (uvicorn access log; costs ingest speed).")
 
-    @field_validator("webhook_urls", "slack_webhook_urls", mode="before")
+    @field_validator("webhook_urls", "slack_webhook_urls", "allowed_hosts", mode="before")
     @classmethod
     def _split_urls(cls, value: Any) -> Any:
         # Accept "a,b" as well as a JSON list from the environment.
@@ -167,6 +232,12 @@ class Settings(BaseSettings):
     @property
     def host_is_loopback(self) -> bool:
         return is_loopback(self.host)
+
+    @property
+    def reads_need_key(self) -> bool:
+        if self.require_key_for_reads is not None:
+            return self.require_key_for_reads
+        return not self.host_is_loopback
 
 
 def is_loopback(host: str) -> bool:

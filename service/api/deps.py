@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import Depends, Path, Query, Request
 from rlvitals.service.context import Services
-from rlvitals.service.errors import PayloadTooLarge
+from rlvitals.service.errors import BadRequest, PayloadTooLarge
 
 MAX_ID = 2**63 - 1  # ids, steps and offsets are 64-bit in the database
 
@@ -31,13 +31,26 @@ async def require_writer(request: Request) -> None:
 WriteAuth = Depends(require_writer)
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refusing (413) as soon as it passes ``limit`` bytes."""
+async def read_body(request: Request, limit: int) -> bytes | bytearray:
+    """The request body, refusing (413) as soon as it passes ``limit`` bytes (with a Content-Length:
+    read straight into one buffer of that size)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(
             f"body of {int(declared)} bytes exceeds the limit of {limit} bytes", detail={"limit": limit}
         )
+    if declared is not None and declared.isdigit():  # one buffer of the declared size: no join copy
+        buffer = bytearray(int(declared))
+        size = 0
+        async for chunk in request.stream():
+            end = size + len(chunk)
+            if end > len(buffer):
+                raise BadRequest(f"body is longer than its Content-Length of {len(buffer)} bytes")
+            buffer[size:end] = chunk
+            size = end
+        if size != len(buffer):
+            raise BadRequest(f"body ended after {size} of its Content-Length of {len(buffer)} bytes")
+        return buffer
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():

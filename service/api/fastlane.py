@@ -19,6 +19,7 @@ the OpenAPI description is the route's own.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -26,9 +27,11 @@ from typing import Any
 import orjson
 from fastapi import FastAPI
 from pydantic import ValidationError
+from rlvitals.service.api.access import DOCS_PATHS, AccessPolicy, with_docs_headers
 from rlvitals.service.api.deps import MAX_ID
 from rlvitals.service.errors import ServiceError, error_response
 from rlvitals.service.schemas import MetricsIn
+from starlette.exceptions import HTTPException
 
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -39,13 +42,28 @@ _HEADERS = [(b"content-type", b"application/json")]
 
 
 class App(FastAPI):
-    """FastAPI with the ingest fast lane in front."""
+    """FastAPI with the access checks (``api.access``) and the ingest fast lane in front."""
+
+    access: AccessPolicy | None = None
+    body_timeout: float | None = None
 
     async def __call__(self, scope: MutableMapping[str, Any], receive: Receive, send: Send) -> None:
+        if self.access is not None and scope["type"] in ("http", "websocket"):
+            refusal = self.access.refusal(scope)
+            if refusal is not None:
+                await refusal(scope, receive, send)
+                return
+            if scope["path"] in DOCS_PATHS:
+                send = with_docs_headers(send)
         if scope["type"] == "http" and scope["method"] == "POST":
+            receive = timed_body(receive, self.body_timeout)
             match = _PATH.fullmatch(scope["path"])
             if match is not None:
-                rest = await ingest(self, scope, receive, send, int(match[1]))
+                try:
+                    rest = await ingest(self, scope, receive, send, int(match[1]))
+                except BodyTimeout as exc:
+                    await error_response(408, "request_timeout", exc.detail)(scope, receive, send)
+                    return
                 if rest is None:
                     return
                 receive = rest
@@ -109,6 +127,35 @@ async def ingest(app: FastAPI, scope: MutableMapping[str, Any], receive: Receive
                 "headers": [*_HEADERS, (b"content-length", str(len(out)).encode())]})  # fmt: skip
     await send({"type": "http.response.body", "body": out})
     return None
+
+
+class BodyTimeout(HTTPException):
+    """An HTTPException, so FastAPI's body reader and the routes pass it to the error handlers (408)."""
+
+    def __init__(self, seconds: float):
+        super().__init__(408, f"the request body stalled for {seconds:g} s (body_timeout)")
+
+
+def timed_body(receive: Receive, seconds: float | None) -> Receive:
+    """``receive`` with a deadline on each body chunk until the body is complete (then untouched:
+    waiting for a disconnect may take as long as it takes)."""
+    if not seconds:
+        return receive
+    done = False
+
+    async def timed() -> Message:
+        nonlocal done
+        if done:
+            return await receive()
+        try:
+            async with asyncio.timeout(seconds):
+                message = await receive()
+        except TimeoutError:
+            raise BodyTimeout(seconds) from None
+        done = message["type"] != "http.request" or not message.get("more_body", False)
+        return message
+
+    return timed
 
 
 def _replay(messages: list[Message], receive: Receive) -> Receive:

@@ -1,11 +1,14 @@
-"""ASGI middleware: JSON bodies over ``max_request_bytes`` are refused with 413 before parsing.
-
-Batch uploads (``/batches``) are exempt here; their route enforces ``max_batch_bytes`` itself.
+"""Request limits: JSON bodies over ``max_request_bytes`` are refused with 413 before parsing
+(``BodyLimitMiddleware``; batch uploads are exempt, their route enforces ``max_batch_bytes``), and
+``UploadGate`` admits at most ``max_concurrent_uploads`` batch uploads holding at most
+``max_upload_bytes_in_flight`` declared bytes at once (429 + Retry-After beyond).
 """
 
 from __future__ import annotations
 
-from rlvitals.service.errors import error_response
+from contextlib import contextmanager
+
+from rlvitals.service.errors import Busy, error_response
 from starlette.exceptions import HTTPException
 
 
@@ -67,3 +70,33 @@ class BodyLimitMiddleware:
             413, "payload_too_large", f"{what} exceeds the limit of {self.limit} bytes", {"limit": self.limit}
         )
         await response(scope, receive, send)
+
+
+class UploadGate:
+    """Counts the batch uploads being received (one event loop: no lock needed)."""
+
+    def __init__(self, *, max_uploads: int, max_bytes: int):
+        self.max_uploads, self.max_bytes = max_uploads, max_bytes
+        self.uploads = self.bytes = 0
+
+    @contextmanager
+    def admit(self, nbytes: int):
+        if self.uploads >= self.max_uploads:
+            raise Busy(
+                f"{self.uploads} batch uploads are being received; the limit is {self.max_uploads} "
+                "(max_concurrent_uploads): retry shortly",
+                detail={"uploads": self.uploads, "limit": self.max_uploads},
+            )
+        if self.uploads and self.bytes + nbytes > self.max_bytes:
+            raise Busy(
+                f"uploads in flight hold {self.bytes} bytes; {nbytes} more would pass the limit of "
+                f"{self.max_bytes} (max_upload_bytes_in_flight): retry shortly",
+                detail={"bytes": self.bytes, "limit": self.max_bytes},
+            )
+        self.uploads += 1
+        self.bytes += nbytes
+        try:
+            yield
+        finally:
+            self.uploads -= 1
+            self.bytes -= nbytes

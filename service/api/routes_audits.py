@@ -15,6 +15,8 @@ from rlvitals.service.schemas import AuditPublic, AuditsPublic, BatchAccepted
 
 router = APIRouter(prefix="/api/v1", tags=["audits"])
 
+BATCH_TYPES = ("application/octet-stream", "application/safetensors", "application/x-safetensors")
+
 _BINARY_BODY = {
     "requestBody": {
         "required": True,
@@ -26,9 +28,12 @@ _BINARY_BODY = {
 }
 
 
-def _submit(services: Services, run_id: int, body: bytes) -> tuple[int, str | None]:
+def _submit(services: Services, run_id: int, body: bytes | bytearray) -> tuple[int, str | None]:
+    settings = services.settings
     try:
-        batch, _tensors = batches.validate(body)
+        batch, _tensors = batches.validate(
+            body, max_json_depth=settings.max_json_depth, max_tokens=settings.max_audit_tokens
+        )
     except InvalidInput:
         services.telemetry.count_batch("invalid")
         raise
@@ -52,13 +57,19 @@ def _submit(services: Services, run_id: int, body: bytes) -> tuple[int, str | No
 async def post_batch(run_id: RunId, request: Request, services: ServicesDep) -> JSONResponse:
     """Queue a tensor batch for audit (202). A resend with the same ``record_id`` -> 200, same id.
     Bad tensors/metadata -> 422; too big -> 413; queue full -> 429 with Retry-After."""
-    ctype = request.headers.get("content-type", "application/octet-stream").split(";")[0].strip().lower()
-    if ctype in ("application/json", "application/x-www-form-urlencoded", "multipart/form-data"):
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype not in BATCH_TYPES:  # a browser's CORS "simple" POST (text/plain, forms, none) never passes
         raise UnsupportedMediaType(
-            f"send the batch as safetensors bytes with Content-Type application/octet-stream, not {ctype}"
+            "send the batch as safetensors bytes with Content-Type application/octet-stream, not "
+            f"{ctype or 'no Content-Type'}",
+            detail={"allowed": list(BATCH_TYPES)},
         )
-    body = await read_body(request, services.settings.max_batch_bytes)
-    audit_id, resent_status = await run_in_threadpool(_submit, services, run_id, body)
+    declared = request.headers.get("content-length", "")
+    held = int(declared) if declared.isdigit() else services.settings.max_batch_bytes
+    with request.app.state.uploads.admit(min(held, services.settings.max_batch_bytes)):
+        body = await read_body(request, services.settings.max_batch_bytes)
+        audit_id, resent_status = await run_in_threadpool(_submit, services, run_id, body)
+        del body
     if resent_status is not None:
         return JSONResponse({"id": audit_id, "status": resent_status}, status_code=200)
     return JSONResponse({"id": audit_id, "status": "pending"}, status_code=202)

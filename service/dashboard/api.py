@@ -11,7 +11,7 @@
   result (the audit worker stores them there after each audit), else computed from the batch's
   tensors while the server still holds them; otherwise 404 saying why.
 
-Reads are open, like API v1's.
+Reads need a key exactly where API v1's do (``api.access``).
 """
 
 from __future__ import annotations

@@ -412,6 +412,27 @@ def claim_audit(*, session: Session, worker: str, now: float, stale_before: floa
     return _row(session.execute(select(AUDITS).where(AUDITS.c.id == job_id)).first())
 
 
+def running_claims(*, session: Session, prefix: str) -> list[tuple[int, str]]:
+    """(id, claimed_by) of the running jobs whose claimer name starts with ``prefix``."""
+    rows = session.execute(
+        select(AUDITS.c.id, AUDITS.c.claimed_by).where(
+            AUDITS.c.status == "running", AUDITS.c.claimed_by.startswith(prefix, autoescape=True)
+        )
+    ).all()
+    return [(int(r[0]), r[1]) for r in rows]
+
+
+def release_audits(*, session: Session, ids: list[int]) -> int:
+    """Hand running jobs back to the queue (their claimer is gone)."""
+    if not ids:
+        return 0
+    return session.execute(
+        update(AUDITS)
+        .where(AUDITS.c.id.in_(ids), AUDITS.c.status == "running")
+        .values(status="pending", claimed_by=None, claimed_at=None)
+    ).rowcount
+
+
 def finish_audit(
     *,
     session: Session,
@@ -476,11 +497,16 @@ def add_deliveries(*, session: Session, rows: Sequence[dict[str, Any]]) -> None:
         session.execute(DELIVERIES.insert(), list(rows))
 
 
-def claim_delivery(*, session: Session, now: float, stale_before: float) -> dict | None:
+def claim_delivery(
+    *, session: Session, now: float, stale_before: float, url: str | None = None
+) -> dict | None:
+    """The next due delivery (to ``url`` only, when given), marked ``sending``."""
     due = or_(
         and_(DELIVERIES.c.status == "pending", DELIVERIES.c.next_attempt_at <= now),
         and_(DELIVERIES.c.status == "sending", DELIVERIES.c.claimed_at < stale_before),
     )
+    if url is not None:
+        due = and_(DELIVERIES.c.url == url, due)
     stmt = select(DELIVERIES).where(due).order_by(DELIVERIES.c.next_attempt_at, DELIVERIES.c.id).limit(1)
     if session.dialect.name == "postgresql":
         stmt = stmt.with_for_update(skip_locked=True)
@@ -493,10 +519,43 @@ def claim_delivery(*, session: Session, now: float, stale_before: float) -> dict
     return row
 
 
-def next_delivery_due(*, session: Session) -> float | None:
-    return session.execute(
-        select(func.min(DELIVERIES.c.next_attempt_at)).where(DELIVERIES.c.status == "pending")
+def next_delivery_due(*, session: Session, url: str | None = None) -> float | None:
+    where = [DELIVERIES.c.status == "pending"] + ([DELIVERIES.c.url == url] if url is not None else [])
+    return session.execute(select(func.min(DELIVERIES.c.next_attempt_at)).where(*where)).scalar()
+
+
+def pending_delivery_urls(*, session: Session) -> list[str]:
+    """URLs with deliveries still to send (some may no longer be configured)."""
+    stmt = select(DELIVERIES.c.url).where(DELIVERIES.c.status.in_(("pending", "sending"))).distinct()
+    return list(session.execute(stmt).scalars())
+
+
+def rule_notifications(*, session: Session, run_id: int, rule: str, since: float) -> tuple[int, float | None]:
+    """(alert transitions of ``rule`` on the run queued for delivery since ``since``, the newest
+    queue time of any of its transitions): one transition is one (alert, created_at) pair, however
+    many URLs it went to."""
+    joined = DELIVERIES.join(ALERTS, ALERTS.c.id == DELIVERIES.c.alert_id)
+    mine = and_(ALERTS.c.run_id == run_id, ALERTS.c.rule == rule)
+    recent = (
+        select(DELIVERIES.c.alert_id, DELIVERIES.c.created_at)
+        .select_from(joined)
+        .where(mine, DELIVERIES.c.created_at > since)
+        .distinct()
+        .subquery()
+    )
+    count = session.execute(select(func.count()).select_from(recent)).scalar() or 0
+    newest = session.execute(
+        select(func.max(DELIVERIES.c.created_at)).select_from(joined).where(mine)
     ).scalar()
+    return int(count), newest
+
+
+def rule_transitions(*, session: Session, run_id: int, rule: str, after: float) -> int:
+    """Alert transitions (firings and resolutions) of ``rule`` on the run strictly after ``after``."""
+    mine = and_(ALERTS.c.run_id == run_id, ALERTS.c.rule == rule)
+    fired = session.execute(select(func.count()).where(mine, ALERTS.c.created_at > after)).scalar() or 0
+    resolved = session.execute(select(func.count()).where(mine, ALERTS.c.resolved_at > after)).scalar() or 0
+    return int(fired) + int(resolved)
 
 
 def record_attempt(
@@ -542,6 +601,15 @@ def revoke_key(*, session: Session, key_id: int | None = None, prefix: str | Non
 
 def any_active_key(*, session: Session) -> bool:
     return session.execute(select(KEYS.c.id).where(KEYS.c.revoked_at.is_(None)).limit(1)).first() is not None
+
+
+def any_key(*, session: Session) -> bool:
+    """Whether a key was ever created (revoked ones count: revoking the last key must not reopen writes)."""
+    return session.execute(select(KEYS.c.id).limit(1)).first() is not None
+
+
+def delete_revoked_keys(*, session: Session) -> int:
+    return session.execute(delete(KEYS).where(KEYS.c.revoked_at.is_not(None))).rowcount
 
 
 def active_key_id(*, session: Session, key_hash: str) -> int | None:

@@ -12,6 +12,7 @@ from rlvitals.service.dashboard.histograms import batch_histograms
 from rlvitals.service.settings import Settings
 from safetensors.torch import save
 
+from tests.service.batchdata import OCTET
 from tests.service.conftest import AppClient  # the service suite's in-process app (real lifespan)
 
 
@@ -90,7 +91,8 @@ def test_unknown_run_and_audit_are_404(client):
 def _upload_and_wait(client, tensors) -> int:
     run = client.post("/api/v1/runs", json={"name": "hist"}).json()["id"]
     meta = {"step": "1", "config": json.dumps({"clip_ratio": 0.2}), "reported": json.dumps({})}
-    audit = client.post(f"/api/v1/runs/{run}/batches", content=save(tensors, metadata=meta)).json()["id"]
+    body = save(tensors, metadata=meta)
+    audit = client.post(f"/api/v1/runs/{run}/batches", content=body, headers=OCTET).json()["id"]
     for _ in range(200):
         if client.get(f"/api/v1/audits/{audit}").json()["status"] in ("done", "error"):
             return audit

@@ -48,7 +48,7 @@ class AppClient:
         self._lifespan = asyncio.run_coroutine_threadsafe(lifespan(), self._loop)
         ready.result(timeout=60)
         transport = httpx.ASGITransport(app=self.app)
-        self.client = httpx.AsyncClient(transport=transport, base_url="http://testserver")
+        self.client = httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1")
         return self
 
     def stop(self) -> None:

@@ -58,7 +58,7 @@ def error_shape_problem(response: httpx.Response) -> str | None:
 
 def send(api, case) -> httpx.Response:
     """Send a schemathesis case through the app's in-process httpx client."""
-    kwargs = case.as_transport_kwargs(base_url="http://testserver")
+    kwargs = case.as_transport_kwargs(base_url="http://127.0.0.1")
     body = {}
     if "json" in kwargs:
         body["json"] = kwargs["json"]
@@ -141,7 +141,7 @@ def _fuzz_operation(api, op, mode: GenerationMode, check, problems: list[str]) -
         try:
             response = send(api, case)
         except Exception as exc:  # the app raised past its error handlers: a 500 for a real client
-            kwargs = case.as_transport_kwargs(base_url="http://testserver")
+            kwargs = case.as_transport_kwargs(base_url="http://127.0.0.1")
             problems.append(
                 f"{op.method.upper()} {kwargs['url']} params={kwargs.get('params')}: raised {exc!r}"
             )
@@ -228,7 +228,7 @@ def test_every_api_operation_is_in_the_schema_and_fuzzed(fuzz_api) -> None:
 
 def test_error_shape_checker_rejects_other_shapes() -> None:
     """The checker above can fail: FastAPI's default shape and a bare string do not pass."""
-    request = httpx.Request("GET", "http://testserver/x")
+    request = httpx.Request("GET", "http://127.0.0.1/x")
     default = httpx.Response(422, json={"detail": [{"loc": ["body"], "msg": "x"}]}, request=request)
     bare = httpx.Response(404, text="Not Found", request=request)
     partial = httpx.Response(400, json={"error": {"code": "bad_request", "message": "x"}}, request=request)

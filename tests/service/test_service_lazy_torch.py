@@ -17,7 +17,7 @@ SCRIPT = textwrap.dedent(
     data = tempfile.mkdtemp()
     app = create_app(Settings(database_url=f"sqlite:///{data}/x.db", data_dir=data))
     seen = {}
-    with TestClient(app) as client:
+    with TestClient(app, base_url="http://127.0.0.1") as client:
         run_id = client.post("/api/v1/runs", json={"name": "scalars"}).json()["id"]
         steps = [{"step": s, "metrics": {"actor/entropy": 1.0 - s / 100, "actor/pg_loss": "NaN"}}
                  for s in range(50)]

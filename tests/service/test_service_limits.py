@@ -1,0 +1,122 @@
+"""Limits against amplification and slow clients, each a setting answered with a 4xx (issue 13, item 5).
+
+Before: one request with a million metric names stalled every run's ingest for seconds and took
+~1 GB to read back; batch uploads had no concurrency cap; a socket that never finished its headers
+or its body held its slot for ever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+import httpx
+
+from tests.service.batchdata import OCTET, make_batch
+
+
+def test_points_per_request_are_capped(app_client, tmp_path):
+    api = app_client(f"sqlite:///{tmp_path}/p.db", max_points_per_request=100)
+    run_id = api.create_run()
+    ok = [{"step": s, "metrics": {"a": 1.0, "b": 2.0}} for s in range(50)]  # 100 points
+    assert api.log(run_id, ok).status_code == 200
+    over = [{"step": s, "metrics": {"a": 1.0, "b": 2.0, "c": 3.0}} for s in range(50, 84)]  # 102
+    refused = api.log(run_id, over)
+    assert refused.status_code == 413 and "max_points_per_request" in refused.json()["error"]["message"]
+    assert api.get(f"/api/v1/runs/{run_id}").json()["last_step"] == 49  # nothing of it stored
+
+
+def test_metric_names_per_run_are_capped(app_client, database_url):
+    api = app_client(database_url, max_metric_names_per_run=10)
+    run_id = api.create_run()
+    assert api.log(run_id, [{"step": 0, "metrics": {f"m{i}": 1.0 for i in range(8)}}]).status_code == 200
+    refused = api.log(run_id, [{"step": 1, "metrics": {f"x{i}": 1.0 for i in range(3)}}])
+    assert refused.status_code == 413, refused.text
+    assert "max_metric_names_per_run" in refused.json()["error"]["message"]
+    assert api.log(run_id, [{"step": 1, "metrics": {"m0": 2.0, "x0": 1.0, "x1": 1.0}}]).status_code == 200
+    api.restart()  # a new process learns the run's names from the database
+    again = api.log(run_id, [{"step": 2, "metrics": {"y": 1.0}}])
+    assert again.status_code == 413, again.text
+    other = api.create_run("other")  # per run
+    assert api.log(other, [{"step": 0, "metrics": {"y": 1.0}}]).status_code == 200
+
+
+def test_audit_tokens_per_batch_are_capped(app_client, tmp_path):
+    api = app_client(f"sqlite:///{tmp_path}/t.db", max_audit_tokens=1000)
+    run_id = api.create_run()
+    ok = api.post(f"/api/v1/runs/{run_id}/batches", content=make_batch(0, batch=4, length=250), headers=OCTET)
+    assert ok.status_code == 202, ok.text
+    refused = api.post(f"/api/v1/runs/{run_id}/batches", content=make_batch(1, batch=4, length=251),
+                       headers=OCTET)  # fmt: skip
+    assert refused.status_code == 413 and "max_audit_tokens" in refused.json()["error"]["message"]
+
+
+def test_concurrent_uploads_and_their_bytes_are_capped(app_client, tmp_path):
+    api = app_client(f"sqlite:///{tmp_path}/u.db", max_concurrent_uploads=1, max_upload_bytes_in_flight=4096)
+    run_id = api.create_run()
+    body = make_batch(0)
+    release = asyncio.Event()
+
+    async def slow_body():  # an upload whose body is still arriving
+        yield body[:100]
+        await release.wait()
+        yield body[100:]
+
+    async def scenario():
+        url = f"/api/v1/runs/{run_id}/batches"
+        headers = {**OCTET, "content-length": str(len(body))}
+        first = asyncio.ensure_future(api.client.post(url, content=slow_body(), headers=headers))
+        for _ in range(100):
+            if api.app.state.uploads.uploads:
+                break
+            await asyncio.sleep(0.01)
+        second = await api.client.post(url, content=body, headers=OCTET)
+        release.set()
+        return await first, second
+
+    first, second = api._call(scenario())
+    assert second.status_code == 429 and "max_concurrent_uploads" in second.json()["error"]["message"]
+    assert int(second.headers["retry-after"]) >= 1
+    assert first.status_code == 202, first.text
+    assert api.app.state.uploads.uploads == 0 and api.app.state.uploads.bytes == 0
+    from rlvitals.service.api.limits import UploadGate
+
+    gate = UploadGate(max_uploads=5, max_bytes=4096)
+    with gate.admit(3000):
+        try:
+            with gate.admit(2000):
+                raise AssertionError("two uploads holding 5000 bytes were admitted")
+        except Exception as exc:
+            assert "max_upload_bytes_in_flight" in str(exc)
+
+
+def _raw(port: int, data: bytes, wait: float) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=wait) as sock:
+        sock.sendall(data)
+        chunks = []
+        try:
+            while chunk := sock.recv(65536):
+                chunks.append(chunk)
+        except TimeoutError:
+            chunks.append(b"<still open>")
+        return b"".join(chunks)
+
+
+def test_slow_headers_are_cut_off_and_a_stalled_body_gets_408(serve):
+    server = serve(env={"RLVITALS_HEADER_TIMEOUT": "1", "RLVITALS_BODY_TIMEOUT": "1"})
+    run_id = httpx.post(f"{server.url}/api/v1/runs", json={"name": "slow"}).json()["id"]
+    port = int(server.url.rsplit(":", 1)[1])
+    started = time.monotonic()
+    assert _raw(port, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n", wait=5) == b""  # closed
+    assert time.monotonic() - started < 4
+    head = (f"POST /api/v1/runs/{run_id}/metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n")  # fmt: skip
+    for path_head in (
+        head,
+        head.replace("/metrics", "/batches").replace("application/json", "application/octet-stream"),
+    ):
+        answer = _raw(port, path_head.encode() + b'{"steps": [', wait=5)
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:300]
+        assert b"body_timeout" in answer
+    assert httpx.get(f"{server.url}/healthz").status_code == 200
