@@ -135,6 +135,7 @@ class TokenBatch:
         response_mask: Tensor,
         ref_log_prob: Tensor | None = None,
         entropy: Tensor | None = None,
+        rollout_is_weights: Tensor | None = None,
     ) -> None:
         given = {
             "log_prob": log_prob,
@@ -142,6 +143,7 @@ class TokenBatch:
             "advantages": advantages,
             "ref_log_prob": ref_log_prob,
             "entropy": entropy,
+            "rollout_is_weights": rollout_is_weights,
         }
         floats = {k: v for k, v in given.items() if v is not None}
         for name, value in (*floats.items(), ("response_mask", response_mask)):
@@ -316,7 +318,7 @@ class TokenBatch:
         global_batch_size: int | None = None,
         loss_scale_factor: float | None = None,
     ) -> float:
-        """verl's ``agg_loss`` from row sums: scalar arithmetic, no token pass."""
+        """verl's ``agg_loss`` from row sums: scalar arithmetic, no token pass (built-in modes only)."""
         mode = AggMode(mode)
         if mode is AggMode.TOKEN_MEAN:
             if batch_num_tokens is None:
@@ -341,67 +343,117 @@ class TokenBatch:
         return loss
 
     def metrics(self, config: LossConfig) -> dict[str, float]:
-        """verl's metrics for ``config`` (see :func:`rlvitals.analyzers.recompute`)."""
+        """verl's metrics for ``config`` (see :func:`rlvitals.analyzers.recompute`).
+
+        Routes: the fused token pass for the built-in ``vanilla`` loss without IS weights; for any other
+        registered loss (or with ``rollout_is_weights``) the loss's own function, with the entropy and
+        KL terms still from fused row sums; verl's op sequence for everything in half precision, with
+        non-finite values, or with a user-registered aggregation mode or KL estimator (the fused pass
+        only implements the built-ins)."""
         if config.use_kl_loss and "ref_log_prob" not in self.tensors:
             raise ValueError("ref_log_prob is required when use_kl_loss is True")
-        if self.fast and self.finite:
-            out = self._fast_metrics(config)
+        from .policy_losses import POLICY_LOSSES, compute_policy_loss_vanilla, get_policy_loss
+
+        entry = get_policy_loss(config.loss_mode)
+        builtin = isinstance(config.loss_agg_mode, AggMode) and isinstance(config.kl_loss_type, KLType)
+        if self.fast and self.finite and builtin:
+            if (
+                POLICY_LOSSES["vanilla"] is entry
+                and entry.fn is compute_policy_loss_vanilla
+                and ("rollout_is_weights" not in self.tensors)
+            ):
+                out = self._fast_metrics(config)
+            else:
+                out = self._aux_metrics(config, self.policy_metrics(config), fast=True)
             if out is not None:
                 return out
             self.finite = False  # a non-finite sum: every later config takes the reference path too
         return self._reference_metrics(config)
 
+    def policy_metrics(self, config: LossConfig, *, raw: bool = False) -> dict[str, float]:
+        """``pg_loss`` and the loss mode's own metrics from its registered function (no autograd),
+        memoised per setting except for losses that draw random numbers (``clip_cov``). ``raw``: as the
+        0-dim tensors the loss returned (half precision combines them in its own dtype)."""
+        from .policy_losses import get_policy_loss
+
+        entry = get_policy_loss(config.loss_mode)
+        key = ("policy", _policy_key(config))
+        hit = None if entry.random else self._cache.get(key)
+        if hit is None:
+            t = self.tensors
+            with torch.no_grad():
+                pg_loss, metrics = entry.fn(
+                    t["old_log_prob"],
+                    t["log_prob"],
+                    t["advantages"],
+                    self.mask,
+                    config.loss_agg_mode,
+                    config,
+                    t.get("rollout_is_weights"),
+                )
+            hit = {"pg_loss": pg_loss, **metrics}
+            if not entry.random:
+                self._cache[key] = hit
+        return dict(hit) if raw else {k: float(v) for k, v in hit.items()}
+
+    def _aux_metrics(
+        self, config: LossConfig, out: dict[str, float], *, fast: bool
+    ) -> dict[str, float] | None:
+        """Add ``entropy_loss``, ``kl_loss`` and ``policy_loss`` to the policy metrics ``out``; None when a
+        fused sum is not finite (the caller then takes the reference path)."""
+        info = config.global_batch_info
+        policy_loss = out["pg_loss"]
+        if fast:
+            sums = []
+            if "entropy" in self.tensors:
+                rows = self.entropy_rows()
+                sums.append(rows.total)
+                out["entropy_loss"] = self.aggregate(rows, config.loss_agg_mode, **info)
+            if "ref_log_prob" in self.tensors:
+                rows = self.kl_rows(config.kl_loss_type)
+                sums.append(rows.total)
+                out["kl_loss"] = self.aggregate(rows, config.loss_agg_mode, **info)
+            if not all(math.isfinite(x) for x in sums):
+                return None
+        else:
+            out.update(self._reference_aux(config))
+        if "entropy_loss" in out:
+            policy_loss = policy_loss - config.entropy_coeff * out["entropy_loss"]
+        if "kl_loss" in out and config.use_kl_loss:
+            policy_loss = policy_loss + out["kl_loss"] * config.kl_loss_coef
+        out["policy_loss"] = policy_loss
+        return {k: float(v) for k, v in out.items()}
+
     def _fast_metrics(self, config: LossConfig) -> dict[str, float] | None:
         info = config.global_batch_info
         pol = self.policy(config.clip_low, config.clip_high, config.clip_ratio_c)
-        pg_loss = self.aggregate(pol.rows, config.loss_agg_mode, **info)
-        sums = [pol.rows.total]
+        if not math.isfinite(pol.rows.total):
+            return None
         out = {
-            "pg_loss": pg_loss,
+            "pg_loss": self.aggregate(pol.rows, config.loss_agg_mode, **info),
             "pg_clipfrac": _fraction(pol.n_clipped, self.n_tokens),
             "ppo_kl": self.ppo_kl,
             "pg_clipfrac_lower": _fraction(pol.n_dual_clipped, self.n_tokens),
         }
-        policy_loss = pg_loss
-        if "entropy" in self.tensors:
-            rows = self.entropy_rows()
-            sums.append(rows.total)
-            out["entropy_loss"] = self.aggregate(rows, config.loss_agg_mode, **info)
-            policy_loss = policy_loss - config.entropy_coeff * out["entropy_loss"]
-        if "ref_log_prob" in self.tensors:
-            rows = self.kl_rows(config.kl_loss_type)
-            sums.append(rows.total)
-            out["kl_loss"] = self.aggregate(rows, config.loss_agg_mode, **info)
-            if config.use_kl_loss:
-                policy_loss = policy_loss + out["kl_loss"] * config.kl_loss_coef
-        if not all(math.isfinite(x) for x in sums):
-            return None
-        out["policy_loss"] = policy_loss
-        return out
+        return self._aux_metrics(config, out, fast=True)
 
     # -- reference path --------------------------------------------------------------------------
     def _reference_metrics(self, config: LossConfig) -> dict[str, float]:
         """verl's own op sequence (``losses.ppo_loss``), in the input dtype. The per-token matrices and
         their aggregations are memoised, so an audit trying many configs pays once per clip setting,
         KL estimator and aggregation."""
-        from .losses import agg_loss, clipped_token_losses, kl_penalty
+        from .losses import agg_loss, clipped_token_losses
+        from .policy_losses import POLICY_LOSSES, compute_policy_loss_vanilla
 
         t, mask = self.tensors, self.mask
         info = config.global_batch_info
         mode = config.loss_agg_mode
-
-        def memo(key, compute):
-            hit = self._cache.get(key)
-            if hit is None:
-                hit = self._cache[key] = compute()
-            return hit
-
-        def aggregate(name: str, matrix: Tensor) -> Tensor:
-            return memo(("ref_agg", name, mode, *info.values()), lambda: agg_loss(matrix, mask, mode, **info))
-
+        entry = POLICY_LOSSES.get(config.loss_mode)
+        if entry is None or entry.fn is not compute_policy_loss_vanilla or "rollout_is_weights" in t:
+            return self._aux_metrics(config, self.policy_metrics(config, raw=True), fast=False)
         with torch.no_grad():
             clip = (config.clip_low, config.clip_high, config.clip_ratio_c)
-            pg_losses, pg_metrics = memo(
+            pg_losses, pg_metrics = self._memo(
                 ("ref_pg", *clip),
                 lambda: clipped_token_losses(
                     t["old_log_prob"],
@@ -413,17 +465,59 @@ class TokenBatch:
                     clip_ratio_c=clip[2],
                 ),
             )
-            pg_loss = aggregate(f"pg{clip}", pg_losses)
-            out = {"pg_loss": pg_loss, **pg_metrics}
-            policy_loss = pg_loss
+            pg_loss = self._memo(
+                ("ref_agg", f"pg{clip}", str(mode), *info.values()),
+                lambda: agg_loss(pg_losses, mask, mode, **info),
+            )
+        return self._aux_metrics(config, {"pg_loss": pg_loss, **pg_metrics}, fast=False)
+
+    def _memo(self, key, compute):
+        hit = self._cache.get(key)
+        if hit is None:
+            hit = self._cache[key] = compute()
+        return hit
+
+    def _reference_aux(self, config: LossConfig) -> dict[str, Tensor]:
+        from .losses import agg_loss, kl_penalty
+
+        t, mask = self.tensors, self.mask
+        info = config.global_batch_info
+        mode = config.loss_agg_mode
+        out: dict[str, Tensor] = {}
+        with torch.no_grad():
             if "entropy" in t:
-                out["entropy_loss"] = aggregate("entropy", t["entropy"])
-                policy_loss = policy_loss - config.entropy_coeff * out["entropy_loss"]
+                out["entropy_loss"] = self._memo(
+                    ("ref_agg", "entropy", str(mode), *info.values()),
+                    lambda: agg_loss(t["entropy"], mask, mode, **info),
+                )
             if "ref_log_prob" in t:
                 kind = config.kl_loss_type
-                kld = memo(("ref_kl", kind), lambda: kl_penalty(t["log_prob"], t["ref_log_prob"], kind))
-                out["kl_loss"] = aggregate(f"kl-{kind.value}", kld)
-                if config.use_kl_loss:
-                    policy_loss = policy_loss + out["kl_loss"] * config.kl_loss_coef
-            out["policy_loss"] = policy_loss
-        return {k: float(v) for k, v in out.items()}
+                kld = self._memo(
+                    ("ref_kl", str(kind)), lambda: kl_penalty(t["log_prob"], t["ref_log_prob"], kind)
+                )
+                out["kl_loss"] = self._memo(
+                    ("ref_agg", f"kl-{kind}", str(mode), *info.values()),
+                    lambda: agg_loss(kld, mask, mode, **info),
+                )
+        return out
+
+
+def _policy_key(config: LossConfig) -> tuple:
+    """Every setting a policy loss may read (all of LossConfig but the entropy / KL-term ones)."""
+    return (
+        config.loss_mode,
+        config.clip_low,
+        config.clip_high,
+        config.clip_ratio_c,
+        str(config.loss_agg_mode),
+        *config.global_batch_info.values(),
+        config.clip_cov_ratio,
+        config.clip_cov_lb,
+        config.clip_cov_ub,
+        config.kl_cov_ratio,
+        config.ppo_kl_coef,
+        config.dro_beta,
+        config.tau_pos,
+        config.tau_neg,
+        config.rollout_correction,
+    )
