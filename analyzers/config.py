@@ -311,7 +311,7 @@ class LossConfig:
                 section = _as_mapping(inner)
         names = {f.name for f in fields(cls)}
         values: dict[str, Any] = {}
-        for name in names - set(POLICY_LOSS_FIELDS):
+        for name in names:  # a flat LossConfig.to_dict() too; verl's nested policy_loss wins below
             value = _get(section, name, _MISSING)
             if value is not _MISSING:
                 values[name] = value

@@ -380,8 +380,10 @@ class TokenBatch:
         key = ("policy", _policy_key(config))
         hit = None if entry.random else self._cache.get(key)
         if hit is None:
+            from .losses import capture_agg_inputs
+
             t = self.tensors
-            with torch.no_grad():
+            with torch.no_grad(), capture_agg_inputs() as captured:
                 pg_loss, metrics = entry.fn(
                     t["old_log_prob"],
                     t["log_prob"],
@@ -392,9 +394,18 @@ class TokenBatch:
                     t.get("rollout_is_weights"),
                 )
             hit = {"pg_loss": pg_loss, **metrics}
+            self._cache[("policy_agg_inputs", *key[1:])] = captured[-1] if len(captured) == 1 else None
             if not entry.random:
                 self._cache[key] = hit
         return dict(hit) if raw else {k: float(v) for k, v in hit.items()}
+
+    def policy_agg_inputs(self, config: LossConfig) -> tuple[Tensor, Tensor, str] | None:
+        """The ``(loss_mat, mask, mode)`` the loss aggregated for ``config`` (after :meth:`policy_metrics`);
+        None when it made no single ``agg_loss`` call (``geo_mean`` averages rows itself)."""
+        key = ("policy_agg_inputs", _policy_key(config))
+        if key not in self._cache:
+            self.policy_metrics(config)
+        return self._cache.get(key)
 
     def _aux_metrics(
         self, config: LossConfig, out: dict[str, float], *, fast: bool

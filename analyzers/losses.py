@@ -17,7 +17,9 @@ and the ``seq-*`` modes give NaN (``token-sum`` gives 0).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 
@@ -140,6 +142,21 @@ def _seq_mean(loss_mat, loss_mask, *, dp_size, batch_num_tokens, global_batch_si
     return masked_sum(seq_losses, seq_mask) / global_batch_size * dp_size
 
 
+_AGG_CAPTURE: ContextVar[list | None] = ContextVar("rlvitals_agg_capture", default=None)
+
+
+@contextmanager
+def capture_agg_inputs() -> Iterator[list[tuple[Tensor, Tensor, str]]]:
+    """Record every ``agg_loss`` call's ``(loss_mat, loss_mask, mode)`` inside the block: a policy loss's
+    token-loss matrix, so that its value under other aggregation modes is one cheap reduction away."""
+    captured: list = []
+    token = _AGG_CAPTURE.set(captured)
+    try:
+        yield captured
+    finally:
+        _AGG_CAPTURE.reset(token)
+
+
 def agg_loss(
     loss_mat: Tensor,
     loss_mask: Tensor,
@@ -161,6 +178,9 @@ def agg_loss(
     if fn is None:
         allowed = ", ".join(repr(m) for m in AGG_MODES)
         raise ValueError(f"loss_agg_mode must be one of {allowed}; got {loss_agg_mode!r}")
+    captured = _AGG_CAPTURE.get()
+    if captured is not None:
+        captured.append((loss_mat, loss_mask, key))
     return fn(
         loss_mat,
         loss_mask,

@@ -54,19 +54,21 @@ class LossMode(str, Enum):
 @dataclass(frozen=True)
 class PolicyLoss:
     """A registered loss. ``random``: the loss draws from torch's RNG (``clip_cov``), so ``pg_loss`` is
-    only reproducible as a range, given by ``bounds(...) -> (low, high)`` (same arguments as ``fn``)."""
+    only reproducible as a range, given by ``bounds(...) -> (low, high)`` (same arguments as ``fn``).
+    ``uses_agg_mode``: whether ``loss_agg_mode`` changes ``pg_loss`` (counterfactuals use it)."""
 
     name: str
     fn: PolicyLossFn
     random: bool = False
     bounds: BoundsFn | None = None
+    uses_agg_mode: bool = True  # False: the loss ignores loss_agg_mode (verl's sapo, geo_mean)
 
 
 POLICY_LOSSES: dict[str, PolicyLoss] = {}
 
 
 def register_policy_loss(
-    name: str, *, random: bool = False, bounds: BoundsFn | None = None
+    name: str, *, random: bool = False, bounds: BoundsFn | None = None, uses_agg_mode: bool = True
 ) -> Callable[[PolicyLossFn], PolicyLossFn]:
     """Register ``fn`` as ``policy_loss.loss_mode = name`` (a duplicate name raises ``ValueError``)."""
     key = name.value if isinstance(name, Enum) else name
@@ -76,7 +78,7 @@ def register_policy_loss(
     def decorate(fn: PolicyLossFn) -> PolicyLossFn:
         if key in POLICY_LOSSES:
             raise ValueError(f"policy loss {key!r} is already registered")
-        POLICY_LOSSES[key] = PolicyLoss(key, fn, random=random, bounds=bounds)
+        POLICY_LOSSES[key] = PolicyLoss(key, fn, random=random, bounds=bounds, uses_agg_mode=uses_agg_mode)
         return fn
 
     return decorate
@@ -243,7 +245,7 @@ def compute_policy_loss_gspo(
 
 
 # -- SAPO (arXiv:2511.20347): a sigmoid gate instead of a hard clip ----------------------------------------
-@register_policy_loss(LossMode.SAPO)
+@register_policy_loss(LossMode.SAPO, uses_agg_mode=False)
 def compute_policy_loss_sapo(
     old_log_prob,
     log_prob,
@@ -351,23 +353,23 @@ def _clip_cov_bounds(
 ) -> tuple[float, float]:
     """The smallest and largest ``pg_loss`` any ``randperm`` draw can give: the aggregation is linear
     in the token losses, so zeroing the ``k`` candidates with the largest (smallest) contribution gives
-    the low (high) end. Computed in float64 around the undrawn loss."""
+    the low (high) end. A token's contribution is its loss times its aggregation weight (the gradient
+    of the linear ``agg_loss``), in float64."""
     with torch.no_grad():
         _, pg_losses1, pg_losses2, idx, clip_num = _clip_cov_parts(
-            old_log_prob, log_prob, advantages, response_mask, config
+            old_log_prob.detach(), log_prob.detach(), advantages.detach(), response_mask, config
         )
         full = _weighted(torch.maximum(pg_losses1, pg_losses2), rollout_is_weights).double()
-        base = float(agg_loss(full, response_mask, loss_agg_mode, **_info(config)))
-        k = min(clip_num, len(idx))
+    k = min(clip_num, len(idx))
+    probe = full.clone().requires_grad_(True)
+    with torch.enable_grad():
+        base = agg_loss(probe, response_mask, loss_agg_mode, **_info(config))
+        total = float(base.detach())
         if k == 0:
-            return base, base
-        contrib = []
-        for i, j in idx.tolist():  # each candidate's share of the aggregate: agg of a one-token matrix
-            one = torch.zeros_like(full)
-            one[i, j] = full[i, j]
-            contrib.append(float(agg_loss(one, response_mask, loss_agg_mode, **_info(config))))
-        contrib.sort()
-        return base - sum(contrib[-k:]), base - sum(contrib[:k])
+            return total, total
+        (weights,) = torch.autograd.grad(base, probe)
+    contrib = (weights * full)[idx[:, 0], idx[:, 1]].sort().values
+    return total - float(contrib[-k:].sum()), total - float(contrib[:k].sum())
 
 
 @register_policy_loss(LossMode.KL_COV)
@@ -410,7 +412,7 @@ def compute_policy_loss_kl_cov(
 
 
 # -- GMPO (arXiv:2507.20673): geometric mean of token ratios per sequence -------------------------------------
-@register_policy_loss(LossMode.GEO_MEAN)
+@register_policy_loss(LossMode.GEO_MEAN, uses_agg_mode=False)
 def compute_policy_loss_geo_mean(
     old_log_prob,
     log_prob,
