@@ -2,9 +2,11 @@
 configured loss does not?
 
 For one mismatched metric, candidates are generated in order of simplicity: single config changes
-(each ``loss_agg_mode``; every other registered ``loss_mode``; local vs global normalisation and ``dp_size``; symmetric vs asymmetric clip;
+(each ``loss_agg_mode``; local vs global normalisation and ``dp_size``; symmetric vs asymmetric clip;
 ``clip_ratio_c``; KL estimator; coefficient signs), a few derived definitions (opposite sign, mask
-ignored, one clip side only, no ±20 clamp, policy and reference swapped), then pairs of changes. Each
+ignored, one clip side only, no ±20 clamp, policy and reference swapped), then every other registered
+``loss_mode`` (each one a full recomputation, so only when nothing cheaper explains it), then pairs of
+changes. Each
 candidate is recomputed exactly (the :class:`~.kernels.TokenBatch` caches make that scalar arithmetic
 on the fast path) and kept when it reproduces the reported value within the audit tolerance.
 """
@@ -201,8 +203,6 @@ def _single_changes(config: LossConfig, batch: TokenBatch, metric: str, reported
         yield from _kl_changes(config)
     if metric == "policy_loss":
         yield from _coef_changes(config)
-    if metric in ("pg_loss", "pg_clipfrac", "ppo_kl", "pg_clipfrac_lower", "policy_loss"):
-        yield from _loss_mode_changes(config)  # each recomputes the batch in full: after the cheap ones
 
 
 def _pair_changes(config: LossConfig, batch: TokenBatch, metric: str, reported: float) -> Iterator[dict]:
@@ -381,6 +381,13 @@ def find_alternatives(
         value = compute()
         if close(reported, value):
             found.append(Alternative(metric, description, _configured(metric, config), value))
+    if found:
+        return found
+    if metric in ("pg_loss", "pg_clipfrac", "ppo_kl", "pg_clipfrac_lower", "policy_loss"):
+        for changes in _loss_mode_changes(config):  # each recomputes the batch in full: only when needed
+            if len(found) >= limit:
+                return found
+            try_config(changes)
     if found:
         return found
     for changes in _pair_changes(config, batch, metric, reported):
