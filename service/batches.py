@@ -5,8 +5,8 @@ response_len)`` unless noted:
 
 - required: ``log_prob``, ``old_log_prob``, ``advantages`` (floating), ``response_mask`` (0/1 of any
   bool / integer / floating dtype);
-- optional: ``ref_log_prob``, ``entropy``, ``token_level_rewards`` (floating) and ``group_index``
-  ``(batch,)`` int64 (the GRPO group of each sequence; needs ``token_level_rewards``).
+- optional: ``ref_log_prob``, ``entropy``, ``rollout_is_weights`` (the IS weights the loss was
+  multiplied by), ``token_level_rewards`` (floating) and ``group_index`` ``(batch,)`` int64 (the GRPO group of each sequence; needs ``token_level_rewards``).
 
 safetensors metadata (all strings): ``step`` (int >= 0, required), ``config`` (JSON object of verl
 LossConfig fields), ``reported`` (JSON object: the metrics the trainer computed on exactly these
@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # torch is imported with the first batch: a scalar-only serve
     import torch
 
 REQUIRED = ("log_prob", "old_log_prob", "advantages", "response_mask")
-OPTIONAL_FLOAT = ("ref_log_prob", "entropy", "token_level_rewards")
+OPTIONAL_FLOAT = ("ref_log_prob", "entropy", "rollout_is_weights", "token_level_rewards")
 ALLOWED = (*REQUIRED, *OPTIONAL_FLOAT, "group_index")
 FLOAT_TENSORS = ("log_prob", "old_log_prob", "advantages", *OPTIONAL_FLOAT)
 RECORD_ID_MAX = 128  # the column's width
