@@ -201,12 +201,24 @@ class TokenBatch:
         return _take(self.shape, self.dtype, self.mask.device)
 
     def _prepare(self) -> None:
-        """Mask-folded advantages, the ratio and ppo_kl: the shared first half of the token pass."""
-        m, adv_m, a_pos, a_neg, ratio = (self._buffer() for _ in range(5))
-        weakref.finalize(self, _give, m, adv_m, a_pos, a_neg, ratio)
+        """The float 0/1 mask and the per-row counts (every fused quantity is a dot with the mask)."""
+        m = self._buffer()
+        weakref.finalize(self, _give, m)
         m.copy_(self.mask)
         # valid tokens per row; a float sum of 0/1 is exact below 2^24 (and skips bool -> int64 copies)
         self._count(m.sum(dim=-1).to(torch.int64) if self.width < 2**24 else self.mask.sum(dim=-1))
+        self._m = m
+        self.finite = True  # until a fused sum says otherwise
+        self._ratio: Tensor | None = None
+
+    def _prepare_policy(self) -> None:
+        """Mask-folded advantages, the ratio and ppo_kl: the shared first half of the clipped-loss pass
+        (made on first use: the losses that need no ratio skip it)."""
+        if self._ratio is not None:
+            return
+        m = self._m
+        adv_m, a_pos, a_neg, ratio = (self._buffer() for _ in range(4))
+        weakref.finalize(self, _give, adv_m, a_pos, a_neg, ratio)
         torch.mul(self._t("advantages"), m, out=adv_m)  # A on valid tokens, 0 elsewhere
         torch.clamp(adv_m, min=0.0, out=a_pos)  # A+  (A > 0)
         torch.sub(a_pos, adv_m, out=a_neg)  # -A  (A < 0), exactly: A+ - A is 0 or -A
@@ -214,9 +226,9 @@ class TokenBatch:
         torch.sub(self._t("log_prob"), self._t("old_log_prob"), out=ratio).clamp_(-20.0, 20.0)
         kl_sum = float(torch.dot(ratio.view(-1), m.view(-1)))
         ratio.exp_()
-        self._m, self._adv_m, self._a_pos, self._a_neg, self._ratio = m, adv_m, a_pos, a_neg, ratio
+        self._adv_m, self._a_pos, self._a_neg, self._ratio = adv_m, a_pos, a_neg, ratio
         self.ppo_kl = -kl_sum / _eps_count(self.n_tokens)
-        self.finite = math.isfinite(kl_sum)
+        self.finite = self.finite and math.isfinite(kl_sum)
 
     def _row_sums(self, values: Tensor) -> RowSums:
         """Row sums, summed in the token dtype (float32 cascade sums are good to ~1e-7 relative;
@@ -234,6 +246,7 @@ class TokenBatch:
         hit = self._cache.get(key)
         if hit is not None:
             return hit
+        self._prepare_policy()
         lo, hi = 1 - low, 1 + high  # python floats, rounded to the tensor dtype like verl's clamp
         r = self._ratio
         loss, work = self._buffer(), self._buffer()
@@ -357,12 +370,16 @@ class TokenBatch:
         entry = get_policy_loss(config.loss_mode)
         builtin = isinstance(config.loss_agg_mode, AggMode) and isinstance(config.kl_loss_type, KLType)
         if self.fast and self.finite and builtin:
+            fused = _FUSED.get(entry.fn) if "rollout_is_weights" not in self.tensors else None
             if (
                 POLICY_LOSSES["vanilla"] is entry
                 and entry.fn is compute_policy_loss_vanilla
                 and ("rollout_is_weights" not in self.tensors)
             ):
                 out = self._fast_metrics(config)
+            elif fused is not None:
+                pg = fused(self, config)
+                out = None if pg is None else self._aux_metrics(config, pg, fast=True)
             else:
                 out = self._aux_metrics(config, self.policy_metrics(config), fast=True)
             if out is not None:
@@ -438,7 +455,7 @@ class TokenBatch:
     def _fast_metrics(self, config: LossConfig) -> dict[str, float] | None:
         info = config.global_batch_info
         pol = self.policy(config.clip_low, config.clip_high, config.clip_ratio_c)
-        if not math.isfinite(pol.rows.total):
+        if not self.finite or not math.isfinite(pol.rows.total):
             return None
         out = {
             "pg_loss": self.aggregate(pol.rows, config.loss_agg_mode, **info),
@@ -532,3 +549,73 @@ def _policy_key(config: LossConfig) -> tuple:
         config.tau_neg,
         config.rollout_correction,
     )
+
+
+# -- fused token passes for other built-in losses (identity of verl's function -> pass) ----------------
+def _fused_gpg(batch: TokenBatch, config: LossConfig) -> dict[str, float] | None:
+    # l = -logp * A  (verl's op order), masked row sums
+    buf = torch.mul(batch._t("log_prob"), batch._t("advantages"), out=batch._buffer()).neg_().mul_(batch._m)
+    rows = batch._row_sums(buf)
+    _give(buf)
+    if not math.isfinite(rows.total):
+        return None
+    return {"pg_loss": batch.aggregate(rows, config.loss_agg_mode, **config.global_batch_info)}
+
+
+def _fused_dro(batch: TokenBatch, config: LossConfig) -> dict[str, float] | None:
+    # l = -(logp * A - (0.5 beta) * (logp - logp_old)^2); ppo_kl = masked mean of -(logp - logp_old), no clamp
+    lp = batch._t("log_prob")
+    d = torch.sub(lp, batch._t("old_log_prob"), out=batch._buffer())
+    kl_sum = float(torch.dot(d.view(-1), batch._m.view(-1)))
+    d.square_().mul_(0.5 * config.dro_beta)
+    loss = torch.mul(lp, batch._t("advantages"), out=batch._buffer()).sub_(d).neg_().mul_(batch._m)
+    rows = batch._row_sums(loss)
+    _give(d, loss)
+    if not (math.isfinite(rows.total) and math.isfinite(kl_sum)):
+        return None
+    return {
+        "pg_loss": batch.aggregate(rows, config.loss_agg_mode, **config.global_batch_info),
+        "ppo_kl": -kl_sum / _eps_count(batch.n_tokens),
+    }
+
+
+def _fused_cispo(batch: TokenBatch, config: LossConfig) -> dict[str, float] | None:
+    # l = -clip(r, 1 - eps_low, 1 + eps_high) * A * logp; pg_clipfrac = share of valid tokens with r outside
+    batch._prepare_policy()
+    if not batch.finite:
+        return None
+    r = batch._ratio
+    clipped = torch.clamp(r, 1 - config.clip_low, 1 + config.clip_high, out=batch._buffer())
+    loss = torch.mul(clipped, batch._t("advantages"), out=batch._buffer()).neg_()
+    loss.mul_(batch._t("log_prob")).mul_(batch._m)
+    rows = batch._row_sums(loss)
+    hits = int(torch.count_nonzero(torch.sub(r, clipped, out=loss).mul_(batch._m)))
+    _give(clipped, loss)
+    if not math.isfinite(rows.total):
+        return None
+    return {
+        "pg_loss": batch.aggregate(rows, config.loss_agg_mode, **config.global_batch_info),
+        "pg_clipfrac": _fraction(hits, batch.n_tokens),
+        "ppo_kl": batch.ppo_kl,
+        "pg_clipfrac_lower": 0.0,
+    }
+
+
+class _FusedPasses(dict):
+    """verl's function -> its fused pass; filled on first use (policy_losses imports .losses first)."""
+
+    def get(self, key, default=None):
+        if not self:
+            from . import policy_losses as pl
+
+            self.update(
+                {
+                    pl.compute_policy_loss_gpg: _fused_gpg,
+                    pl.compute_policy_loss_dro: _fused_dro,
+                    pl.compute_policy_loss_cispo: _fused_cispo,
+                }
+            )
+        return super().get(key, default)
+
+
+_FUSED = _FusedPasses()
