@@ -211,22 +211,31 @@ class TokenBatch:
         self.finite = True  # until a fused sum says otherwise
         self._ratio: Tensor | None = None
 
+    def _prepare_advantages(self) -> None:
+        """``A m`` and its positive and negative parts ``A+ = max(A m, 0)``, ``A- = A+ - A m``."""
+        if getattr(self, "_adv_m", None) is not None:
+            return
+        adv_m, a_pos, a_neg = (self._buffer() for _ in range(3))
+        weakref.finalize(self, _give, adv_m, a_pos, a_neg)
+        torch.mul(self._t("advantages"), self._m, out=adv_m)  # A on valid tokens, 0 elsewhere
+        torch.clamp(adv_m, min=0.0, out=a_pos)  # A+  (A > 0)
+        torch.sub(a_pos, adv_m, out=a_neg)  # -A  (A < 0), exactly: A+ - A is 0 or -A
+        self._adv_m, self._a_pos, self._a_neg = adv_m, a_pos, a_neg
+
     def _prepare_policy(self) -> None:
         """Mask-folded advantages, the ratio and ppo_kl: the shared first half of the clipped-loss pass
         (made on first use: the losses that need no ratio skip it)."""
         if self._ratio is not None:
             return
+        self._prepare_advantages()
         m = self._m
-        adv_m, a_pos, a_neg, ratio = (self._buffer() for _ in range(4))
-        weakref.finalize(self, _give, adv_m, a_pos, a_neg, ratio)
-        torch.mul(self._t("advantages"), m, out=adv_m)  # A on valid tokens, 0 elsewhere
-        torch.clamp(adv_m, min=0.0, out=a_pos)  # A+  (A > 0)
-        torch.sub(a_pos, adv_m, out=a_neg)  # -A  (A < 0), exactly: A+ - A is 0 or -A
+        ratio = self._buffer()
+        weakref.finalize(self, _give, ratio)
         # log-ratio, clamped to +-20 as verl does before exp; ppo_kl = masked mean of (old - new)
         torch.sub(self._t("log_prob"), self._t("old_log_prob"), out=ratio).clamp_(-20.0, 20.0)
         kl_sum = float(torch.dot(ratio.view(-1), m.view(-1)))
         ratio.exp_()
-        self._adv_m, self._a_pos, self._a_neg, self._ratio = adv_m, a_pos, a_neg, ratio
+        self._ratio = ratio
         self.ppo_kl = -kl_sum / _eps_count(self.n_tokens)
         self.finite = self.finite and math.isfinite(kl_sum)
 
@@ -601,6 +610,35 @@ def _fused_cispo(batch: TokenBatch, config: LossConfig) -> dict[str, float] | No
     }
 
 
+def _fused_gspo(batch: TokenBatch, config: LossConfig) -> dict[str, float] | None:
+    # one ratio per row: s_i = exp(min(sum_t m (logp - logp_old) / max(T_i, 1), 10)) (verl's forward value);
+    # l = max(-A s_i, -A clip(s_i)) = A- max(s_i, clip(s_i)) - A+ min(s_i, clip(s_i)) (monotone rounding)
+    batch._prepare_advantages()
+    d = torch.sub(batch._t("log_prob"), batch._t("old_log_prob"), out=batch._buffer()).mul_(batch._m)
+    row_kl = d.sum(dim=-1)
+    kl_sum = float(row_kl.sum(dtype=torch.float64))
+    lengths = batch.n_row.clamp(min=1)
+    s = torch.exp(torch.clamp(row_kl / lengths, max=10.0))
+    c = torch.clamp(s, 1 - config.clip_low, 1 + config.clip_high)
+    s_hi, s_lo = torch.maximum(s, c)[:, None], torch.minimum(s, c)[:, None]
+    loss = torch.mul(batch._a_neg, s_hi, out=d)
+    work = torch.mul(batch._a_pos, s_lo, out=batch._buffer())
+    loss.sub_(work)
+    rows = batch._row_sums(loss)
+    # z = A s + l > 0 exactly where verl's pg_losses2 > pg_losses1 (the sign of a rounded difference is exact)
+    z = torch.mul(batch._adv_m, s[:, None], out=work).add_(loss)
+    hits = int(torch.count_nonzero(z.clamp_(min=0.0)))
+    _give(loss, work)
+    if not (math.isfinite(rows.total) and math.isfinite(kl_sum)):
+        return None
+    return {
+        "pg_loss": batch.aggregate(rows, config.loss_agg_mode, **config.global_batch_info),
+        "pg_clipfrac": _fraction(hits, batch.n_tokens),
+        "ppo_kl": -kl_sum / _eps_count(batch.n_tokens),
+        "pg_clipfrac_lower": 0.0,
+    }
+
+
 class _FusedPasses(dict):
     """verl's function -> its fused pass; filled on first use (policy_losses imports .losses first)."""
 
@@ -613,6 +651,7 @@ class _FusedPasses(dict):
                     pl.compute_policy_loss_gpg: _fused_gpg,
                     pl.compute_policy_loss_dro: _fused_dro,
                     pl.compute_policy_loss_cispo: _fused_cispo,
+                    pl.compute_policy_loss_gspo: _fused_gspo,
                 }
             )
         return super().get(key, default)
