@@ -422,7 +422,14 @@ def _counterfactuals(batch: TokenBatch, config: LossConfig, loss_modes: bool | N
     out["policy_loss"] = policy
     if loss_modes is None:
         loss_modes = batch.n_tokens <= AUDIT_LOSS_MODE_TOKENS
-    if loss_modes:
-        out["by_loss_mode"] = loss_mode_counterfactuals(batch, config)
+    if loss_modes:  # two flat tables (mode x metric, mode x agg mode): what the dashboard draws
+        by_mode = loss_mode_counterfactuals(batch, config)
+        out["by_loss_mode"] = {
+            mode: {k: v for k, v in row.items() if k != "pg_loss_by_agg_mode"}
+            for mode, row in by_mode.items()
+        }
+        out["pg_loss_by_loss_mode_and_agg_mode"] = {
+            mode: row["pg_loss_by_agg_mode"] for mode, row in by_mode.items() if "pg_loss_by_agg_mode" in row
+        }
     out["tokens"] = {"valid": batch.n_tokens, "sequences": batch.n_seqs, "response_len": batch.width}
     return out

@@ -238,21 +238,18 @@ def test_counterfactuals_give_every_loss_mode_under_every_agg_mode() -> None:
 
     t = _batch(6)
     cfg = LossConfig(dro_beta=0.5, loss_agg_mode="seq-mean-token-mean")
-    by_mode = counterfactuals(cfg, t)["by_loss_mode"]
-    assert set(by_mode) == {m.value for m in LossMode}
+    cf = counterfactuals(cfg, t)
+    by_mode, by_agg = cf["by_loss_mode"], cf["pg_loss_by_loss_mode_and_agg_mode"]
+    assert set(by_mode) == {m.value for m in LossMode} == set(by_agg) | {"clip_cov"}
     assert set(by_mode["clip_cov"]) == {"pg_loss_range"}
     for mode in LossMode:
         if mode is LossMode.CLIP_COV:
             continue
-        row = by_mode[mode.value]
         for agg in AggMode:
             want = recompute(LossConfig(loss_mode=mode.value, dro_beta=0.5, loss_agg_mode=agg), **t)
-            assert row["pg_loss_by_agg_mode"][agg.value] == pytest.approx(want["pg_loss"], rel=1e-12), (
-                mode,
-                agg,
-            )
+            assert by_agg[mode.value][agg.value] == pytest.approx(want["pg_loss"], rel=1e-12), (mode, agg)
         want = recompute(dataclasses_replace(cfg, loss_mode=mode.value), **t)
-        assert {k: v for k, v in row.items() if k != "pg_loss_by_agg_mode"} == pytest.approx(
+        assert by_mode[mode.value] == pytest.approx(
             {k: v for k, v in want.items() if k in ("pg_loss", "pg_clipfrac", "ppo_kl", "pg_clipfrac_lower")}
         ), mode
 
