@@ -26,7 +26,9 @@ def test_gspo_batch_agrees_and_a_tampered_clip_fraction_is_flagged(api):
     run_id = api.create_run()
     tensors = {k: v for k, v in make_tensors(8, 64, seed=3).items() if k in CORE}
     gen = torch.Generator().manual_seed(3)
-    tensors["old_log_prob"] = tensors["log_prob"] + 0.4 * torch.randn(8, 64, generator=gen)  # clipping happens
+    tensors["old_log_prob"] = tensors["log_prob"] + 0.4 * torch.randn(
+        8, 64, generator=gen
+    )  # clipping happens
     # verl's own config shape: loss_mode lives in actor.policy_loss
     verl_config = {"loss_agg_mode": "seq-mean-token-mean", "policy_loss": {"loss_mode": "gspo"}}
     config = LossConfig.from_verl(verl_config)
