@@ -532,16 +532,15 @@ def compute_policy_loss_bypass_mode(
 
 
 def _rollout_correction(log_prob, rollout_log_prob, response_mask, rc):
-    """verl's ``compute_rollout_correction_and_rejection_mask`` via :mod:`.rollout_correction` (its own
+    """verl's ``compute_rollout_correction_and_rejection_mask`` via :mod:`.rollout` (its own
     module). Without it, only the settings that change nothing in the loss are accepted, and the
     ``rollout_corr/*`` metrics are left out."""
     try:
-        from .rollout_correction import rollout_correction  # type: ignore[import-not-found]
+        from .rollout import rollout_correction  # type: ignore[import-not-found]
     except ImportError:
         if rc["rollout_rs"] is not None or (rc["loss_type"] == "reinforce" and rc["rollout_is"] is not None):
             raise ValueError(
-                "bypass_mode with rollout_rs, or reinforce with rollout_is, needs "
-                "rlvitals.analyzers.rollout_correction"
+                "bypass_mode with rollout_rs, or reinforce with rollout_is, needs rlvitals.analyzers.rollout"
             ) from None
         return None, response_mask, {}
     weights, mask, metrics = rollout_correction(

@@ -189,7 +189,7 @@ def main() -> None:
                 if mode == "bypass_mode" and set(ours_metrics) < set(theirs_metrics):
                     notes.append(
                         f"({batch}, {length}) bypass_mode: rollout_corr/* metrics not timed "
-                        "(rlvitals.analyzers.rollout_correction is another module)"
+                        "(rlvitals.analyzers.rollout is another module)"
                     )
                     theirs_metrics = {k: theirs_metrics[k] for k in ours_metrics}
                 assert set(ours_metrics) == set(theirs_metrics), (

@@ -144,11 +144,11 @@ def _mode_case(case_id: str) -> tuple[dict, dict[str, torch.Tensor]]:
 def _has_rollout_correction() -> bool:
     import importlib.util
 
-    return importlib.util.find_spec("rlvitals.analyzers.rollout_correction") is not None
+    return importlib.util.find_spec("rlvitals.analyzers.rollout") is not None
 
 
 def _expected_here(case: dict) -> dict[str, float] | None:
-    """verl's metrics, less the ``rollout_corr/*`` ones while rlvitals.analyzers.rollout_correction is
+    """verl's metrics, less the ``rollout_corr/*`` ones while rlvitals.analyzers.rollout is
     not there (bypass_mode then reports only its policy-loss metrics); None where bypass_mode needs it."""
     expected = case["expected"]
     if case["config"]["loss_mode"] != "bypass_mode" or _has_rollout_correction():
