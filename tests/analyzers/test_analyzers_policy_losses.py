@@ -258,3 +258,33 @@ def dataclasses_replace(cfg: LossConfig, **changes) -> LossConfig:
     import dataclasses
 
     return dataclasses.replace(cfg, **changes)
+
+
+def test_from_verl_reads_policy_loss_where_verl_keeps_it_and_round_trips() -> None:
+    actor = {
+        "clip_ratio": 0.2,
+        "tau_pos": 1.5,
+        "tau_neg": 2.0,
+        "policy_loss": {
+            "loss_mode": "bypass_mode",
+            "clip_cov_ratio": 0.1,
+            "dro_beta": None,
+            "rollout_correction": {
+                "loss_type": "reinforce",
+                "rollout_is": "token",
+                "rollout_is_threshold": 3.0,
+            },
+        },
+    }
+    cfg = LossConfig.from_verl({"actor_rollout_ref": {"actor": actor}})
+    assert (cfg.loss_mode, cfg.clip_cov_ratio, cfg.tau_pos, cfg.tau_neg) == ("bypass_mode", 0.1, 1.5, 2.0)
+    assert cfg.rollout_correction_settings["loss_type"] == "reinforce"
+    assert cfg.rollout_correction_settings["rollout_rs"] is None  # verl's default filled in
+    assert LossConfig(**cfg.to_dict()) == cfg and LossConfig.from_verl(cfg.to_dict()) == cfg
+    assert hash(cfg) == hash(LossConfig(**cfg.to_dict()))
+    with pytest.raises(ValueError, match="dro_beta must be a number > 0 when loss_mode is 'dro'"):
+        LossConfig(loss_mode="dro")
+    with pytest.raises(ValueError, match="rollout_correction has unknown key"):
+        LossConfig(loss_mode="bypass_mode", rollout_correction={"rollout_iss": "token"})
+    with pytest.raises(ValueError, match="tau_neg must be a number > 0"):
+        LossConfig(tau_neg=0)
