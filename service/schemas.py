@@ -93,7 +93,8 @@ class Verdict(BaseModel):
     abs_err: float | str | None
     rel_err: float | str | None
     range: list[float | str] | None = Field(
-        None, description="[low, high] when the value is only reproducible as a range (clip_cov's random draw)."
+        None,
+        description="[low, high] when the value is only reproducible as a range (clip_cov's random draw).",
     )
 
 

@@ -170,7 +170,7 @@ def test_every_loss_mode_matches_verl(case_id: str) -> None:
     expected = _expected_here(case)
     where = f"{case_id} {case['tags']}"
     if expected is None:
-        with pytest.raises(ValueError, match="needs rlvitals.analyzers.rollout"):
+        with pytest.raises(ValueError, match=r"needs rlvitals\.analyzers\.rollout"):
             _recompute_case(case, tensors, recompute)
         return
     _check(_recompute_case(case, tensors, recompute), expected, TOLERANCE[case["dtype"]], where)
