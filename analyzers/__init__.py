@@ -18,6 +18,13 @@ _EXPORTS: dict[str, str] = {
     "agg_loss": "losses",
     "kl_penalty": "losses",
     "ppo_loss": "losses",
+    "register_agg_mode": "losses",
+    "register_kl_estimator": "losses",
+    # policy_losses.py
+    "register_policy_loss": "policy_losses",
+    "get_policy_loss": "policy_losses",
+    "POLICY_LOSSES": "policy_losses",
+    "LossMode": "policy_losses",
     # advantages.py
     "grpo_advantages": "advantages",
     "group_diagnostics": "advantages",

@@ -4,7 +4,9 @@ configured loss does not?
 For one mismatched metric, candidates are generated in order of simplicity: single config changes
 (each ``loss_agg_mode``; local vs global normalisation and ``dp_size``; symmetric vs asymmetric clip;
 ``clip_ratio_c``; KL estimator; coefficient signs), a few derived definitions (opposite sign, mask
-ignored, one clip side only, no ±20 clamp, policy and reference swapped), then pairs of changes. Each
+ignored, one clip side only, no ±20 clamp, policy and reference swapped), then every other registered
+``loss_mode`` (each one a full recomputation, so only when nothing cheaper explains it), then pairs of
+changes. Each
 candidate is recomputed exactly (the :class:`~.kernels.TokenBatch` caches make that scalar arithmetic
 on the fast path) and kept when it reproduces the reported value within the audit tolerance.
 """
@@ -58,6 +60,8 @@ def _show(name: str, value: Any) -> str:
         return value.value if name in ("loss_agg_mode", "kl_loss_type") else f"{name}={value.value}"
     if name == "clip_ratio_c" and value >= NO_DUAL_CLIP:
         return "no dual clip"
+    if name == "loss_mode":
+        return f"loss_mode {value}"
     if name == "use_kl_loss":
         return "the KL term added to the loss" if value else "no KL term in the loss"
     if name == "kl_loss_type":
@@ -100,6 +104,19 @@ def _mode_changes(config: LossConfig) -> Iterator[dict[str, Any]]:
     for mode in AggMode:
         if mode is not config.loss_agg_mode:
             yield {"loss_agg_mode": mode}
+
+
+def _loss_mode_changes(config: LossConfig) -> Iterator[dict[str, Any]]:
+    """Every other registered loss mode that gives one value per batch (``clip_cov`` draws at random;
+    ``dro`` needs a ``dro_beta``; ``bypass_mode`` is vanilla on these tensors when nothing is rejected)."""
+    from .policy_losses import POLICY_LOSSES
+
+    for name, entry in POLICY_LOSSES.items():
+        if name == config.loss_mode or entry.random or name == "bypass_mode":
+            continue
+        if name == "dro" and config.dro_beta is None:
+            continue
+        yield {"loss_mode": name}
 
 
 def _norm_changes(config: LossConfig, batch: TokenBatch) -> Iterator[dict[str, Any]]:
@@ -244,6 +261,10 @@ def _derived(
             "a share of every position (response_mask ignored)",
             lambda: recomputed * (n + 1e-8) / max(total, 1),
         )
+    if metric == "kl_loss" and "ref_log_prob" in batch.tensors:
+        yield "the KL with log_prob and ref_log_prob swapped", lambda: _swapped_kl(batch, config)
+    if config.loss_mode != "vanilla":  # the clip-fraction variants below are vanilla's definitions
+        return
     if metric == "pg_clipfrac":
         yield (
             "only tokens clipped at the upper bound 1 + clip_ratio_high",
@@ -259,8 +280,6 @@ def _derived(
         )
     if metric == "pg_clipfrac_lower":
         yield "a share of the negative-advantage tokens only", lambda: _dual_share_of_negatives(batch, config)
-    if metric == "kl_loss" and "ref_log_prob" in batch.tensors:
-        yield "the KL with log_prob and ref_log_prob swapped", lambda: _swapped_kl(batch, config)
 
 
 def _clipfrac(batch: TokenBatch, config: LossConfig, **bounds: float) -> float:
@@ -288,7 +307,10 @@ def _swapped_kl(batch: TokenBatch, config: LossConfig) -> float:
 
 # -- the search -------------------------------------------------------------------------------------
 def _metric_value(batch: TokenBatch, config: LossConfig, metric: str) -> float | None:
-    return batch.metrics(config).get(metric)
+    try:
+        return batch.metrics(config).get(metric)
+    except ValueError:  # a loss verl itself would refuse on this batch (bypass_mode on an empty mask)
+        return None
 
 
 def find_alternatives(
@@ -311,7 +333,8 @@ def find_alternatives(
     in full).
     """
     if max_candidates is None:
-        max_candidates = 4000 if batch.fast and batch.finite else 300
+        fused = batch.fast and batch.finite and config.loss_mode == "vanilla"
+        max_candidates = 4000 if fused else 300  # other modes recompute every candidate in full
     found: list[Alternative] = []
     seen: set[LossConfig] = {config}
     tried = 0
@@ -360,6 +383,13 @@ def find_alternatives(
             found.append(Alternative(metric, description, _configured(metric, config), value))
     if found:
         return found
+    if metric in ("pg_loss", "pg_clipfrac", "ppo_kl", "pg_clipfrac_lower", "policy_loss"):
+        for changes in _loss_mode_changes(config):  # each recomputes the batch in full: only when needed
+            if len(found) >= limit:
+                return found
+            try_config(changes)
+    if found:
+        return found
     for changes in _pair_changes(config, batch, metric, reported):
         if len(found) >= limit or tried >= max_candidates:
             break
@@ -374,3 +404,76 @@ def _configured(metric: str, config: LossConfig) -> str:
         "pg_clipfrac_lower": f"dual clip at c = {config.clip_ratio_c} as a share of all valid tokens",
         "kl_loss": f"kl_loss_type={config.kl_loss_type.value} of log_prob vs ref_log_prob",
     }.get(metric, f"{metric} as a loss with {config.loss_agg_mode.value}")
+
+
+def _local(config: LossConfig, mode: AggMode) -> LossConfig:
+    try:
+        return dataclasses.replace(config, loss_agg_mode=mode)
+    except ValueError:  # dp_size > 1 without the global count this mode needs
+        return dataclasses.replace(
+            config, loss_agg_mode=mode, dp_size=1, batch_num_tokens=None, global_batch_size=None
+        )
+
+
+# -- counterfactuals across loss modes ----------------------------------------------------------------
+POLICY_METRICS = ("pg_loss", "pg_clipfrac", "ppo_kl", "pg_clipfrac_lower")
+
+
+def loss_mode_counterfactuals(batch: TokenBatch, config: LossConfig) -> dict[str, dict[str, Any]]:
+    """What this batch's policy metrics would be under every registered loss mode: ``{mode: {pg_loss,
+    <the metrics that mode reports>, pg_loss_by_agg_mode: {agg: pg_loss}}}``, the other settings as
+    configured. One loss call per mode: its token-loss matrix is captured and re-aggregated for the
+    other modes (``sapo`` and ``geo_mean`` ignore ``loss_agg_mode``, as in verl). ``clip_cov`` draws its
+    tokens with ``torch.randperm``: it gets ``pg_loss_range``, the range over all draws. Left out: ``dro`` without a
+    ``dro_beta``, and a mode verl would refuse on this batch (``bypass_mode`` on an empty mask)."""
+    from .losses import agg_loss
+    from .policy_losses import POLICY_LOSSES
+
+    t = batch.tensors
+    info = config.global_batch_info
+    args = (t["old_log_prob"], t["log_prob"], t["advantages"], batch.mask)
+    weights = t.get("rollout_is_weights")
+    out: dict[str, dict[str, Any]] = {}
+    for name, entry in POLICY_LOSSES.items():
+        if name == "dro" and config.dro_beta is None:
+            continue
+        cfg = dataclasses.replace(config, loss_mode=name)
+        if entry.random and entry.bounds is not None:  # one draw says little: the range of all draws
+            lo, hi = entry.bounds(*args, config.loss_agg_mode, cfg, weights)
+            out[name] = {"pg_loss_range": [lo, hi]}
+            continue
+        if name == "vanilla" and batch.fast and batch.finite and weights is None:
+            try:  # the fused pass: every aggregation mode is scalar arithmetic on its row sums
+                by_agg = {mode.value: batch.metrics(_local(cfg, mode))["pg_loss"] for mode in AggMode}
+                row = {k: v for k, v in batch.metrics(cfg).items() if k in POLICY_METRICS}
+                out[name] = {**row, "pg_loss_by_agg_mode": by_agg}
+                continue
+            except ValueError:
+                pass
+        try:
+            metrics = batch.policy_metrics(cfg)  # memoised: shared with the alternative search
+            inputs = batch.policy_agg_inputs(cfg)
+        except ValueError:
+            continue
+        pg_loss = metrics.pop("pg_loss")
+        captured = [inputs] if inputs is not None else []
+        row: dict[str, Any] = {"pg_loss": float(pg_loss)}
+        row.update({k: float(v) for k, v in metrics.items() if k in POLICY_METRICS})
+        by_agg: dict[str, float | None] = {}
+        for mode in AggMode:
+            if not entry.uses_agg_mode:
+                by_agg[mode.value] = float(pg_loss)  # the loss ignores loss_agg_mode (sapo, geo_mean)
+                continue
+            try:
+                if captured and captured[-1][2] == str(config.loss_agg_mode):
+                    mat, mask, _ = captured[-1]  # the token losses, re-aggregated
+                    by_agg[mode.value] = float(agg_loss(mat, mask, mode, **info))
+                else:  # a loss that aggregates more than once: compute it again
+                    by_agg[mode.value] = batch.policy_metrics(dataclasses.replace(cfg, loss_agg_mode=mode))[
+                        "pg_loss"
+                    ]
+            except ValueError:  # dp_size > 1 without this mode's global count: verl refuses too
+                by_agg[mode.value] = None
+        row["pg_loss_by_agg_mode"] = by_agg
+        out[name] = row
+    return out

@@ -22,7 +22,13 @@ from typing import Any
 
 import torch
 
-from .alternatives import NO_DUAL_CLIP, Alternative, find_alternatives, implied_normaliser
+from .alternatives import (
+    NO_DUAL_CLIP,
+    Alternative,
+    find_alternatives,
+    implied_normaliser,
+    loss_mode_counterfactuals,
+)
 from .audit_names import canonical_name
 from .config import AggMode, KLType, LossConfig
 from .kernels import TokenBatch
@@ -31,7 +37,18 @@ METRICS = ("pg_loss", "pg_clipfrac", "ppo_kl", "pg_clipfrac_lower", "entropy_los
 DEFAULT_RTOL = 1e-4  # a trainer's GPU reductions differ from ours in summation order, not more
 DEFAULT_ATOL = 1e-6
 DEFAULT_ON_POLICY_TOL = 1e-3
-_BATCH_KEYS = ("log_prob", "old_log_prob", "advantages", "response_mask", "ref_log_prob", "entropy")
+# An audit adds the what-ifs under every other loss mode (one full loss computation each) up to this many
+# valid tokens; counterfactuals(config, tensors) always computes them.
+AUDIT_LOSS_MODE_TOKENS = 1 << 16
+_BATCH_KEYS = (
+    "log_prob",
+    "old_log_prob",
+    "advantages",
+    "response_mask",
+    "ref_log_prob",
+    "entropy",
+    "rollout_is_weights",
+)
 
 
 _canonical = canonical_name  # the audit's names: see .audit_names (torch-free, the service reads it too)
@@ -82,16 +99,20 @@ class AuditReport:
             "empty": bool(self.empty),
             "reported": {k: float(v) for k, v in self.reported.items()},
             "recomputed": {k: float(v) for k, v in self.recomputed.items()},
-            "verdicts": {
-                k: {"ok": bool(v["ok"]), "abs_err": float(v["abs_err"]), "rel_err": float(v["rel_err"])}
-                for k, v in self.verdicts.items()
-            },
+            "verdicts": {k: _verdict_dict(v) for k, v in self.verdicts.items()},
             "explanation": self.explanation,
             "summary": self.summary or self.explanation,
             "details": dict(self.details),
             "counterfactuals": self.counterfactuals,
             "on_policy_gap": None if self.on_policy_gap is None else float(self.on_policy_gap),
         }
+
+
+def _verdict_dict(v: dict[str, Any]) -> dict[str, Any]:
+    out = {"ok": bool(v["ok"]), "abs_err": float(v["abs_err"]), "rel_err": float(v["rel_err"])}
+    if "range" in v:
+        out["range"] = [float(x) for x in v["range"]]
+    return out
 
 
 def _batch(tensors: Mapping[str, torch.Tensor]) -> TokenBatch:
@@ -162,21 +183,37 @@ def audit(
         given.pop("policy_loss")
     recomputed = batch.metrics(effective)
     for key in [k for k in given if k not in recomputed]:
-        needs = "ref_log_prob" if key == "kl_loss" else "entropy"
-        notes.append(f"{key} reported but {needs} was not sent: not checked")
+        if key in ("kl_loss", "entropy_loss"):
+            needs = "ref_log_prob" if key == "kl_loss" else "entropy"
+            notes.append(f"{key} reported but {needs} was not sent: not checked")
+        else:
+            notes.append(
+                f"{key} reported but verl's loss_mode {config.loss_mode!r} computes none: not checked"
+            )
         given.pop(key)
+    ranges = _random_ranges(batch, effective, recomputed)
+    if ranges:
+        lo, hi = ranges["pg_loss"]
+        notes.append(
+            f"loss_mode {config.loss_mode!r} picks the tokens it zeroes with torch.randperm, so pg_loss and "
+            f"policy_loss are checked as the range any draw gives (pg_loss in [{_fmt(lo)}, {_fmt(hi)}]); "
+            "the other metrics exactly"
+        )
 
     def close(a: float, b: float) -> bool:
         return _close(a, b, rtol, atol)
 
     verdicts: dict[str, dict[str, Any]] = {}
     for key, value in given.items():
+        if key in ranges:
+            verdicts[key] = _range_verdict(value, ranges[key], rtol, atol)
+            continue
         abs_err, rel_err = _errors(value, recomputed[key])
         verdicts[key] = {"ok": close(value, recomputed[key]), "abs_err": abs_err, "rel_err": rel_err}
 
     alternatives: dict[str, list[Alternative]] = {}
     for key in sorted(verdicts, key=lambda k: k == "policy_loss"):  # the total last: it builds on the parts
-        if verdicts[key]["ok"] or batch.empty:
+        if verdicts[key]["ok"] or batch.empty or key in ranges:
             continue
         bases = [found[0].changes for found in alternatives.values() if found and found[0].changes]
         alternatives[key] = find_alternatives(
@@ -250,6 +287,13 @@ def _explain(
             f"(largest relative error {worst:.1e})."
         )
     for key in bad:
+        if "range" in verdicts[key]:
+            lo, hi = verdicts[key]["range"]
+            lines.append(
+                f"{key}: reported {_fmt(given[key])}, outside [{_fmt(lo)}, {_fmt(hi)}], every value verl 0.9.1's "
+                f"random draw can give for this config."
+            )
+            continue
         head = f"{key}: reported {_fmt(given[key])}, verl 0.9.1 gives {_fmt(recomputed[key])} for this config"
         found = alternatives.get(key) or []
         if found:
@@ -294,12 +338,49 @@ def _explain(
 def counterfactuals(config: LossConfig, tensors: Mapping[str, torch.Tensor]) -> dict[str, Any]:
     """What-if values for this batch (JSON-safe): pg_loss under every aggregation mode, pg_clipfrac
     under symmetric clip vs Clip-Higher, pg_clipfrac_lower under other dual-clip bounds, kl_loss under
-    every estimator, and the total loss with and without each regulariser."""
+    every estimator, the total loss with and without each regulariser, and ``by_loss_mode``: pg_loss
+    (under every aggregation mode) and the clip fractions / ppo_kl under every registered loss mode
+    (:func:`.alternatives.loss_mode_counterfactuals`)."""
     batch = _batch(tensors)
     effective = config
     if config.use_kl_loss and batch.tensors.get("ref_log_prob") is None:
         effective = dataclasses.replace(config, use_kl_loss=False)
-    return _counterfactuals(batch, effective)
+    return _counterfactuals(batch, effective, loss_modes=True)
+
+
+def _random_ranges(batch: TokenBatch, config: LossConfig, recomputed: dict[str, float]) -> dict[str, tuple]:
+    """``{pg_loss: (lo, hi), policy_loss: (lo, hi)}`` for a loss that draws random numbers; else {}."""
+    from .policy_losses import get_policy_loss
+
+    entry = get_policy_loss(config.loss_mode)
+    if not entry.random or entry.bounds is None:
+        return {}
+    t = batch.tensors
+    lo, hi = entry.bounds(
+        t["old_log_prob"],
+        t["log_prob"],
+        t["advantages"],
+        batch.mask,
+        config.loss_agg_mode,
+        config,
+        t.get("rollout_is_weights"),
+    )
+    rest = recomputed["policy_loss"] - recomputed["pg_loss"]  # the entropy and KL terms: deterministic
+    return {"pg_loss": (lo, hi), "policy_loss": (lo + rest, hi + rest)}
+
+
+def _range_verdict(value: float, bounds: tuple[float, float], rtol: float, atol: float) -> dict[str, Any]:
+    lo, hi = bounds
+    if math.isnan(lo) or math.isnan(hi):
+        ok = math.isnan(value)
+        err = 0.0 if ok else math.inf
+        return {"ok": ok, "abs_err": err, "rel_err": err, "range": [lo, hi]}
+    below, above = lo - value, value - hi
+    abs_err = max(below, above, 0.0) if not math.isnan(value) else math.inf
+    edge = lo if below > 0 else hi
+    ok = abs_err <= atol + rtol * abs(edge)
+    rel_err = 0.0 if abs_err == 0 else (abs_err / abs(edge) if edge else math.inf)
+    return {"ok": ok, "abs_err": abs_err, "rel_err": rel_err, "range": [lo, hi]}
 
 
 def _with(config: LossConfig, **changes: Any) -> LossConfig:
@@ -313,9 +394,12 @@ def _with(config: LossConfig, **changes: Any) -> LossConfig:
         )
 
 
-def _counterfactuals(batch: TokenBatch, config: LossConfig) -> dict[str, Any]:
+def _counterfactuals(batch: TokenBatch, config: LossConfig, loss_modes: bool | None = None) -> dict[str, Any]:
     def m(cfg: LossConfig) -> dict[str, float]:
         return batch.metrics(cfg)
+
+    def table(rows: dict[str, Any]) -> dict[str, Any]:  # a loss mode without the metric has no row
+        return {k: v for k, v in rows.items() if v is not None}
 
     base = m(config)
     out: dict[str, Any] = {
@@ -326,23 +410,27 @@ def _counterfactuals(batch: TokenBatch, config: LossConfig) -> dict[str, Any]:
     low, high = config.clip_low, config.clip_high
     symmetric = _with(config, clip_ratio_low=None, clip_ratio_high=None)
     clip_higher = _with(config, clip_ratio_low=low, clip_ratio_high=max(high, 0.28))
-    out["pg_clipfrac"] = {
-        "configured": base["pg_clipfrac"],
-        f"symmetric ±{config.clip_ratio:g}": m(symmetric)["pg_clipfrac"],
-        f"clip-higher (low {low:g}, high {max(high, 0.28):g})": m(clip_higher)["pg_clipfrac"],
-        "upper side only": m(_with(config, clip_ratio_low=1.0))["pg_clipfrac"],
-        "lower side only": m(_with(config, clip_ratio_high=NO_DUAL_CLIP))["pg_clipfrac"],
-    }
+    if "pg_clipfrac" in base:
+        out["pg_clipfrac"] = table(
+            {
+                "configured": base["pg_clipfrac"],
+                f"symmetric ±{config.clip_ratio:g}": m(symmetric).get("pg_clipfrac"),
+                f"clip-higher (low {low:g}, high {max(high, 0.28):g})": m(clip_higher).get("pg_clipfrac"),
+                "upper side only": m(_with(config, clip_ratio_low=1.0)).get("pg_clipfrac"),
+                "lower side only": m(_with(config, clip_ratio_high=NO_DUAL_CLIP)).get("pg_clipfrac"),
+            }
+        )
     out["pg_loss_by_clip"] = {
         "configured": base["pg_loss"],
         f"symmetric ±{config.clip_ratio:g}": m(symmetric)["pg_loss"],
         f"clip-higher (low {low:g}, high {max(high, 0.28):g})": m(clip_higher)["pg_loss"],
         "no dual clip": m(_with(config, clip_ratio_c=NO_DUAL_CLIP))["pg_loss"],
     }
-    out["pg_clipfrac_lower_by_clip_ratio_c"] = {
-        f"{c:g}": m(_with(config, clip_ratio_c=c))["pg_clipfrac_lower"]
-        for c in sorted({config.clip_ratio_c, 3.0, 10.0})
-    }
+    if "pg_clipfrac_lower" in base:
+        out["pg_clipfrac_lower_by_clip_ratio_c"] = {
+            f"{c:g}": m(_with(config, clip_ratio_c=c))["pg_clipfrac_lower"]
+            for c in sorted({config.clip_ratio_c, 3.0, 10.0})
+        }
     if "ref_log_prob" in batch.tensors:
         out["kl_loss_by_type"] = {
             kind.value: m(_with(config, kl_loss_type=kind))["kl_loss"]
@@ -356,5 +444,16 @@ def _counterfactuals(batch: TokenBatch, config: LossConfig) -> dict[str, Any]:
             _with(config, use_kl_loss=not config.use_kl_loss)
         )["policy_loss"]
     out["policy_loss"] = policy
+    if loss_modes is None:
+        loss_modes = batch.n_tokens <= AUDIT_LOSS_MODE_TOKENS
+    if loss_modes:  # two flat tables (mode x metric, mode x agg mode): what the dashboard draws
+        by_mode = loss_mode_counterfactuals(batch, config)
+        out["by_loss_mode"] = {
+            mode: {k: v for k, v in row.items() if k != "pg_loss_by_agg_mode"}
+            for mode, row in by_mode.items()
+        }
+        out["pg_loss_by_loss_mode_and_agg_mode"] = {
+            mode: row["pg_loss_by_agg_mode"] for mode, row in by_mode.items() if "pg_loss_by_agg_mode" in row
+        }
     out["tokens"] = {"valid": batch.n_tokens, "sequences": batch.n_seqs, "response_len": batch.width}
     return out

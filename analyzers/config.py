@@ -78,6 +78,23 @@ def _parse_enum(enum: type[Enum], field: str, value: Any) -> Any:
         raise ValueError(f"{field} must be one of {_allowed(enum)}; got {value!r}") from None
 
 
+def _parse_registered(enum: type[Enum], field: str, value: Any) -> Any:
+    """A built-in name as its enum member; a name registered by a user (``register_agg_mode`` /
+    ``register_kl_estimator``) as a plain ``str``; anything else raises listing both."""
+    try:
+        return enum(value)
+    except ValueError:
+        pass
+    from . import losses
+
+    registered = losses.AGG_MODES if enum is AggMode else losses.KL_ESTIMATORS
+    name = value.value if isinstance(value, Enum) else value
+    if isinstance(name, str) and (name in registered or (enum is KLType and name.rstrip("+") in registered)):
+        return name
+    allowed = ", ".join(dict.fromkeys([*(repr(m.value) for m in enum), *(repr(k) for k in registered)]))
+    raise ValueError(f"{field} must be one of {allowed}; got {value!r}")
+
+
 def _number(field: str, value: Any, *, allowed: str, optional: bool = False) -> float | None:
     if value is None and optional:
         return None
@@ -110,6 +127,10 @@ class LossConfig:
     - ``dp_size`` / ``batch_num_tokens`` / ``global_batch_size``: global normalisation. With ``dp_size``
       > 1, verl requires ``batch_num_tokens`` for token-mean and ``global_batch_size`` for seq modes.
     - ``policy_loss = pg_loss - entropy_coeff * entropy_loss (+ kl_loss_coef * kl_loss if use_kl_loss)``.
+    - ``loss_mode`` names a registered policy loss (:mod:`.policy_losses`, verl's twelve built in); the
+      fields after it are verl's ``policy_loss`` settings and SAPO's ``tau_pos`` / ``tau_neg``, with
+      verl's defaults. ``dro_beta`` is required for ``dro``; ``rollout_correction`` (a mapping, see
+      :data:`ROLLOUT_CORRECTION_DEFAULTS`) is read by ``bypass_mode``.
     """
 
     clip_ratio: float = 0.2
@@ -125,6 +146,17 @@ class LossConfig:
     kl_loss_type: KLType = KLType.LOW_VAR_KL
     kl_loss_coef: float = 0.001
     entropy_coeff: float = 0.0
+    # verl's policy_loss section (PolicyLossConfig) and the SAPO temperatures (ActorConfig)
+    loss_mode: str = "vanilla"
+    clip_cov_ratio: float = 0.0002
+    clip_cov_lb: float = 1.0
+    clip_cov_ub: float = 5.0
+    kl_cov_ratio: float = 0.0002
+    ppo_kl_coef: float = 0.1
+    dro_beta: float | None = None
+    tau_pos: float = 1.0
+    tau_neg: float = 1.05
+    rollout_correction: Any = None  # policy_loss.rollout_correction (bypass_mode); stored as sorted items
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__.__get__(self)  # frozen: normalise in place once
@@ -149,7 +181,7 @@ class LossConfig:
                 f"clip_ratio_c must be a number > 1 (dual-clip bound); got {self.clip_ratio_c!r}"
             )
         set_("clip_ratio_c", c)
-        set_("loss_agg_mode", _parse_enum(AggMode, "loss_agg_mode", self.loss_agg_mode))
+        set_("loss_agg_mode", _parse_registered(AggMode, "loss_agg_mode", self.loss_agg_mode))
         lsf = _number(
             "loss_scale_factor", self.loss_scale_factor, allowed="None or a number > 0", optional=True
         )
@@ -163,20 +195,67 @@ class LossConfig:
         )
         if not isinstance(self.use_kl_loss, bool):
             raise ValueError(f"use_kl_loss must be one of True, False; got {self.use_kl_loss!r}")
-        set_("kl_loss_type", _parse_enum(KLType, "kl_loss_type", self.kl_loss_type))
+        set_("kl_loss_type", _parse_registered(KLType, "kl_loss_type", self.kl_loss_type))
         set_("kl_loss_coef", _number("kl_loss_coef", self.kl_loss_coef, allowed="a finite number"))
         set_("entropy_coeff", _number("entropy_coeff", self.entropy_coeff, allowed="a finite number"))
+        self._check_policy_loss(set_)
         if self.dp_size > 1:
             if self.loss_agg_mode is AggMode.TOKEN_MEAN and self.batch_num_tokens is None:
                 raise ValueError(
                     "batch_num_tokens must be the global token count (an integer >= 0) when dp_size > 1 "
                     "with loss_agg_mode 'token-mean'; got None"
                 )
-            if self.loss_agg_mode.value.startswith("seq-") and self.global_batch_size is None:
+            if str(self.loss_agg_mode).startswith("seq-") and self.global_batch_size is None:
                 raise ValueError(
                     "global_batch_size must be the global sequence count (an integer >= 0) when dp_size > 1 "
                     f"with loss_agg_mode {self.loss_agg_mode.value!r}; got None"
                 )
+
+    def _check_policy_loss(self, set_) -> None:
+        from .policy_losses import LossMode, get_policy_loss
+
+        name = self.loss_mode.value if isinstance(self.loss_mode, Enum) else self.loss_mode
+        get_policy_loss(name)  # unknown: ValueError listing the registered names
+        set_("loss_mode", name)
+        for field_, allowed in (
+            ("clip_cov_ratio", "a number > 0"),
+            ("clip_cov_lb", "a finite number"),
+            ("clip_cov_ub", "a finite number"),
+            ("kl_cov_ratio", "a number > 0"),
+            ("ppo_kl_coef", "a finite number"),
+            ("tau_pos", "a number > 0"),
+            ("tau_neg", "a number > 0"),
+        ):
+            value = _number(field_, getattr(self, field_), allowed=allowed)
+            if allowed.endswith("> 0") and value <= 0:
+                raise ValueError(f"{field_} must be {allowed}; got {value!r}")
+            set_(field_, value)
+        beta = _number("dro_beta", self.dro_beta, allowed="None or a number > 0", optional=True)
+        if beta is not None and beta <= 0:
+            raise ValueError(f"dro_beta must be None or a number > 0; got {beta!r}")
+        if name == LossMode.DRO.value and beta is None:
+            raise ValueError(
+                "dro_beta must be a number > 0 when loss_mode is 'dro' (verl requires it); got None"
+            )
+        set_("dro_beta", beta)
+        rc = self.rollout_correction
+        if rc is not None:
+            items = rc.items() if isinstance(rc, Mapping) else rc
+            try:
+                items = dict(items)
+            except (TypeError, ValueError):
+                raise ValueError(f"rollout_correction must be a mapping or None; got {rc!r}") from None
+            unknown = set(items) - set(ROLLOUT_CORRECTION_DEFAULTS)
+            if unknown:
+                raise ValueError(
+                    f"rollout_correction has unknown key(s) {sorted(unknown)}; "
+                    f"allowed: {sorted(ROLLOUT_CORRECTION_DEFAULTS)}"
+                )
+            if items.get("loss_type", "ppo_clip") not in ("ppo_clip", "reinforce"):
+                raise ValueError(
+                    f"rollout_correction.loss_type must be one of 'ppo_clip', 'reinforce'; got {items['loss_type']!r}"
+                )
+            set_("rollout_correction", tuple(sorted((k, _plain(v)) for k, v in items.items())))
 
     # -- derived -------------------------------------------------------------------------------
     @property
@@ -199,11 +278,17 @@ class LossConfig:
             "loss_scale_factor": self.loss_scale_factor,
         }
 
+    @property
+    def rollout_correction_settings(self) -> dict[str, Any]:
+        """``policy_loss.rollout_correction`` with verl's defaults filled in (used by ``bypass_mode``)."""
+        return {**ROLLOUT_CORRECTION_DEFAULTS, **dict(self.rollout_correction or ())}
+
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-safe dict (enums as their string values); ``LossConfig(**d)`` round-trips."""
         out = asdict(self)
-        out["loss_agg_mode"] = self.loss_agg_mode.value
-        out["kl_loss_type"] = self.kl_loss_type.value
+        out["loss_agg_mode"] = str(self.loss_agg_mode)
+        out["kl_loss_type"] = str(self.kl_loss_type)
+        out["rollout_correction"] = None if self.rollout_correction is None else dict(self.rollout_correction)
         return out
 
     # -- construction from trainer configs --------------------------------------------------------
@@ -214,7 +299,9 @@ class LossConfig:
         Accepts the actor section itself, or a whole trainer config (descends into
         ``actor_rollout_ref.actor``). Reads ``global_batch_info`` (dp_size, batch_num_tokens,
         global_batch_size, loss_scale_factor) when present; keys verl has but the loss does not use are
-        ignored. ``policy_loss.loss_mode`` must be ``vanilla`` (the loss reproduced here).
+        ignored. ``loss_mode``, ``clip_cov_*``, ``kl_cov_ratio``, ``ppo_kl_coef``, ``dro_beta`` and
+        ``rollout_correction`` come from the nested ``policy_loss`` mapping, where verl keeps them;
+        ``tau_pos`` / ``tau_neg`` from the actor section itself.
         ``overrides`` replace fields after reading (e.g. this mini-batch's ``batch_num_tokens``).
         """
         section = _as_mapping(mapping)
@@ -222,20 +309,27 @@ class LossConfig:
             inner = _get(section, key)
             if inner is not None:
                 section = _as_mapping(inner)
-        policy_loss = _get(section, "policy_loss")
-        if policy_loss is not None:
-            loss_mode = _get(_as_mapping(policy_loss), "loss_mode", "vanilla")
-            if loss_mode != "vanilla":
-                raise ValueError(
-                    f"policy_loss.loss_mode must be 'vanilla' (the PPO clip loss rlvitals reproduces); "
-                    f"got {loss_mode!r}"
-                )
         names = {f.name for f in fields(cls)}
         values: dict[str, Any] = {}
-        for name in names:
+        for name in names:  # a flat LossConfig.to_dict() too; verl's nested policy_loss wins below
             value = _get(section, name, _MISSING)
             if value is not _MISSING:
                 values[name] = value
+        policy_loss = _get(section, "policy_loss")
+        if policy_loss is not None:  # verl keeps these in actor.policy_loss (PolicyLossConfig)
+            policy_loss = _as_mapping(policy_loss)
+            for name in POLICY_LOSS_FIELDS:
+                value = _get(policy_loss, name, _MISSING)
+                if value is not _MISSING and value is not None:  # None: verl falls back to the default
+                    values[name] = value
+            rc = values.get("rollout_correction")
+            if rc is not None:
+                rc = _as_mapping(rc)
+                values["rollout_correction"] = {
+                    k: _get(rc, k)
+                    for k in ROLLOUT_CORRECTION_DEFAULTS
+                    if _get(rc, k, _MISSING) is not _MISSING
+                }
         info = _get(section, "global_batch_info")
         if info is not None:
             for key in ("dp_size", "batch_num_tokens", "global_batch_size", "loss_scale_factor"):
@@ -250,6 +344,26 @@ class LossConfig:
 
 
 _MISSING = object()
+POLICY_LOSS_FIELDS = (
+    "loss_mode",
+    "clip_cov_ratio",
+    "clip_cov_lb",
+    "clip_cov_ub",
+    "kl_cov_ratio",
+    "ppo_kl_coef",
+    "dro_beta",
+    "rollout_correction",
+)
+# verl's RolloutCorrectionConfig defaults (the keys bypass_mode reads from policy_loss.rollout_correction)
+ROLLOUT_CORRECTION_DEFAULTS: dict[str, Any] = {
+    "loss_type": "ppo_clip",
+    "rollout_is": "sequence",
+    "rollout_is_threshold": 2.0,
+    "rollout_is_batch_normalize": False,
+    "rollout_rs": None,
+    "rollout_rs_threshold": None,
+    "bypass_mode": False,
+}
 
 
 def _plain(value: Any) -> Any:

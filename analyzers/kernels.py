@@ -135,6 +135,7 @@ class TokenBatch:
         response_mask: Tensor,
         ref_log_prob: Tensor | None = None,
         entropy: Tensor | None = None,
+        rollout_is_weights: Tensor | None = None,
     ) -> None:
         given = {
             "log_prob": log_prob,
@@ -142,6 +143,7 @@ class TokenBatch:
             "advantages": advantages,
             "ref_log_prob": ref_log_prob,
             "entropy": entropy,
+            "rollout_is_weights": rollout_is_weights,
         }
         floats = {k: v for k, v in given.items() if v is not None}
         for name, value in (*floats.items(), ("response_mask", response_mask)):
@@ -199,22 +201,43 @@ class TokenBatch:
         return _take(self.shape, self.dtype, self.mask.device)
 
     def _prepare(self) -> None:
-        """Mask-folded advantages, the ratio and ppo_kl: the shared first half of the token pass."""
-        m, adv_m, a_pos, a_neg, ratio = (self._buffer() for _ in range(5))
-        weakref.finalize(self, _give, m, adv_m, a_pos, a_neg, ratio)
+        """The float 0/1 mask and the per-row counts (every fused quantity is a dot with the mask)."""
+        m = self._buffer()
+        weakref.finalize(self, _give, m)
         m.copy_(self.mask)
         # valid tokens per row; a float sum of 0/1 is exact below 2^24 (and skips bool -> int64 copies)
         self._count(m.sum(dim=-1).to(torch.int64) if self.width < 2**24 else self.mask.sum(dim=-1))
-        torch.mul(self._t("advantages"), m, out=adv_m)  # A on valid tokens, 0 elsewhere
+        self._m = m
+        self.finite = True  # until a fused sum says otherwise
+        self._ratio: Tensor | None = None
+
+    def _prepare_advantages(self) -> None:
+        """``A m`` and its positive and negative parts ``A+ = max(A m, 0)``, ``A- = A+ - A m``."""
+        if getattr(self, "_adv_m", None) is not None:
+            return
+        adv_m, a_pos, a_neg = (self._buffer() for _ in range(3))
+        weakref.finalize(self, _give, adv_m, a_pos, a_neg)
+        torch.mul(self._t("advantages"), self._m, out=adv_m)  # A on valid tokens, 0 elsewhere
         torch.clamp(adv_m, min=0.0, out=a_pos)  # A+  (A > 0)
         torch.sub(a_pos, adv_m, out=a_neg)  # -A  (A < 0), exactly: A+ - A is 0 or -A
+        self._adv_m, self._a_pos, self._a_neg = adv_m, a_pos, a_neg
+
+    def _prepare_policy(self) -> None:
+        """Mask-folded advantages, the ratio and ppo_kl: the shared first half of the clipped-loss pass
+        (made on first use: the losses that need no ratio skip it)."""
+        if self._ratio is not None:
+            return
+        self._prepare_advantages()
+        m = self._m
+        ratio = self._buffer()
+        weakref.finalize(self, _give, ratio)
         # log-ratio, clamped to +-20 as verl does before exp; ppo_kl = masked mean of (old - new)
         torch.sub(self._t("log_prob"), self._t("old_log_prob"), out=ratio).clamp_(-20.0, 20.0)
         kl_sum = float(torch.dot(ratio.view(-1), m.view(-1)))
         ratio.exp_()
-        self._m, self._adv_m, self._a_pos, self._a_neg, self._ratio = m, adv_m, a_pos, a_neg, ratio
+        self._ratio = ratio
         self.ppo_kl = -kl_sum / _eps_count(self.n_tokens)
-        self.finite = math.isfinite(kl_sum)
+        self.finite = self.finite and math.isfinite(kl_sum)
 
     def _row_sums(self, values: Tensor) -> RowSums:
         """Row sums, summed in the token dtype (float32 cascade sums are good to ~1e-7 relative;
@@ -232,6 +255,7 @@ class TokenBatch:
         hit = self._cache.get(key)
         if hit is not None:
             return hit
+        self._prepare_policy()
         lo, hi = 1 - low, 1 + high  # python floats, rounded to the tensor dtype like verl's clamp
         r = self._ratio
         loss, work = self._buffer(), self._buffer()
@@ -316,7 +340,7 @@ class TokenBatch:
         global_batch_size: int | None = None,
         loss_scale_factor: float | None = None,
     ) -> float:
-        """verl's ``agg_loss`` from row sums: scalar arithmetic, no token pass."""
+        """verl's ``agg_loss`` from row sums: scalar arithmetic, no token pass (built-in modes only)."""
         mode = AggMode(mode)
         if mode is AggMode.TOKEN_MEAN:
             if batch_num_tokens is None:
@@ -341,67 +365,132 @@ class TokenBatch:
         return loss
 
     def metrics(self, config: LossConfig) -> dict[str, float]:
-        """verl's metrics for ``config`` (see :func:`rlvitals.analyzers.recompute`)."""
+        """verl's metrics for ``config`` (see :func:`rlvitals.analyzers.recompute`).
+
+        Routes: the fused token pass for the built-in ``vanilla`` loss without IS weights; for any other
+        registered loss (or with ``rollout_is_weights``) the loss's own function, with the entropy and
+        KL terms still from fused row sums; verl's op sequence for everything in half precision, with
+        non-finite values, or with a user-registered aggregation mode or KL estimator (the fused pass
+        only implements the built-ins)."""
         if config.use_kl_loss and "ref_log_prob" not in self.tensors:
             raise ValueError("ref_log_prob is required when use_kl_loss is True")
-        if self.fast and self.finite:
-            out = self._fast_metrics(config)
+        from .policy_losses import POLICY_LOSSES, compute_policy_loss_vanilla, get_policy_loss
+
+        entry = get_policy_loss(config.loss_mode)
+        builtin = isinstance(config.loss_agg_mode, AggMode) and isinstance(config.kl_loss_type, KLType)
+        if self.fast and self.finite and builtin:
+            fused = _FUSED.get(entry.fn) if "rollout_is_weights" not in self.tensors else None
+            if (
+                POLICY_LOSSES["vanilla"] is entry
+                and entry.fn is compute_policy_loss_vanilla
+                and ("rollout_is_weights" not in self.tensors)
+            ):
+                out = self._fast_metrics(config)
+            elif fused is not None:
+                pg = fused(self, config)
+                out = None if pg is None else self._aux_metrics(config, pg, fast=True)
+            else:
+                out = self._aux_metrics(config, self.policy_metrics(config), fast=True)
             if out is not None:
                 return out
             self.finite = False  # a non-finite sum: every later config takes the reference path too
         return self._reference_metrics(config)
 
+    def policy_metrics(self, config: LossConfig, *, raw: bool = False) -> dict[str, float]:
+        """``pg_loss`` and the loss mode's own metrics from its registered function (no autograd),
+        memoised per setting except for losses that draw random numbers (``clip_cov``). ``raw``: as the
+        0-dim tensors the loss returned (half precision combines them in its own dtype)."""
+        from .policy_losses import get_policy_loss
+
+        entry = get_policy_loss(config.loss_mode)
+        key = ("policy", _policy_key(config))
+        hit = None if entry.random else self._cache.get(key)
+        if hit is None:
+            from .losses import capture_agg_inputs
+
+            t = self.tensors
+            with torch.no_grad(), capture_agg_inputs() as captured:
+                pg_loss, metrics = entry.fn(
+                    t["old_log_prob"],
+                    t["log_prob"],
+                    t["advantages"],
+                    self.mask,
+                    config.loss_agg_mode,
+                    config,
+                    t.get("rollout_is_weights"),
+                )
+            hit = {"pg_loss": pg_loss, **metrics}
+            self._cache[("policy_agg_inputs", *key[1:])] = captured[-1] if len(captured) == 1 else None
+            if not entry.random:
+                self._cache[key] = hit
+        return dict(hit) if raw else {k: float(v) for k, v in hit.items()}
+
+    def policy_agg_inputs(self, config: LossConfig) -> tuple[Tensor, Tensor, str] | None:
+        """The ``(loss_mat, mask, mode)`` the loss aggregated for ``config`` (after :meth:`policy_metrics`);
+        None when it made no single ``agg_loss`` call (``geo_mean`` averages rows itself)."""
+        key = ("policy_agg_inputs", _policy_key(config))
+        if key not in self._cache:
+            self.policy_metrics(config)
+        return self._cache.get(key)
+
+    def _aux_metrics(
+        self, config: LossConfig, out: dict[str, float], *, fast: bool
+    ) -> dict[str, float] | None:
+        """Add ``entropy_loss``, ``kl_loss`` and ``policy_loss`` to the policy metrics ``out``; None when a
+        fused sum is not finite (the caller then takes the reference path)."""
+        info = config.global_batch_info
+        policy_loss = out["pg_loss"]
+        if fast:
+            sums = []
+            if "entropy" in self.tensors:
+                rows = self.entropy_rows()
+                sums.append(rows.total)
+                out["entropy_loss"] = self.aggregate(rows, config.loss_agg_mode, **info)
+            if "ref_log_prob" in self.tensors:
+                rows = self.kl_rows(config.kl_loss_type)
+                sums.append(rows.total)
+                out["kl_loss"] = self.aggregate(rows, config.loss_agg_mode, **info)
+            if not all(math.isfinite(x) for x in sums):
+                return None
+        else:
+            out.update(self._reference_aux(config))
+        if "entropy_loss" in out:
+            policy_loss = policy_loss - config.entropy_coeff * out["entropy_loss"]
+        if "kl_loss" in out and config.use_kl_loss:
+            policy_loss = policy_loss + out["kl_loss"] * config.kl_loss_coef
+        out["policy_loss"] = policy_loss
+        return {k: float(v) for k, v in out.items()}
+
     def _fast_metrics(self, config: LossConfig) -> dict[str, float] | None:
         info = config.global_batch_info
         pol = self.policy(config.clip_low, config.clip_high, config.clip_ratio_c)
-        pg_loss = self.aggregate(pol.rows, config.loss_agg_mode, **info)
-        sums = [pol.rows.total]
+        if not self.finite or not math.isfinite(pol.rows.total):
+            return None
         out = {
-            "pg_loss": pg_loss,
+            "pg_loss": self.aggregate(pol.rows, config.loss_agg_mode, **info),
             "pg_clipfrac": _fraction(pol.n_clipped, self.n_tokens),
             "ppo_kl": self.ppo_kl,
             "pg_clipfrac_lower": _fraction(pol.n_dual_clipped, self.n_tokens),
         }
-        policy_loss = pg_loss
-        if "entropy" in self.tensors:
-            rows = self.entropy_rows()
-            sums.append(rows.total)
-            out["entropy_loss"] = self.aggregate(rows, config.loss_agg_mode, **info)
-            policy_loss = policy_loss - config.entropy_coeff * out["entropy_loss"]
-        if "ref_log_prob" in self.tensors:
-            rows = self.kl_rows(config.kl_loss_type)
-            sums.append(rows.total)
-            out["kl_loss"] = self.aggregate(rows, config.loss_agg_mode, **info)
-            if config.use_kl_loss:
-                policy_loss = policy_loss + out["kl_loss"] * config.kl_loss_coef
-        if not all(math.isfinite(x) for x in sums):
-            return None
-        out["policy_loss"] = policy_loss
-        return out
+        return self._aux_metrics(config, out, fast=True)
 
     # -- reference path --------------------------------------------------------------------------
     def _reference_metrics(self, config: LossConfig) -> dict[str, float]:
         """verl's own op sequence (``losses.ppo_loss``), in the input dtype. The per-token matrices and
         their aggregations are memoised, so an audit trying many configs pays once per clip setting,
         KL estimator and aggregation."""
-        from .losses import agg_loss, clipped_token_losses, kl_penalty
+        from .losses import agg_loss, clipped_token_losses
+        from .policy_losses import POLICY_LOSSES, compute_policy_loss_vanilla
 
         t, mask = self.tensors, self.mask
         info = config.global_batch_info
         mode = config.loss_agg_mode
-
-        def memo(key, compute):
-            hit = self._cache.get(key)
-            if hit is None:
-                hit = self._cache[key] = compute()
-            return hit
-
-        def aggregate(name: str, matrix: Tensor) -> Tensor:
-            return memo(("ref_agg", name, mode, *info.values()), lambda: agg_loss(matrix, mask, mode, **info))
-
+        entry = POLICY_LOSSES.get(config.loss_mode)
+        if entry is None or entry.fn is not compute_policy_loss_vanilla or "rollout_is_weights" in t:
+            return self._aux_metrics(config, self.policy_metrics(config, raw=True), fast=False)
         with torch.no_grad():
             clip = (config.clip_low, config.clip_high, config.clip_ratio_c)
-            pg_losses, pg_metrics = memo(
+            pg_losses, pg_metrics = self._memo(
                 ("ref_pg", *clip),
                 lambda: clipped_token_losses(
                     t["old_log_prob"],
@@ -413,17 +502,159 @@ class TokenBatch:
                     clip_ratio_c=clip[2],
                 ),
             )
-            pg_loss = aggregate(f"pg{clip}", pg_losses)
-            out = {"pg_loss": pg_loss, **pg_metrics}
-            policy_loss = pg_loss
+            pg_loss = self._memo(
+                ("ref_agg", f"pg{clip}", str(mode), *info.values()),
+                lambda: agg_loss(pg_losses, mask, mode, **info),
+            )
+        return self._aux_metrics(config, {"pg_loss": pg_loss, **pg_metrics}, fast=False)
+
+    def _memo(self, key, compute):
+        hit = self._cache.get(key)
+        if hit is None:
+            hit = self._cache[key] = compute()
+        return hit
+
+    def _reference_aux(self, config: LossConfig) -> dict[str, Tensor]:
+        from .losses import agg_loss, kl_penalty
+
+        t, mask = self.tensors, self.mask
+        info = config.global_batch_info
+        mode = config.loss_agg_mode
+        out: dict[str, Tensor] = {}
+        with torch.no_grad():
             if "entropy" in t:
-                out["entropy_loss"] = aggregate("entropy", t["entropy"])
-                policy_loss = policy_loss - config.entropy_coeff * out["entropy_loss"]
+                out["entropy_loss"] = self._memo(
+                    ("ref_agg", "entropy", str(mode), *info.values()),
+                    lambda: agg_loss(t["entropy"], mask, mode, **info),
+                )
             if "ref_log_prob" in t:
                 kind = config.kl_loss_type
-                kld = memo(("ref_kl", kind), lambda: kl_penalty(t["log_prob"], t["ref_log_prob"], kind))
-                out["kl_loss"] = aggregate(f"kl-{kind.value}", kld)
-                if config.use_kl_loss:
-                    policy_loss = policy_loss + out["kl_loss"] * config.kl_loss_coef
-            out["policy_loss"] = policy_loss
-        return {k: float(v) for k, v in out.items()}
+                kld = self._memo(
+                    ("ref_kl", str(kind)), lambda: kl_penalty(t["log_prob"], t["ref_log_prob"], kind)
+                )
+                out["kl_loss"] = self._memo(
+                    ("ref_agg", f"kl-{kind}", str(mode), *info.values()),
+                    lambda: agg_loss(kld, mask, mode, **info),
+                )
+        return out
+
+
+def _policy_key(config: LossConfig) -> tuple:
+    """Every setting a policy loss may read (all of LossConfig but the entropy / KL-term ones)."""
+    return (
+        config.loss_mode,
+        config.clip_low,
+        config.clip_high,
+        config.clip_ratio_c,
+        str(config.loss_agg_mode),
+        *config.global_batch_info.values(),
+        config.clip_cov_ratio,
+        config.clip_cov_lb,
+        config.clip_cov_ub,
+        config.kl_cov_ratio,
+        config.ppo_kl_coef,
+        config.dro_beta,
+        config.tau_pos,
+        config.tau_neg,
+        config.rollout_correction,
+    )
+
+
+# -- fused token passes for other built-in losses (identity of verl's function -> pass) ----------------
+def _fused_gpg(batch: TokenBatch, config: LossConfig) -> dict[str, float] | None:
+    # l = -logp * A  (verl's op order), masked row sums
+    buf = torch.mul(batch._t("log_prob"), batch._t("advantages"), out=batch._buffer()).neg_().mul_(batch._m)
+    rows = batch._row_sums(buf)
+    _give(buf)
+    if not math.isfinite(rows.total):
+        return None
+    return {"pg_loss": batch.aggregate(rows, config.loss_agg_mode, **config.global_batch_info)}
+
+
+def _fused_dro(batch: TokenBatch, config: LossConfig) -> dict[str, float] | None:
+    # l = -(logp * A - (0.5 beta) * (logp - logp_old)^2); ppo_kl = masked mean of -(logp - logp_old), no clamp
+    lp = batch._t("log_prob")
+    d = torch.sub(lp, batch._t("old_log_prob"), out=batch._buffer())
+    kl_sum = float(torch.dot(d.view(-1), batch._m.view(-1)))
+    d.square_().mul_(0.5 * config.dro_beta)
+    loss = torch.mul(lp, batch._t("advantages"), out=batch._buffer()).sub_(d).neg_().mul_(batch._m)
+    rows = batch._row_sums(loss)
+    _give(d, loss)
+    if not (math.isfinite(rows.total) and math.isfinite(kl_sum)):
+        return None
+    return {
+        "pg_loss": batch.aggregate(rows, config.loss_agg_mode, **config.global_batch_info),
+        "ppo_kl": -kl_sum / _eps_count(batch.n_tokens),
+    }
+
+
+def _fused_cispo(batch: TokenBatch, config: LossConfig) -> dict[str, float] | None:
+    # l = -clip(r, 1 - eps_low, 1 + eps_high) * A * logp; pg_clipfrac = share of valid tokens with r outside
+    batch._prepare_policy()
+    if not batch.finite:
+        return None
+    r = batch._ratio
+    clipped = torch.clamp(r, 1 - config.clip_low, 1 + config.clip_high, out=batch._buffer())
+    loss = torch.mul(clipped, batch._t("advantages"), out=batch._buffer()).neg_()
+    loss.mul_(batch._t("log_prob")).mul_(batch._m)
+    rows = batch._row_sums(loss)
+    hits = int(torch.count_nonzero(torch.sub(r, clipped, out=loss).mul_(batch._m)))
+    _give(clipped, loss)
+    if not math.isfinite(rows.total):
+        return None
+    return {
+        "pg_loss": batch.aggregate(rows, config.loss_agg_mode, **config.global_batch_info),
+        "pg_clipfrac": _fraction(hits, batch.n_tokens),
+        "ppo_kl": batch.ppo_kl,
+        "pg_clipfrac_lower": 0.0,
+    }
+
+
+def _fused_gspo(batch: TokenBatch, config: LossConfig) -> dict[str, float] | None:
+    # one ratio per row: s_i = exp(min(sum_t m (logp - logp_old) / max(T_i, 1), 10)) (verl's forward value);
+    # l = max(-A s_i, -A clip(s_i)) = A- max(s_i, clip(s_i)) - A+ min(s_i, clip(s_i)) (monotone rounding)
+    batch._prepare_advantages()
+    d = torch.sub(batch._t("log_prob"), batch._t("old_log_prob"), out=batch._buffer()).mul_(batch._m)
+    row_kl = d.sum(dim=-1)
+    kl_sum = float(row_kl.sum(dtype=torch.float64))
+    lengths = batch.n_row.clamp(min=1)
+    s = torch.exp(torch.clamp(row_kl / lengths, max=10.0))
+    c = torch.clamp(s, 1 - config.clip_low, 1 + config.clip_high)
+    s_hi, s_lo = torch.maximum(s, c)[:, None], torch.minimum(s, c)[:, None]
+    loss = torch.mul(batch._a_neg, s_hi, out=d)
+    work = torch.mul(batch._a_pos, s_lo, out=batch._buffer())
+    loss.sub_(work)
+    rows = batch._row_sums(loss)
+    # z = A s + l > 0 exactly where verl's pg_losses2 > pg_losses1 (the sign of a rounded difference is exact)
+    z = torch.mul(batch._adv_m, s[:, None], out=work).add_(loss)
+    hits = int(torch.count_nonzero(z.clamp_(min=0.0)))
+    _give(loss, work)
+    if not (math.isfinite(rows.total) and math.isfinite(kl_sum)):
+        return None
+    return {
+        "pg_loss": batch.aggregate(rows, config.loss_agg_mode, **config.global_batch_info),
+        "pg_clipfrac": _fraction(hits, batch.n_tokens),
+        "ppo_kl": -kl_sum / _eps_count(batch.n_tokens),
+        "pg_clipfrac_lower": 0.0,
+    }
+
+
+class _FusedPasses(dict):
+    """verl's function -> its fused pass; filled on first use (policy_losses imports .losses first)."""
+
+    def get(self, key, default=None):
+        if not self:
+            from . import policy_losses as pl
+
+            self.update(
+                {
+                    pl.compute_policy_loss_gpg: _fused_gpg,
+                    pl.compute_policy_loss_dro: _fused_dro,
+                    pl.compute_policy_loss_cispo: _fused_cispo,
+                    pl.compute_policy_loss_gspo: _fused_gspo,
+                }
+            )
+        return super().get(key, default)
+
+
+_FUSED = _FusedPasses()

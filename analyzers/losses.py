@@ -18,7 +18,9 @@ and the ``seq-*`` modes give NaN (``token-sum`` gives 0).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 
@@ -30,6 +32,7 @@ __all__ = [
     "agg_loss",
     "clipped_token_losses",
     "compute_policy_loss_vanilla",
+    "kl_base",
     "kl_penalty",
     "masked_mean",
     "masked_sum",
@@ -57,17 +60,20 @@ def masked_mean(values: Tensor, mask: Tensor, axis: int | None = None) -> Tensor
 
 # -- aggregation modes ---------------------------------------------------------------------------------
 AggFn = Callable[..., Tensor]
-AGG_MODES: dict[AggMode, AggFn] = {}
+AGG_MODES: dict[str, AggFn] = {}  # keyed by name; the built-ins are AggMode's values
 
 
 def register_agg_mode(mode: AggMode | str) -> Callable[[AggFn], AggFn]:
     """Register ``fn(loss_mat, loss_mask, *, dp_size, batch_num_tokens, global_batch_size,
-    loss_scale_factor) -> scalar`` under a loss_agg_mode name (a duplicate raises)."""
-    key = AggMode(mode)
+    loss_scale_factor) -> scalar`` under a loss_agg_mode name, built-in or new (a duplicate raises).
+    A registered name is then valid in ``LossConfig(loss_agg_mode=...)`` and every loss mode."""
+    key = mode.value if isinstance(mode, AggMode) else mode
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"a loss_agg_mode name must be a non-empty string; got {mode!r}")
 
     def decorate(fn: AggFn) -> AggFn:
         if key in AGG_MODES:
-            raise ValueError(f"loss_agg_mode {key.value!r} is already registered")
+            raise ValueError(f"loss_agg_mode {key!r} is already registered")
         AGG_MODES[key] = fn
         return fn
 
@@ -137,6 +143,21 @@ def _seq_mean(loss_mat, loss_mask, *, dp_size, batch_num_tokens, global_batch_si
     return masked_sum(seq_losses, seq_mask) / global_batch_size * dp_size
 
 
+_AGG_CAPTURE: ContextVar[list | None] = ContextVar("rlvitals_agg_capture", default=None)
+
+
+@contextmanager
+def capture_agg_inputs() -> Iterator[list[tuple[Tensor, Tensor, str]]]:
+    """Record every ``agg_loss`` call's ``(loss_mat, loss_mask, mode)`` inside the block: a policy loss's
+    token-loss matrix, so that its value under other aggregation modes is one cheap reduction away."""
+    captured: list = []
+    token = _AGG_CAPTURE.set(captured)
+    try:
+        yield captured
+    finally:
+        _AGG_CAPTURE.reset(token)
+
+
 def agg_loss(
     loss_mat: Tensor,
     loss_mask: Tensor,
@@ -153,12 +174,15 @@ def agg_loss(
     result to undo the gradient all-reduce average. ``loss_scale_factor`` only affects
     ``seq-mean-token-sum-norm`` (default: ``loss_mask.shape[-1]``).
     """
-    try:
-        mode = AggMode(loss_agg_mode)
-    except ValueError:
-        allowed = ", ".join(repr(m.value) for m in AGG_MODES)
-        raise ValueError(f"loss_agg_mode must be one of {allowed}; got {loss_agg_mode!r}") from None
-    return AGG_MODES[mode](
+    key = loss_agg_mode.value if isinstance(loss_agg_mode, AggMode) else loss_agg_mode
+    fn = AGG_MODES.get(key) if isinstance(key, str) else None
+    if fn is None:
+        allowed = ", ".join(repr(m) for m in AGG_MODES)
+        raise ValueError(f"loss_agg_mode must be one of {allowed}; got {loss_agg_mode!r}")
+    captured = _AGG_CAPTURE.get()
+    if captured is not None:
+        captured.append((loss_mat, loss_mask, key))
+    return fn(
         loss_mat,
         loss_mask,
         dp_size=dp_size,
@@ -174,7 +198,10 @@ KL_ESTIMATORS: dict[str, KLFn] = {}
 
 
 def register_kl_estimator(name: str) -> Callable[[KLFn], KLFn]:
-    """Register a forward estimator ``fn(logprob, ref_logprob) -> (batch, response_len)`` by base name."""
+    """Register a forward estimator ``fn(logprob, ref_logprob) -> (batch, response_len)`` by base name
+    (a duplicate raises). ``name`` and ``name + "+"`` (straight-through) are then valid kl_loss_types."""
+    if not isinstance(name, str) or not name or name.endswith("+"):
+        raise ValueError(f"a KL estimator name must be a non-empty string without '+'; got {name!r}")
 
     def decorate(fn: KLFn) -> KLFn:
         if name in KL_ESTIMATORS:
@@ -208,19 +235,29 @@ def _k3(logprob: Tensor, ref_logprob: Tensor) -> Tensor:
     return torch.clamp(kld, min=-10, max=10)
 
 
+def kl_base(kl_type: KLType | str) -> tuple[str, bool]:
+    """``(registered base name, straight-through?)`` of a kl_loss_type: ``"low_var_kl+"`` -> ``("k3", True)``."""
+    try:
+        kind = KLType(kl_type)
+        return kind.base, kind.straight_through
+    except ValueError:
+        pass
+    name = kl_type if isinstance(kl_type, str) else None
+    if name is not None and name.rstrip("+") in KL_ESTIMATORS and name.count("+") <= 1:
+        return name.rstrip("+"), name.endswith("+")
+    allowed = ", ".join(dict.fromkeys([*(repr(m.value) for m in KLType), *(repr(k) for k in KL_ESTIMATORS)]))
+    raise ValueError(f"kl_loss_type must be one of {allowed}; got {kl_type!r}")
+
+
 def kl_penalty(logprob: Tensor, ref_logprob: Tensor, kl_type: KLType | str) -> Tensor:
     """Per-token KL estimate between the policy and the reference, ``(batch, response_len)``.
 
     ``kl``/``k1``, ``abs``, ``mse``/``k2``, ``low_var_kl``/``k3``; a ``+`` suffix returns the forward
     value of that estimator with the gradient of k2 (straight-through: ``k2 - k2.detach() + f.detach()``).
     """
-    try:
-        kind = KLType(kl_type)
-    except ValueError:
-        allowed = ", ".join(repr(m.value) for m in KLType)
-        raise ValueError(f"kl_loss_type must be one of {allowed}; got {kl_type!r}") from None
-    forward = KL_ESTIMATORS[kind.base](logprob, ref_logprob)
-    if not kind.straight_through:
+    base, straight_through = kl_base(kl_type)
+    forward = KL_ESTIMATORS[base](logprob, ref_logprob)
+    if not straight_through:
         return forward
     backward = 0.5 * (logprob - ref_logprob).square()
     return backward - backward.detach() + forward.detach()
@@ -304,16 +341,23 @@ def ppo_loss(
     response_mask: Tensor,
     ref_log_prob: Tensor | None = None,
     entropy: Tensor | None = None,
+    rollout_is_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The actor loss of verl's ``ppo_loss``: ``pg_loss - entropy_coeff * entropy_loss
     (+ kl_loss_coef * kl_loss when use_kl_loss)``; all terms share one aggregation.
 
-    Returns ``(policy_loss, metrics)`` with detached scalar tensors ``pg_loss``, ``pg_clipfrac``,
-    ``ppo_kl``, ``pg_clipfrac_lower``, ``policy_loss``, plus ``entropy_loss`` when ``entropy`` is given
-    and ``kl_loss`` when ``ref_log_prob`` is given (added to the loss only when ``use_kl_loss``).
+    The policy loss is ``config.loss_mode``'s registered function (:mod:`.policy_losses`);
+    ``rollout_is_weights`` multiply its per-token loss. Returns ``(policy_loss, metrics)`` with detached
+    scalar tensors ``pg_loss``, the loss mode's own metrics (vanilla: ``pg_clipfrac``, ``ppo_kl``,
+    ``pg_clipfrac_lower``), ``policy_loss``, plus ``entropy_loss`` when ``entropy`` is given and
+    ``kl_loss`` when ``ref_log_prob`` is given (added to the loss only when ``use_kl_loss``).
     """
+    from .policy_losses import get_policy_loss
+
     mask = response_mask.to(torch.bool)
-    pg_loss, pg_metrics = compute_policy_loss_vanilla(old_log_prob, log_prob, advantages, mask, config)
+    pg_loss, pg_metrics = get_policy_loss(config.loss_mode).fn(
+        old_log_prob, log_prob, advantages, mask, config.loss_agg_mode, config, rollout_is_weights
+    )
     metrics: dict[str, Tensor] = {"pg_loss": pg_loss.detach(), **pg_metrics}
     policy_loss = pg_loss
     info = config.global_batch_info
@@ -342,12 +386,15 @@ def recompute(
     response_mask: Tensor,
     ref_log_prob: Tensor | None = None,
     entropy: Tensor | None = None,
+    rollout_is_weights: Tensor | None = None,
 ) -> dict[str, float]:
     """Every loss metric verl would report for this micro-batch, as python floats (no autograd).
 
-    Keys: ``pg_loss``, ``pg_clipfrac``, ``ppo_kl``, ``pg_clipfrac_lower``, ``policy_loss``, plus
-    ``kl_loss`` when ``ref_log_prob`` is given and ``entropy_loss`` when ``entropy`` is given.
-    Shapes ``(batch, response_len)``; float16/bfloat16/float32/float64.
+    Keys: ``pg_loss``, the loss mode's metrics (vanilla: ``pg_clipfrac``, ``ppo_kl``,
+    ``pg_clipfrac_lower``; see :mod:`.policy_losses`), ``policy_loss``, plus ``kl_loss`` when
+    ``ref_log_prob`` is given and ``entropy_loss`` when ``entropy`` is given. ``rollout_is_weights``
+    multiply the per-token policy loss as in verl. Shapes ``(batch, response_len)``;
+    float16/bfloat16/float32/float64.
     """
     from .kernels import TokenBatch
 
@@ -358,5 +405,6 @@ def recompute(
         response_mask=response_mask,
         ref_log_prob=ref_log_prob,
         entropy=entropy,
+        rollout_is_weights=rollout_is_weights,
     )
     return batch.metrics(config)

@@ -1,20 +1,23 @@
 """Throughput of ``rlvitals.analyzers.recompute`` vs verl 0.9.1's own loss functions, CPU, one thread.
 
-Both sides compute the same numbers from the same float32 tensors in the same process: the clipped
-policy loss with dual clip (pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower), the entropy term and the
-low_var_kl KL term, token-mean, ending in python floats. verl's side is ``compute_policy_loss_vanilla``
-+ ``agg_loss`` + ``kl_penalty`` exactly as its ``ppo_loss`` calls them. Calls alternate (ours, verl's,
-verl's, ours, ...) so both see the same machine load; the table reports medians. Also times a full ``audit`` (with
-counterfactuals) of the (64, 4096) batch.
+Both sides compute the same numbers from the same float32 tensors in the same process: the policy
+loss of each ``loss_mode`` with its metrics, the entropy term and the low_var_kl KL term, token-mean,
+ending in python floats. verl's side is its registered policy loss function + ``agg_loss`` +
+``kl_penalty`` exactly as its ``ppo_loss`` calls them. Calls alternate (ours, verl's, verl's, ours,
+...) so both see the same machine load; the table reports medians. For vanilla it also times each
+side in a block of its own ("alone"): alternating with verl costs rlvitals its cache state, which is
+most of the gap between this benchmark and a plain timing. Also times a full ``audit`` (with
+counterfactuals) and a memory copy of the batch's bytes (the bandwidth bound).
 
     .venv/bin/python bench/recompute.py                     # rlvitals only
-    /work/verl-venv/bin/python bench/recompute.py           # side by side (verl importable there;
-                                                            #  pip install -e . --no-deps first)
+    PYTHONPATH=.sidenv-src .sidenv/verl/bin/python bench/recompute.py   # side by side (the verl side
+        # env of tests/support/sideenv.py; .sidenv-src maps this checkout onto rlvitals)
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -52,23 +55,69 @@ def load_verl():
         return None
 
 
-def verl_step(core_algos, actor, t: dict[str, torch.Tensor]) -> dict[str, float]:
+def verl_step(core_algos, actor, t: dict[str, torch.Tensor], mode: str = "vanilla") -> dict[str, float]:
     """What verl's ppo_loss computes for these tensors (without its TensorDict plumbing)."""
     mask = t["response_mask"]
-    pg_loss, metrics = core_algos.compute_policy_loss_vanilla(
-        t["old_log_prob"], t["log_prob"], t["advantages"], mask, "token-mean", actor
+    pg_loss, metrics = core_algos.get_policy_loss_fn(mode)(
+        old_log_prob=t["old_log_prob"],
+        log_prob=t["log_prob"],
+        advantages=t["advantages"],
+        response_mask=mask,
+        loss_agg_mode="token-mean",
+        config=actor,
+        rollout_is_weights=None,
     )
     entropy_loss = core_algos.agg_loss(t["entropy"], mask, "token-mean", **actor.global_batch_info)
     kld = core_algos.kl_penalty(t["log_prob"], t["ref_log_prob"], "low_var_kl")
     kl_loss = core_algos.agg_loss(kld, mask, "token-mean", **actor.global_batch_info)
     policy_loss = pg_loss - 0.01 * entropy_loss + kl_loss * 0.001
     return {
-        **metrics,
+        **{k.split("/")[-1] if not k.startswith("rollout_corr/") else k: v for k, v in metrics.items()},
         "pg_loss": pg_loss.item(),
         "entropy_loss": entropy_loss.item(),
         "kl_loss": kl_loss.item(),
         "policy_loss": policy_loss.item(),
     }
+
+
+def verl_actor(mode: str):
+    from verl.trainer.config.algorithm import RolloutCorrectionConfig
+    from verl.workers.config import FSDPActorConfig
+    from verl.workers.config.actor import PolicyLossConfig
+
+    extra = {"dro_beta": 0.1} if mode == "dro" else {}
+    if mode == "bypass_mode":  # nothing rejected, no weights: the settings rlvitals computes without h11roll
+        extra["rollout_correction"] = RolloutCorrectionConfig(rollout_is=None)
+    return FSDPActorConfig(
+        strategy="fsdp",
+        rollout_n=1,
+        ppo_micro_batch_size_per_gpu=1,
+        clip_ratio_c=3.0,
+        policy_loss=PolicyLossConfig(loss_mode=mode, **extra),
+    )
+
+
+def our_config(mode: str):
+    from rlvitals.analyzers import LossConfig
+
+    extra = {"dro_beta": 0.1} if mode == "dro" else {}
+    if mode == "bypass_mode":
+        extra["rollout_correction"] = {"rollout_is": None}
+    return LossConfig(
+        use_kl_loss=True, entropy_coeff=0.01, kl_loss_type="low_var_kl", loss_mode=mode, **extra
+    )
+
+
+def memcpy_seconds(nbytes: int, repeats: int = 9) -> float:
+    """Median time to copy ``nbytes`` once (read + write): the machine's memory bandwidth, one thread."""
+    src = torch.ones(nbytes // 4)
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def interleaved_timings(fns: list, repeats: int) -> list[list[float]]:
@@ -86,61 +135,100 @@ def interleaved_timings(fns: list, repeats: int) -> list[list[float]]:
     return times
 
 
+def block_timings(fn, repeats: int) -> list[float]:
+    fn()
+    out = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - start)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the median over all runs")
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds; the median over all runs")
+    parser.add_argument("--modes", default="all", help="comma-separated loss modes (default: every one)")
     args = parser.parse_args()
     torch.set_num_threads(1)
 
-    from rlvitals.analyzers import LossConfig, audit, recompute
+    from rlvitals.analyzers import audit, recompute
+    from rlvitals.analyzers.policy_losses import LossMode
 
-    config = LossConfig(use_kl_loss=True, entropy_coeff=0.01, kl_loss_type="low_var_kl")
+    modes = [m.value for m in LossMode] if args.modes == "all" else args.modes.split(",")
     verl = load_verl()
-    actor = None
-    if verl is not None:
-        from verl.workers.config import FSDPActorConfig
-
-        actor = FSDPActorConfig(
-            strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, clip_ratio_c=3.0
-        )
-
-    print(f"torch {torch.__version__}, 1 thread, float32, median of {args.repeats * args.rounds} runs")
+    n = args.repeats * args.rounds
+    print(
+        f"torch {torch.__version__}, 1 thread, float32, token-mean + entropy + low_var_kl, median of {n} runs"
+    )
+    print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
     if verl is None:
         print("verl 0.9.1 not importable here: rlvitals column only")
     print(
-        "| shape | tokens | rlvitals recompute | verl 0.9.1 | speed-up (medians) | speed-up (best runs) "
-        "| full audit + counterfactuals |"
+        "| shape | loss_mode | rlvitals recompute | verl 0.9.1 | speed-up (medians) | target | bandwidth used |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    notes = []
     for batch, length in SHAPES:
         t = make_batch(batch, length)
         tokens = batch * length
-        reported = recompute(config, **t)
-        if verl is not None:  # same numbers before timing anything
-            theirs_metrics = verl_step(verl[0], actor, t)
-            for key, value in reported.items():
-                other = theirs_metrics.get(key, theirs_metrics.get(f"actor/{key}"))
-                assert abs(value - other) <= 1e-6 + 1e-5 * abs(other), (key, value, other)
-        fns = [lambda t=t: recompute(config, **t)]
-        if verl is not None:
-            fns.append(lambda t=t: verl_step(verl[0], actor, t))
-        timings = interleaved_timings(fns, args.repeats * args.rounds)
-        ours = statistics.median(timings[0])
-        audit_s = statistics.median(
-            interleaved_timings([lambda t=t, r=reported: audit(config, t, r)], max(5, args.repeats // 3))[0]
-        )
-        ours_col = f"{tokens / ours / 1e6:.1f} M tok/s ({ours * 1e3:.2f} ms)"
-        if verl is not None:
-            theirs = statistics.median(timings[1])
-            verl_col = f"{tokens / theirs / 1e6:.1f} M tok/s ({theirs * 1e3:.2f} ms)"
-            ratio = f"{theirs / ours:.2f}x"
-            best = f"{min(timings[1]) / min(timings[0]):.2f}x"
-        else:
-            verl_col = ratio = best = "n/a"
-        print(
-            f"| ({batch}, {length}) | {tokens} | {ours_col} | {verl_col} | {ratio} | {best} | {audit_s * 1e3:.1f} ms |"
-        )
+        # the bytes a single pass must read: five float32 inputs and the bool mask
+        nbytes = sum(v.numel() * v.element_size() for v in t.values())
+        copy_bw = 2 * nbytes / memcpy_seconds(nbytes)
+        for mode in modes:
+            config = our_config(mode)
+            ours_metrics = recompute(config, **t)
+            fns = [lambda t=t, c=config: recompute(c, **t)]
+            if verl is not None:
+                actor = verl_actor(mode)
+                torch.manual_seed(0)
+                theirs_metrics = verl_step(verl[0], actor, t, mode)
+                torch.manual_seed(0)
+                ours_metrics = recompute(config, **t)
+                if mode == "bypass_mode" and set(ours_metrics) < set(theirs_metrics):
+                    notes.append(
+                        f"({batch}, {length}) bypass_mode: rollout_corr/* metrics not timed "
+                        "(rlvitals.analyzers.rollout is another module)"
+                    )
+                    theirs_metrics = {k: theirs_metrics[k] for k in ours_metrics}
+                assert set(ours_metrics) == set(theirs_metrics), (
+                    mode,
+                    set(ours_metrics) ^ set(theirs_metrics),
+                )
+                for key, value in ours_metrics.items():
+                    other = theirs_metrics[key]
+                    assert abs(value - other) <= 1e-6 + 1e-5 * abs(other), (mode, key, value, other)
+                fns.append(lambda t=t, a=actor, m=mode: verl_step(verl[0], a, t, m))
+            timings = interleaved_timings(fns, n)
+            ours = statistics.median(timings[0])
+            ours_col = f"{tokens / ours / 1e6:.1f} M tok/s ({ours * 1e3:.2f} ms)"
+            used = f"{nbytes / ours / copy_bw:.0%} of {copy_bw / 1e9:.1f} GB/s"
+            target = "5×" if mode == "vanilla" else "3×"
+            if verl is not None:
+                theirs = statistics.median(timings[1])
+                verl_col = f"{tokens / theirs / 1e6:.1f} M tok/s ({theirs * 1e3:.2f} ms)"
+                ratio = f"{theirs / ours:.2f}×"
+            else:
+                verl_col = ratio = "n/a"
+            print(f"| ({batch}, {length}) | {mode} | {ours_col} | {verl_col} | {ratio} | {target} | {used} |")
+            if mode == "vanilla":
+                alone = statistics.median(block_timings(fns[0], n))
+                line = f"({batch}, {length}) vanilla alone (no verl calls in between): {alone * 1e3:.2f} ms"
+                if verl is not None:
+                    theirs_alone = statistics.median(block_timings(fns[1], n))
+                    line += f", verl alone {theirs_alone * 1e3:.2f} ms = {theirs_alone / alone:.2f}×"
+                notes.append(line)
+                reported = recompute(config, **t)
+                audit_s = statistics.median(
+                    block_timings(lambda t=t, r=reported, c=config: audit(c, t, r), 5)
+                )
+                notes.append(
+                    f"({batch}, {length}) full audit + counterfactuals (vanilla): {audit_s * 1e3:.1f} ms"
+                )
+    print()
+    for line in notes:
+        print(line)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ response_len)`` unless noted:
 - required: ``log_prob``, ``old_log_prob``, ``advantages`` (float16, bfloat16, float32 or float64:
   float8 and integers are refused), ``response_mask`` (0/1 of bool, a signed integer or uint8, or
   one of those float dtypes);
-- optional (same float dtypes): ``ref_log_prob``, ``entropy``, ``token_level_rewards``,
+- optional (same float dtypes): ``ref_log_prob``, ``entropy``, ``rollout_is_weights`` (the IS weights
+  the loss was multiplied by), ``token_level_rewards``,
   ``rollout_log_probs`` (the rollout engine's log-probs, verl's name) and ``group_index``
   ``(batch,)`` int64 (the GRPO group of each sequence; needs ``token_level_rewards``).
 
@@ -33,7 +34,7 @@ if TYPE_CHECKING:  # torch is imported with the first batch: a scalar-only serve
     import torch
 
 REQUIRED = ("log_prob", "old_log_prob", "advantages", "response_mask")
-OPTIONAL_FLOAT = ("ref_log_prob", "entropy", "token_level_rewards", "rollout_log_probs")
+OPTIONAL_FLOAT = ("ref_log_prob", "entropy", "rollout_is_weights", "token_level_rewards", "rollout_log_probs")
 ALLOWED = (*REQUIRED, *OPTIONAL_FLOAT, "group_index")
 FLOAT_TENSORS = ("log_prob", "old_log_prob", "advantages", *OPTIONAL_FLOAT)
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")  # what the audit computes in

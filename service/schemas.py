@@ -92,6 +92,10 @@ class Verdict(BaseModel):
     ok: bool
     abs_err: float | str | None
     rel_err: float | str | None
+    range: list[float | str] | None = Field(
+        None,
+        description="[low, high] when the value is only reproducible as a range (clip_cov's random draw).",
+    )
 
 
 class AuditPublic(BaseModel):

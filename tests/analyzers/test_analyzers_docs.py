@@ -29,3 +29,12 @@ def test_every_metric_has_a_row_with_meaning_range_and_advice(name: str) -> None
 @pytest.mark.parametrize("name", [m.value for m in AggMode] + [f"`{t}`" for t in TRL_LOSS_TYPES])
 def test_every_mode_and_trl_loss_type_is_documented(name: str) -> None:
     assert name in DOC
+
+
+def test_every_loss_mode_has_a_formula_row_in_the_readme_and_docs() -> None:
+    from rlvitals.analyzers.policy_losses import LossMode
+
+    losses_doc = (ROOT / "docs" / "losses.md").read_text()
+    for mode in LossMode:
+        assert any(line.startswith(f"| `{mode.value}`") for line in losses_doc.splitlines()), mode
+        assert f"`{mode.value}`" in DOC and "docs/losses.md" in DOC

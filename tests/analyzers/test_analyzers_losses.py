@@ -433,8 +433,12 @@ def test_from_verl_reads_actor_section_nested_configs_and_global_batch_info() ->
         LossConfig.from_verl(trainer["actor_rollout_ref"]["actor"], batch_num_tokens=100).batch_num_tokens
         == 100
     )
-    with pytest.raises(ValueError, match="loss_mode must be 'vanilla'"):
-        LossConfig.from_verl({"policy_loss": {"loss_mode": "gspo"}})
+    gspo = LossConfig.from_verl(
+        {"tau_pos": 2.0, "policy_loss": {"loss_mode": "gspo", "kl_cov_ratio": 0.01, "clip_cov_ub": None}}
+    )
+    assert (gspo.loss_mode, gspo.tau_pos, gspo.kl_cov_ratio, gspo.clip_cov_ub) == ("gspo", 2.0, 0.01, 5.0)
+    with pytest.raises(ValueError, match=r"loss_mode must be one of 'vanilla', .*'bypass_mode'; got 'nope'"):
+        LossConfig.from_verl({"policy_loss": {"loss_mode": "nope"}})
 
 
 class _StructuredConfig:

@@ -125,3 +125,98 @@ def test_verl_reported_numbers_pass_the_audit_and_perturbed_ones_do_not(case_id:
         key = sorted(finite)[0]
         bad = audit(cfg, tensors, {key: finite[key] * 1.5 + 0.01})
         assert not bad.ok and key in bad.mismatched and key in bad.explanation
+
+
+# -- every policy loss mode (golden/make_golden_modes.py) ------------------------------------------------
+@cache
+def _modes() -> tuple[dict, dict[str, torch.Tensor]]:
+    meta = json.loads((GOLDEN / "verl_0_9_1_modes.json").read_text())
+    return meta, load_file(str(GOLDEN / "verl_0_9_1_modes.safetensors"))
+
+
+def _mode_case(case_id: str) -> tuple[dict, dict[str, torch.Tensor]]:
+    meta, store = _modes()
+    case = next(c for c in meta["cases"] if c["id"] == case_id)
+    prefix = case_id + "."
+    return case, {k[len(prefix) :]: v for k, v in store.items() if k.startswith(prefix)}
+
+
+def _has_rollout_correction() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("rlvitals.analyzers.rollout") is not None
+
+
+def _expected_here(case: dict) -> dict[str, float] | None:
+    """verl's metrics, less the ``rollout_corr/*`` ones while rlvitals.analyzers.rollout is
+    not there (bypass_mode then reports only its policy-loss metrics); None where bypass_mode needs it."""
+    expected = case["expected"]
+    if case["config"]["loss_mode"] != "bypass_mode" or _has_rollout_correction():
+        return expected
+    rc = case["config"]["rollout_correction"]
+    if rc["loss_type"] == "reinforce" and rc["rollout_is"] is not None:
+        return None
+    return {k: v for k, v in expected.items() if not k.startswith("rollout_corr/")}
+
+
+def _recompute_case(case: dict, tensors: dict[str, torch.Tensor], fn) -> dict[str, float]:
+    torch.manual_seed(case["seed"])  # clip_cov's torch.randperm draws what verl's drew
+    return fn(LossConfig(**case["config"]), **tensors)
+
+
+@pytest.mark.parametrize("case_id", [c["id"] for c in _modes()[0]["cases"]])
+def test_every_loss_mode_matches_verl(case_id: str) -> None:
+    case, tensors = _mode_case(case_id)
+    expected = _expected_here(case)
+    where = f"{case_id} {case['tags']}"
+    if expected is None:
+        with pytest.raises(ValueError, match=r"needs rlvitals\.analyzers\.rollout"):
+            _recompute_case(case, tensors, recompute)
+        return
+    _check(_recompute_case(case, tensors, recompute), expected, TOLERANCE[case["dtype"]], where)
+
+
+@pytest.mark.parametrize("case_id", [c["id"] for c in _modes()[0]["cases"]][::5])
+def test_every_differentiable_loss_mode_matches_verl(case_id: str) -> None:
+    case, tensors = _mode_case(case_id)
+    expected = _expected_here(case)
+    if expected is None:
+        return
+    with torch.no_grad():
+        _, metrics = _recompute_case(case, tensors, ppo_loss)
+    got = {k: float(v) for k, v in metrics.items()}
+    _check(got, expected, TOLERANCE[case["dtype"]], case_id)
+
+
+def test_mode_fixture_covers_every_loss_mode_agg_mode_dtype_weights_and_normalisation() -> None:
+    from rlvitals.analyzers.config import AggMode
+    from rlvitals.analyzers.policy_losses import LossMode
+
+    meta, _store = _modes()
+    assert meta["verl_version"] == "0.9.1"
+    seen = {
+        (
+            *tuple(
+                t.split(":", 1)[1] for t in sorted(c["tags"]) if t.split(":")[0] in ("dtype", "global", "is")
+            ),
+            c["config"]["loss_mode"],
+            c["config"]["loss_agg_mode"],
+        )
+        for c in meta["cases"]
+    }
+    want = {
+        (dtype, glob, w, mode.value, agg.value)
+        for dtype in ("float32", "float64")
+        for glob in ("False", "True")
+        for w in ("False", "True")
+        for mode in LossMode
+        for agg in AggMode
+    }
+    assert want <= seen, sorted(want - seen)[:5]
+    hits = [
+        c
+        for c in meta["cases"]
+        if c["config"]["loss_mode"] == "clip_cov" and c["expected"]["pg_clipfrac"] > 0
+    ]
+    assert len(hits) >= 10  # the random draw really zeroes tokens in the fixture
+    assert sum(p.stat().st_size for p in GOLDEN.glob("verl_0_9_1_modes.*")) < 3e6
