@@ -125,9 +125,9 @@ def run_audit(config: dict[str, Any], tensors: dict[str, torch.Tensor], reported
     ``group_index`` the GRPO advantages are recomputed too, and a mismatch there fails the audit.
     """
     from rlvitals.analyzers import LossConfig, audit, group_diagnostics
-    from rlvitals.analyzers.trl import TrlLossConfig, is_trl_config
 
-    if is_trl_config(config):  # a TRL GRPOTrainer batch: TRL's own loss, not verl's
+    if config.get("trainer") == "trl":  # a TRL GRPOTrainer batch (TrlLossConfig): TRL's own loss, not verl's
+        from rlvitals.analyzers.trl import TrlLossConfig
         from rlvitals.analyzers.trl_audit import trl_audit
 
         report = trl_audit(TrlLossConfig.from_dict(config), tensors, _decode_reported(reported))

@@ -191,10 +191,14 @@ def validate(body: bytes) -> tuple[Batch, dict[str, torch.Tensor]]:
 
 
 def _check_config(config: dict[str, Any]) -> None:
-    from rlvitals.analyzers import LossConfig
-    from rlvitals.analyzers.trl import TrlLossConfig, is_trl_config
-
     try:
-        TrlLossConfig.from_dict(config) if is_trl_config(config) else LossConfig.from_verl(config)
+        if config.get("trainer") == "trl":  # a TRL GRPOTrainer batch (TrlLossConfig.to_dict())
+            from rlvitals.analyzers.trl import TrlLossConfig
+
+            TrlLossConfig.from_dict(config)
+        else:
+            from rlvitals.analyzers import LossConfig
+
+            LossConfig.from_verl(config)
     except (ValueError, TypeError) as exc:
         raise InvalidInput(f"safetensors metadata 'config' is not a valid loss config: {exc}") from exc

@@ -174,3 +174,10 @@ def test_a_bad_trl_config_is_a_422(api):
     body = make_batch(1, config={"trainer": "trl", "loss_type": "ppo"})
     response = api.post(f"/api/v1/runs/{run_id}/batches", content=body, headers=OCTET)
     assert response.status_code == 422 and "loss_type must be one of" in response.json()["error"]["message"]
+
+
+def test_histogram_clip_bounds_of_a_trl_batch_are_its_epsilons():
+    from rlvitals.service.dashboard.histograms import _clip_bounds
+
+    bounds = _clip_bounds({"trainer": "trl", "loss_type": "grpo", "epsilon_low": 0.2, "epsilon_high": 0.28})
+    assert bounds == {"low": 0.8, "high": 1.28, "dual": 1e30}  # TRL has no dual clip
