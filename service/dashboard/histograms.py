@@ -25,9 +25,10 @@ def _clip_bounds(config: Mapping[str, Any] | None) -> dict[str, float] | None:
     """The ratio's clip bounds under ``config``; None when its clip fields are not valid (the audit
     itself reports that), so the histograms still show."""
     from rlvitals.analyzers import LossConfig
-    from rlvitals.analyzers.trl import is_trl_config
 
-    if is_trl_config(config):  # TRL: no dual clip (a big bound); delta caps the ratio instead
+    if (config or {}).get(
+        "trainer"
+    ) == "trl":  # TRL: no dual clip (a big bound); delta caps the ratio instead
         low, high, delta = (config.get(k) for k in ("epsilon_low", "epsilon_high", "delta"))
         config = {"clip_ratio_low": low, "clip_ratio_high": high, "clip_ratio_c": delta or 1e30}
     # only the clip fields: the rest of a batch's config (dp_size, token counts) does not matter here
