@@ -51,7 +51,12 @@ ASSET_CACHE = "public, max-age=31536000, immutable"
 # page name -> (template, <title>, the scripts it loads after common.js, prefetch mode)
 PAGES: dict[str, tuple[str, str, tuple[str, ...], str]] = {
     "runs": ("runs.html", "Runs", ("js/runs.js",), "runs"),
-    "run": ("run.html", "Run", (SIGNALS_ROUTE, "js/charts.js", "js/marks.js", "js/runhead.js", "js/run.js"), "run"),
+    "run": (
+        "run.html",
+        "Run",
+        (SIGNALS_ROUTE, "js/charts.js", "js/marks.js", "js/runhead.js", "js/run.js"),
+        "run",
+    ),
     "audits": ("audits.html", "Audits", (SIGNALS_ROUTE, "js/charts.js", "js/audits.js"), "audits"),
     "alerts": ("alerts.html", "Alerts", ("js/alerts.js",), "alerts"),
     "compare": (
