@@ -1,7 +1,7 @@
 """The labelled real-log corpus and our detector over it (bench/detection.py prints, a test asserts).
 
-``load_corpus()`` reads ``tests/data/real_logs/manifest.json`` (or ``RLVITALS_CORPUS_DIR``) and each
-run's points through the importer ``rlvitals import`` uses; ``our_alerts(run)`` runs the health rules
+``load_corpus()`` reads ``tests/data/real_logs/manifest.json`` (our labels and each file's source) and
+each run's points, from ``corpus_dir()``, through the importer ``rlvitals import`` uses; ``our_alerts(run)`` runs the health rules
 exactly as ``rlvitals import`` does (a local ``HealthMonitor`` fed the imported points, with the config
 the source revealed); ``score(detector, runs)`` scores any detector with
 ``rlvitals.analyzers.health.scoring``.
@@ -20,7 +20,34 @@ from rlvitals.analyzers.health.scoring import Alert, RunLabels, RunScore, score_
 from rlvitals.client.importers import Diagnoser, History, read_history
 
 ROOT = Path(__file__).resolve().parents[1]
-CORPUS_DIR = Path(os.environ.get("RLVITALS_CORPUS_DIR", ROOT / "tests" / "data" / "real_logs"))
+MANIFEST = ROOT / "tests" / "data" / "real_logs" / "manifest.json"
+# The log files themselves are public data fetched from other repositories: they are kept in the steering
+# repository's shared/ folder (a copy lies beside every checkout and CI clone), never committed here.
+CORPUS_PLACES = (ROOT.parent / "shared" / "real_logs", MANIFEST.parent)
+MISSING = (
+    "the real-log corpus files are not here: put them in ../shared/real_logs/ or point RLVITALS_CORPUS_DIR "
+    "at them (sources and trimming: docs/detection.md)"
+)
+
+
+class CorpusMissing(FileNotFoundError):
+    """None of the corpus places holds every file the manifest names."""
+
+
+def corpus_files() -> list[str]:
+    return [entry["file"] for entry in json.loads(MANIFEST.read_text())["runs"]]
+
+
+def corpus_dir() -> Path | None:
+    """The first of ``RLVITALS_CORPUS_DIR``, ``../shared/real_logs`` and ``tests/data/real_logs`` that holds
+    every file the manifest names, or None."""
+    env = os.environ.get("RLVITALS_CORPUS_DIR")
+    places = (Path(env),) if env else CORPUS_PLACES
+    files = corpus_files()
+    for place in places:
+        if all((place / name).is_file() for name in files):
+            return place
+    return None
 
 
 @dataclass
@@ -37,8 +64,11 @@ class CorpusRun:
         return self.history.points[-1][0]
 
 
-def load_corpus(directory: Path = CORPUS_DIR, *, only: Iterable[str] | None = None) -> list[CorpusRun]:
-    manifest = json.loads((directory / "manifest.json").read_text())
+def load_corpus(directory: Path | None = None, *, only: Iterable[str] | None = None) -> list[CorpusRun]:
+    directory = directory or corpus_dir()
+    if directory is None:
+        raise CorpusMissing(MISSING)
+    manifest = json.loads(MANIFEST.read_text())
     wanted = set(only) if only else None
     runs = []
     for entry in manifest["runs"]:

@@ -50,6 +50,10 @@ def test_rollout_correction_bench_prints_its_table():
 
 @pytest.mark.timeout(900)
 def test_detection_bench_runs_ours_and_every_peer_on_two_real_runs():
+    from bench._detection import MISSING, corpus_dir
+
+    if corpus_dir() is None:
+        pytest.skip(MISSING)
     # the peers run in their side environment (built on first use, cached by stamp)
     out = _run(
         "bench/detection.py", "--runs", "trl_qwen2.5-vl-3b_grpo_oct22_1814,trl_chaos-economy_grpo",

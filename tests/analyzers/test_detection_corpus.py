@@ -1,4 +1,5 @@
-"""Issue 9's targets, measured on the real-log corpus (tests/data/real_logs/): our health rules raise no
+"""Issue 9's targets, measured on the real-log corpus (labels in tests/data/real_logs/manifest.json, the
+files in ../shared/real_logs/, see docs/detection.md): our health rules raise no
 warning-or-worse alert on a healthy run and catch every labelled incident, scored exactly as
 bench/detection.py scores them (rlvitals.analyzers.health.scoring)."""
 
@@ -7,14 +8,21 @@ from __future__ import annotations
 import pytest
 from rlvitals.analyzers.health.scoring import Alert, Incident, RunLabels, episodes, score_run, tally
 
-from bench._detection import load_corpus, our_alerts, score
+from bench._detection import MISSING, corpus_dir, load_corpus, our_alerts, score
+
+# The files are public data kept in the steering repo's shared/ folder, never committed here (see
+# bench/_detection.py); without them these tests cannot measure anything and say so.
+needs_corpus = pytest.mark.skipif(corpus_dir() is None, reason=MISSING)
 
 
 @pytest.fixture(scope="module")
 def scores():
+    if corpus_dir() is None:
+        pytest.skip(MISSING)
     return score(our_alerts, load_corpus())
 
 
+@needs_corpus
 def test_the_corpus_has_real_runs_of_both_kinds():
     runs = load_corpus()
     assert len(runs) >= 12
@@ -25,16 +33,19 @@ def test_the_corpus_has_real_runs_of_both_kinds():
         assert len(run.history.points) >= 3, run.id
 
 
+@needs_corpus
 def test_no_warning_or_worse_alert_on_a_healthy_run(scores):
     noisy = {s.run_id: [(a.rule, a.step, a.severity) for a in s.false_alerts] for s in scores if s.healthy}
     assert noisy == {r: [] for r in noisy}
 
 
+@needs_corpus
 def test_every_labelled_incident_is_caught(scores):
     missed = {s.run_id: [(i.kind, i.onset) for i in s.missed] for s in scores if s.missed}
     assert missed == {}
 
 
+@needs_corpus
 def test_no_false_alert_outside_incident_windows_on_unhealthy_runs(scores):
     false = {s.run_id: [(a.rule, a.step) for a in s.false_alerts] for s in scores if not s.healthy}
     assert false == {r: [] for r in false}
