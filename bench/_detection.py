@@ -91,10 +91,18 @@ def load_corpus(directory: Path | None = None, *, only: Iterable[str] | None = N
 def our_alerts(run: CorpusRun, settings: Mapping[str, Mapping[str, Any]] | None = None) -> list[Alert]:
     """Every firing transition of our rules on ``run`` (its severity as escalated by the episode's end)."""
     diagnosis = Diagnoser(run_config=run.history.config, settings=settings).feed(run.history.points)
-    final = {(f.rule, f.onset_step): f for f in diagnosis.firing}
-    resolved = {(f.rule, f.onset_step): f for f in diagnosis.findings if f.state == "resolved"}
+    return alerts_from_findings(diagnosis.findings, diagnosis.firing)
+
+
+def alerts_from_findings(findings: Iterable[Any], firing: Iterable[Any] = ()) -> list[Alert]:
+    """Our findings as scored alerts: one per firing transition, at the step it fired, with the severity
+    its episode had at the end (``firing``: the findings still open when the run ended). The synthetic
+    corpus (bench/_synthetic.py) turns its findings into alerts through this too."""
+    findings = list(findings)
+    final = {(f.rule, f.onset_step): f for f in firing}
+    resolved = {(f.rule, f.onset_step): f for f in findings if f.state == "resolved"}
     alerts = []
-    for finding in diagnosis.findings:
+    for finding in findings:
         if finding.state != "firing":
             continue
         key = (finding.rule, finding.onset_step)

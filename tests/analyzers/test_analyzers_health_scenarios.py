@@ -1,9 +1,13 @@
-"""Scenario tests for the built-in health rules on realistic synthetic GRPO streams.
+"""Scenario tests for the built-in health rules on realistic synthetic GRPO streams, scored like real runs.
 
-A healthy stream: ppo_kl ~1e-3 (log-normal noise, occasional 3x spikes), pg_clipfrac ~0.15-0.2,
-pg_clipfrac_lower ~0.001, kl_loss creeping up slowly, entropy declining slowly, 10-30% zero-variance
-groups, passing audits every 25 steps. Each incident perturbs one signal on [ONSET, ONSET + LENGTH) and
-must raise exactly its rule, once, within a bounded number of steps of onset, and resolve after recovery.
+The streams and their labels are the synthetic corpus, bench/_synthetic.py (``bench/detection.py
+--synthetic`` prints its table): a healthy GRPO stream, and one scenario per incident that perturbs one
+signal from ``ONSET`` on. Each is a ``RunLabels`` (its incident's kind = the rule, onset, end; or healthy)
+and our ``HealthMonitor``'s alerts are scored by ``score_run``/``tally`` exactly as bench/_detection.py
+scores the real-log corpus: every incident caught by its rule alone within a bounded delay, no
+warning-or-worse alert anywhere else. What the scorer cannot say is asserted beside it, on the findings:
+the episode fires once, back-dates its onset no earlier than the incident's, reaches its severity, says
+why, and resolves within a bound after recovery.
 """
 
 from __future__ import annotations
@@ -11,318 +15,162 @@ from __future__ import annotations
 import json
 import math
 import random
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any
 
 import pytest
 from rlvitals.analyzers import Finding, HealthMonitor, Severity
+from rlvitals.analyzers.health.scoring import tally
 
-STEPS = 2000
-ONSET = 1000
-LENGTH = 150
-AUDIT_EVERY = 25
-SEEDS = (0, 1, 2, 3, 4, 5)
-
-
-@dataclass
-class Point:
-    step: int
-    metrics: dict[str, float]
-    groups: dict[str, float]
-    audit: dict[str, Any] | None
-
-
-@dataclass
-class Incident:
-    rule: str
-    perturb: Callable[[Point, random.Random, int], None]  # (point, rng, steps since onset)
-    detect_within: int
-    resolve_within: int
-    severity: Severity = Severity.WARNING
-    run_config: dict[str, Any] = field(default_factory=dict)
-    settings: dict[str, Any] = field(default_factory=dict)
+from bench._synthetic import (
+    HEALTHY,
+    INCIDENTS,
+    LENGTH,
+    ONSET,
+    SCENARIOS,
+    STEPS,
+    Point,
+    SyntheticRun,
+    audit_mismatch,
+    groups,
+    grpo_stream,
+    load_synthetic,
+    nan,
+    run,
+    scale,
+    set_to,
+)
 
 
-def grpo_stream(seed: int, *, steps: int = STEPS, single_update: bool = False) -> Iterator[Point]:
-    """A healthy verl GRPO run; ``single_update`` gives the on-policy variant (clipfrac and ppo_kl 0)."""
-    rng = random.Random(seed)
-    entropy0 = rng.uniform(0.45, 0.9)
-    kl_scale = rng.uniform(0.01, 0.05)
-    for step in range(steps):
-        f = step / steps
-        ppo_kl = (1e-3 + 5e-4 * f) * math.exp(rng.gauss(0, 0.35)) + rng.gauss(0, 5e-5)
-        if rng.random() < 0.01:
-            ppo_kl *= 3
-        clipfrac = 0.17 + 0.02 * math.sin(step / 150) + 0.02 * f + rng.gauss(0, 0.02)
-        lower = abs(rng.gauss(0.0, 0.0015))
-        if single_update:
-            ppo_kl, clipfrac, lower = rng.gauss(0, 1e-7), 0.0, 0.0
-        zero_std = min(1.0, max(0.0, 0.1 + 0.2 * f + rng.gauss(0, 0.05)))
-        point = Point(
-            step=step,
-            metrics={
-                "actor/ppo_kl": ppo_kl,
-                "actor/pg_clipfrac": min(1.0, max(0.0, clipfrac)),
-                "actor/pg_clipfrac_lower": lower,
-                "actor/kl_loss": (2e-4 + kl_scale * f**0.7) * math.exp(rng.gauss(0, 0.1)),
-                "actor/entropy": entropy0 * (1 - 0.4 * f) * math.exp(rng.gauss(0, 0.05)),
-                "actor/pg_loss": rng.gauss(0, 0.05),
-                "actor/grad_norm": abs(rng.gauss(0.3, 0.1)),
-                "critic/score/mean": 0.3 + 0.5 * f + rng.gauss(0, 0.05),
-                "response_length/mean": 300 + 100 * f + rng.gauss(0, 20),
-                "response_length/clip_ratio": min(1.0, max(0.0, rng.gauss(0.03, 0.02))),
-                "reward_std": abs(rng.gauss(0.35, 0.05)),
-                "rollout_corr/kl": abs(rng.gauss(0.004, 0.002)),
-                "rollout_corr/rollout_is_mean": rng.gauss(1.0, 0.02),
-            },
-            groups={
-                "zero_std_frac": zero_std,
-                "all_max_frac": 0.7 * zero_std,
-                "all_min_frac": 0.3 * zero_std,
-                "n_groups": 128.0,
-            },
-            audit=None,
-        )
-        if step % AUDIT_EVERY == 0:
-            point.audit = {
-                "ok": True,
-                "empty": False,
-                "verdicts": {"pg_loss": {"ok": True, "abs_err": 1e-8, "rel_err": 1e-7}},
-                "explanation": "",
-            }
-        yield point
+@pytest.fixture(scope="module")
+def corpus() -> dict[str, SyntheticRun]:
+    """Every scenario on each of its seeds, run once for the module."""
+    return {r.id: r for r in load_synthetic()}
 
 
-def run(
-    points: Iterator[Point],
-    *,
-    settings: dict | None = None,
-    run_config: dict | None = None,
-    perturb: Callable[[Point, random.Random, int], None] | None = None,
-    seed: int = 0,
-    onset: int = ONSET,
-    length: int = LENGTH,
-) -> list[Finding]:
-    monitor = HealthMonitor(settings=settings, run_config=run_config)
-    rng = random.Random(10_000 + seed)
-    findings: list[Finding] = []
-    for point in points:
-        if perturb is not None and onset <= point.step < onset + length:
-            perturb(point, rng, point.step - onset)
-        findings += monitor.observe(point.step, point.metrics)
-        findings += monitor.observe_groups(point.step, point.groups)
-        if point.audit is not None:
-            findings += monitor.observe_audit(point.step, point.audit)
-    return findings
+def _cases(scenarios):
+    return [pytest.param(s.name, seed, id=f"{s.name}-{seed}") for s in scenarios.values() for seed in s.seeds]
+
+
+# ----------------------------------------------------------------------------- the corpus, scored
+
+
+def test_synthetic_corpus_scores_every_incident_caught_and_no_false_alert(corpus):
+    scores = [r.score() for r in corpus.values()]
+    overall, per_rule = tally(scores)
+    due = sum(len(r.labels.incidents) for r in corpus.values())
+    assert due == sum(len(s.seeds) for s in INCIDENTS.values() if not s.healthy)
+    assert len(INCIDENTS) >= 23 and due >= 59  # 21 warning-or-worse incidents (19 on 3 seeds), 2 info
+    assert (overall.caught, overall.missed) == (due, 0)
+    assert (overall.false_alerts, overall.false_on_healthy) == (0, 0)
+    # every rule a scenario targets catches it, and no other rule raises a warning anywhere
+    targeted = {s.rule for s in INCIDENTS.values() if not s.healthy}
+    assert {rule for rule, t in per_rule.items() if t.true_alerts} == targeted
+    assert all(per_rule[rule].caught for rule in targeted)
 
 
 # ----------------------------------------------------------------------------- healthy runs
 
 
-@pytest.mark.parametrize("seed", SEEDS)
-def test_healthy_grpo_run_raises_nothing(seed):
-    assert run(grpo_stream(seed), seed=seed) == []
-
-
-@pytest.mark.parametrize("seed", SEEDS[:3])
-def test_healthy_single_update_run_raises_nothing(seed):
-    config = {"data": {"train_batch_size": 256}, "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 256}}}
-    assert run(grpo_stream(seed, single_update=True), run_config=config, seed=seed) == []
+@pytest.mark.parametrize(("name", "seed"), _cases(HEALTHY))
+def test_healthy_stream_raises_nothing(corpus, name, seed):
+    synthetic = corpus[f"{name}/seed{seed}"]
+    score = synthetic.score()
+    assert synthetic.labels.healthy
+    assert (score.false_alerts, score.info_alerts, score.ignored_alerts) == ([], [], [])
+    assert synthetic.findings == []  # not even an info finding
 
 
 # ----------------------------------------------------------------------------- incidents
 
 
-def _scale(name: str, factor: float) -> Callable[[Point, random.Random, int], None]:
-    def perturb(point: Point, rng: random.Random, since: int) -> None:
-        point.metrics[name] *= factor
-
-    return perturb
+def _describe(findings: list[Finding]) -> list[tuple]:
+    return [(f.rule, f.state, f.severity.value, f.step, f.onset_step) for f in findings]
 
 
-def _set(name: str, mean: float, sd: float) -> Callable[[Point, random.Random, int], None]:
-    def perturb(point: Point, rng: random.Random, since: int) -> None:
-        point.metrics[name] = max(0.0, rng.gauss(mean, sd))
+@pytest.mark.parametrize(("name", "seed"), _cases(INCIDENTS))
+def test_incident_is_caught_by_its_rule_alone_and_resolves(corpus, name, seed):
+    scenario = INCIDENTS[name]
+    synthetic = corpus[f"{name}/seed{seed}"]
+    score = synthetic.score()
+    described = _describe(synthetic.findings)
+    every_alert = score.true_alerts + score.false_alerts + score.ignored_alerts + score.info_alerts
+    assert {a.rule for a in every_alert} == {scenario.rule}, described
+    assert score.false_alerts == [] and score.ignored_alerts == [], described
+    if scenario.healthy:  # info by design: labelled healthy, the info alert is the whole answer
+        assert score.true_alerts == [] and len(score.info_alerts) == 1, described
+        delay = score.info_alerts[0].step - ONSET
+    else:
+        (result,) = score.incidents
+        assert result.caught and result.rules == (scenario.rule,), described
+        assert score.info_alerts == [], described
+        delay = result.delay
+    assert 0 <= delay <= scenario.detect_within, described
 
-    return perturb
-
-
-def _negative_ppo_kl(point: Point, rng: random.Random, since: int) -> None:
-    point.metrics["actor/ppo_kl"] = -abs(point.metrics["actor/ppo_kl"])
-
-
-def _kl_runaway(point: Point, rng: random.Random, since: int) -> None:
-    point.metrics["actor/kl_loss"] *= 2 ** (since / 30)
-
-
-def _entropy_collapse(point: Point, rng: random.Random, since: int) -> None:
-    point.metrics["actor/entropy"] *= max(0.08, 1 - since / 40)
-
-
-def _nan(point: Point, rng: random.Random, since: int) -> None:
-    if since < 3:
-        point.metrics["actor/pg_loss"] = math.nan
-        point.metrics["actor/grad_norm"] = math.inf
-
-
-def _groups(solved: bool) -> Callable[[Point, random.Random, int], None]:
-    def perturb(point: Point, rng: random.Random, since: int) -> None:
-        share = min(1.0, max(0.0, rng.gauss(0.8, 0.05)))
-        major, minor = 0.9 * share, 0.1 * share
-        point.groups.update(
-            zero_std_frac=share,
-            all_max_frac=major if solved else minor,
-            all_min_frac=minor if solved else major,
-        )
-
-    return perturb
-
-
-def _audit_mismatch(point: Point, rng: random.Random, since: int) -> None:
-    if point.audit is not None:
-        point.audit = {
-            "ok": False,
-            "empty": False,
-            "verdicts": {
-                "pg_loss": {"ok": False, "abs_err": 0.4, "rel_err": 0.25},
-                "pg_clipfrac": {"ok": True, "abs_err": 0.0, "rel_err": 0.0},
-            },
-            "reported": {"pg_loss": 2.0},
-            "recomputed": {"pg_loss": 1.6},
-            "explanation": "reported pg_loss equals seq-mean-token-mean; config says token-mean",
-        }
-
-
-def _length_collapse(point: Point, rng: random.Random, since: int) -> None:
-    point.metrics["response_length/mean"] *= max(0.04, 1 - since / 20)
-
-
-def _grad_spike(point: Point, rng: random.Random, since: int) -> None:
-    if since == 0:
-        point.metrics["actor/grad_norm"] = 30.0
-
-
-SINGLE_UPDATE = {
-    "actor_rollout_ref": {"actor": {"ppo_epochs": 1, "ppo_mini_batch_size": 64}},
-    "data": {"train_batch_size": 64},
-}
-
-INCIDENTS: dict[str, Incident] = {
-    "ppo_kl_drift_up": Incident("ppo_kl_drift", _scale("actor/ppo_kl", 4.0), 20, 60),
-    "ppo_kl_above_ceiling": Incident(
-        "ppo_kl_drift", _set("actor/ppo_kl", 0.08, 0.01), 10, 60, Severity.CRITICAL
-    ),
-    # info: several mini-batches on the same samples can legitimately give ppo_kl <= 0
-    "ppo_kl_negative": Incident("ppo_kl_drift", _negative_ppo_kl, 25, 60, Severity.INFO),
-    "clipfrac_above_band": Incident("pg_clipfrac_range", _set("actor/pg_clipfrac", 0.42, 0.03), 15, 40),
-    # below the band is info by default (verl's reference runs learn at 0.002-0.009)
-    "clipfrac_below_band": Incident(
-        "pg_clipfrac_range", _set("actor/pg_clipfrac", 0.03, 0.01), 15, 40, Severity.INFO
-    ),
-    "clipfrac_below_band_opted_in": Incident(
-        "pg_clipfrac_range",
-        _set("actor/pg_clipfrac", 0.03, 0.01),
-        15,
-        40,
-        settings={"pg_clipfrac_range": {"low_severity": "warning"}},
-    ),
-    "clipfrac_lower_high": Incident(
-        "pg_clipfrac_lower_high", _set("actor/pg_clipfrac_lower", 0.03, 0.005), 5, 20
-    ),
-    "kl_loss_runaway": Incident("kl_loss_runaway", _kl_runaway, 120, 60),
-    "entropy_collapse": Incident("entropy_collapse", _entropy_collapse, 60, 80),
-    "non_finite": Incident("non_finite", _nan, 1, 15, Severity.CRITICAL),
-    "entropy_explosion": Incident("entropy_explosion", _scale("actor/entropy", 4.0), 10, 30),
-    "response_length_collapse": Incident("response_length_collapse", _length_collapse, 25, 30),
-    "truncation_high": Incident("truncation_high", _set("response_length/clip_ratio", 0.5, 0.05), 10, 30),
-    "truncation_at_cap": Incident(
-        "truncation_high", _set("response_length/clip_ratio", 0.95, 0.02), 10, 30, Severity.CRITICAL
-    ),
-    "reward_std_death": Incident("reward_std_collapse", _set("reward_std", 0.0, 0.0), 20, 30),
-    "grad_norm_zero": Incident(
-        "grad_norm_zero", _set("actor/grad_norm", 0.0, 0.0), 10, 30, Severity.CRITICAL
-    ),
-    "rollout_kl_high": Incident("rollout_mismatch", _set("rollout_corr/kl", 0.3, 0.05), 10, 30),
-    "rollout_is_mean_low": Incident(
-        "rollout_mismatch", _set("rollout_corr/rollout_is_mean", 0.3, 0.05), 10, 30
-    ),
-    "groups_all_solved": Incident("zero_advantage_groups", _groups(solved=True), 20, 80),
-    "groups_all_failed": Incident("zero_advantage_groups", _groups(solved=False), 20, 80),
-    "audit_mismatch": Incident(
-        "audit_mismatch", _audit_mismatch, AUDIT_EVERY, 3 * AUDIT_EVERY + 1, Severity.CRITICAL
-    ),
-}
-
-
-@pytest.mark.parametrize("seed", SEEDS[:3])
-@pytest.mark.parametrize("name", sorted(INCIDENTS))
-def test_incident_fires_its_rule_once_and_resolves(name, seed):
-    incident = INCIDENTS[name]
-    findings = run(
-        grpo_stream(seed),
-        perturb=incident.perturb,
-        seed=seed,
-        run_config=incident.run_config,
-        settings=incident.settings,
-    )
-    described = [(f.rule, f.state, f.step, f.onset_step) for f in findings]
-    assert {f.rule for f in findings} == {incident.rule}, described
-    # an info episode that escalates to a warning is announced again (same onset): one episode
+    # beside the scorer: one episode (an escalation is announced again, same onset), back-dated no
+    # earlier than the incident, reaching the scenario's severity, explained, resolved after recovery
+    findings = synthetic.findings
     firing = [f for f in findings if f.state == "firing" and "escalated_from" not in f.evidence]
     resolved = [f for f in findings if f.state == "resolved"]
-    assert len(firing) == 1 and len(resolved) == 1, described
-    fired, closed = firing[0], resolved[0]
-    assert ONSET <= fired.onset_step <= fired.step <= ONSET + incident.detect_within, described
-    # the episode reaches the incident's severity (it may open lower, or escalate past it later)
-    assert incident.severity in {f.severity for f in findings if f.state == "firing"}, described
+    assert len(firing) == 1 and len(resolved) == int(scenario.resolves), described
+    fired = firing[0]
+    assert ONSET <= fired.onset_step <= fired.step == ONSET + delay, described
+    assert scenario.severity in {f.severity for f in findings if f.state == "firing"}, described
     assert fired.message and fired.advice and fired.evidence
-    end = ONSET + (1 if name == "non_finite" else LENGTH)
-    assert end <= closed.step <= end + incident.resolve_within, described
+    if not scenario.resolves:
+        assert [f.rule for f in synthetic.firing] == [scenario.rule], described
+        return
+    closed = resolved[0]
+    recovered = scenario.end + 1
+    assert recovered <= closed.step <= recovered + scenario.resolve_within, described
     assert closed.onset_step == fired.onset_step
     assert closed.severity.rank >= fired.severity.rank  # severity may only escalate
 
 
-def test_single_update_clipfrac_nonzero_means_rollout_actor_mismatch():
-    findings = run(
-        grpo_stream(7, single_update=True),
-        run_config=SINGLE_UPDATE,
-        perturb=_set("actor/pg_clipfrac", 0.004, 0.001),
-    )
+def test_every_scenario_is_labelled_as_data():
+    for scenario in SCENARIOS.values():
+        for seed in scenario.seeds:
+            labels = scenario.labels(seed)
+            assert labels.run_id == f"{scenario.name}/seed{seed}" and labels.tolerance == 0
+            if scenario.healthy:
+                assert labels.healthy and labels.incidents == ()
+            else:
+                (incident,) = labels.incidents
+                assert (incident.kind, incident.onset, incident.end) == (scenario.rule, ONSET, scenario.end)
+                assert ONSET < scenario.end < STEPS
+
+
+# ----------------------------------------------------------------------------- beside the scorer: what they say
+
+
+def test_single_update_clipfrac_nonzero_means_rollout_actor_mismatch(corpus):
+    findings = corpus["single_update_clipfrac_nonzero/seed7"].findings  # caught: scored above
     assert [(f.rule, f.state) for f in findings] == [
         ("pg_clipfrac_range", "firing"),
         ("pg_clipfrac_range", "resolved"),
     ]
     fired = findings[0]
     assert fired.severity is Severity.CRITICAL
-    assert ONSET <= fired.step <= ONSET + 10
     assert "mismatch" in fired.message and "old_log_prob" in fired.advice
     assert fired.evidence["mode"] == "single_update" and fired.evidence["updates_per_batch"] == 1
 
 
-def test_clipfrac_exactly_zero_all_run_is_inferred_single_update_without_config():
-    # TRL's default num_iterations=1 logs exactly 0: nothing to report, not even info
-    assert run(grpo_stream(7, single_update=True), perturb=None) == []
-
-
-def test_first_nonzero_clipfrac_ends_the_single_update_inference():
-    findings = run(grpo_stream(7, single_update=True), perturb=_set("actor/pg_clipfrac", 0.45, 0.02))
-    fired = findings[0]
+def test_first_nonzero_clipfrac_ends_the_single_update_inference(corpus):
+    # no config and clipfrac exactly 0 so far (healthy_single_update_no_config: nothing, not even info)
+    fired = corpus["single_update_inferred_clipfrac_high/seed7"].findings[0]
     assert (fired.rule, fired.state, fired.severity) == ("pg_clipfrac_range", "firing", Severity.WARNING)
-    assert ONSET <= fired.onset_step <= ONSET + 15 and fired.evidence["side"] == "high"
+    assert fired.evidence["side"] == "high"
 
 
 def test_zero_advantage_advice_follows_the_cause():
-    solved = run(grpo_stream(1), perturb=_groups(solved=True))[0]
-    failed = run(grpo_stream(1), perturb=_groups(solved=False))[0]
+    solved = run(grpo_stream(1), perturb=groups(solved=True))[0]
+    failed = run(grpo_stream(1), perturb=groups(solved=False))[0]
     assert solved.evidence["cause"] == "all_solved" and "harder prompts" in solved.advice
     assert failed.evidence["cause"] == "all_failed" and "reward function" in failed.advice
     assert "all-solved" in solved.message and "all-failed" in failed.message
 
 
 def test_audit_mismatch_message_carries_the_explanation():
-    fired = run(grpo_stream(2), perturb=_audit_mismatch)[0]
+    fired = run(grpo_stream(2), perturb=audit_mismatch)[0]
     assert "seq-mean-token-mean; config says token-mean" in fired.message
     assert fired.evidence["metrics"] == ["pg_loss"]
     assert fired.evidence["verdicts"]["pg_loss"] == {
@@ -335,7 +183,7 @@ def test_audit_mismatch_message_carries_the_explanation():
 
 
 def test_ppo_kl_drift_evidence_names_baseline_and_statistic():
-    fired = run(grpo_stream(3), perturb=_scale("actor/ppo_kl", 4.0))[0]
+    fired = run(grpo_stream(3), perturb=scale("actor/ppo_kl", 4.0))[0]
     evidence = fired.evidence
     assert evidence["conditions"] == ["drift_up"]
     assert 5e-4 < evidence["baseline"] < 2e-3
@@ -347,7 +195,7 @@ def test_page_hinkley_detector_also_catches_drift():
     findings = run(
         grpo_stream(4),
         settings={"ppo_kl_drift": {"detector": "page_hinkley"}},
-        perturb=_scale("actor/ppo_kl", 4.0),
+        perturb=scale("actor/ppo_kl", 4.0),
     )
     firing = [f for f in findings if f.state == "firing"]
     assert [f.rule for f in firing] == ["ppo_kl_drift"]
@@ -409,7 +257,7 @@ def test_empty_batch_audit_is_ignored():
 
 
 def test_persistent_new_ppo_kl_level_is_accepted_after_rebaseline_after_points():
-    findings = run(grpo_stream(5), perturb=_scale("actor/ppo_kl", 4.0), length=STEPS)
+    findings = run(grpo_stream(5), perturb=scale("actor/ppo_kl", 4.0), length=STEPS)
     assert [(f.rule, f.state) for f in findings] == [("ppo_kl_drift", "firing"), ("ppo_kl_drift", "resolved")]
     fired, closed = findings
     assert closed.step - fired.step >= 300  # held while the drift lasts, not quietly absorbed
@@ -418,7 +266,7 @@ def test_persistent_new_ppo_kl_level_is_accepted_after_rebaseline_after_points()
 
 
 def test_kl_loss_above_ceiling_is_critical():
-    findings = run(grpo_stream(6), perturb=_set("actor/kl_loss", 0.9, 0.05), length=100)
+    findings = run(grpo_stream(6), perturb=set_to("actor/kl_loss", 0.9, 0.05), length=100)
     assert (findings[0].rule, findings[0].state, findings[0].severity) == (
         "kl_loss_runaway",
         "firing",
@@ -450,7 +298,7 @@ def test_entropy_below_absolute_floor_is_critical():
 
 def test_severity_setting_overrides_the_rule():
     findings = run(
-        grpo_stream(8), settings={"non_finite": {"severity": "warning", "resolve_after": 2}}, perturb=_nan
+        grpo_stream(8), settings={"non_finite": {"severity": "warning", "resolve_after": 2}}, perturb=nan
     )
     assert [(f.state, f.severity, f.step) for f in findings] == [
         ("firing", Severity.WARNING, ONSET),
