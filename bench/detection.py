@@ -10,6 +10,8 @@ false; info alerts are counted apart.
     python bench/detection.py                 # ours and every peer
     python bench/detection.py --no-peers      # ours only (seconds)
     python bench/detection.py --runs ID,ID --peers rlwatch --json out.json
+    python bench/detection.py --synthetic     # the synthetic incident corpus (bench/_synthetic.py), ours only
+    python bench/detection.py --synthetic --runs healthy,non_finite   # scenarios by name
 """
 
 from __future__ import annotations
@@ -33,11 +35,11 @@ def _delay(t: Tally) -> str:
     return "—" if t.median_delay is None else f"{t.median_delay:+g}"
 
 
-def render(results: dict[str, list[RunScore]], runs) -> str:
+def render(results: dict[str, list[RunScore]], runs, *, corpus: str = "real runs") -> str:
     incidents = sum(len(r.labels.incidents) for r in runs)
     healthy = sum(r.labels.healthy for r in runs)
     lines = [
-        f"Detection on {len(runs)} real runs ({healthy} healthy, {incidents} labelled incidents); "
+        f"Detection on {len(runs)} {corpus} ({healthy} healthy, {incidents} labelled incidents); "
         "delay = first warning+ alert step − labelled onset (median, steps; negative = early)",
         "",
         "| detector | caught | missed | median delay | true alerts | false alerts | of which on healthy runs | info |",
@@ -94,16 +96,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peers", default=",".join(PEERS), help="comma-separated peers (default: all)")
     parser.add_argument("--no-peers", action="store_true")
     parser.add_argument("--json", help="also write the per-run scores here")
+    parser.add_argument(
+        "--synthetic",
+        action="store_true",
+        help="score the synthetic incident corpus (bench/_synthetic.py) instead, ours only; --runs names scenarios",
+    )
     args = parser.parse_args(argv)
-    runs = load_corpus(only=args.runs.split(",") if args.runs else None)
-    if not runs:
-        parser.error("no such run in the corpus")
+    only = args.runs.split(",") if args.runs else None
     results: dict[str, list[RunScore]] = {}
     timings = {}
     started = time.perf_counter()
-    results[OURS] = [score_run(r.labels, our_alerts(r), last_step=r.last_step) for r in runs]
+    if args.synthetic:
+        from bench._synthetic import load_synthetic
+
+        runs = load_synthetic(only)
+        if not runs:
+            parser.error("no such scenario in the synthetic corpus")
+        results[OURS] = [r.score() for r in runs]
+    else:
+        runs = load_corpus(only=only)
+        if not runs:
+            parser.error("no such run in the corpus")
+        results[OURS] = [score_run(r.labels, our_alerts(r), last_step=r.last_step) for r in runs]
     timings[OURS] = time.perf_counter() - started
-    peers = [] if args.no_peers else [p for p in args.peers.split(",") if p]
+    peers = [] if args.no_peers or args.synthetic else [p for p in args.peers.split(",") if p]
     for peer in peers:
         if peer not in PEERS:
             parser.error(f"unknown peer {peer!r}; expected one of {', '.join(PEERS)}")
@@ -112,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         label = f"{peer} {PEER_VERSIONS[peer]}"
         results[label] = [score_run(r.labels, alerts[r.id], last_step=r.last_step) for r in runs]
         timings[label] = time.perf_counter() - started
-    print(render(results, runs))
+    print(render(results, runs, corpus="synthetic streams" if args.synthetic else "real runs"))
     print("\nwall time: " + ", ".join(f"{k} {v:.1f}s" for k, v in timings.items()))
     if args.json:
         Path(args.json).write_text(

@@ -6,6 +6,7 @@ keeps the harnesses from rotting.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,8 +16,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _run(*args: str, timeout: float = 240) -> str:
-    done = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+def _run(*args: str, timeout: float = 240, env: dict[str, str] | None = None) -> str:
+    done = subprocess.run(
+        [sys.executable, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=None if env is None else {**os.environ, **env},
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 
@@ -62,3 +70,17 @@ def test_detection_bench_runs_ours_and_every_peer_on_two_real_runs():
     for detector in ("rlvitals", "rldoctor 0.2.0", "rlwatch 0.5.1", "rlprobe 0.1.0"):
         assert f"| {detector} |" in out, out
     assert "Per incident" in out and "| trl_chaos-economy_grpo | truncation | 5–… |" in out
+
+
+def test_detection_bench_scores_the_synthetic_corpus_without_the_real_one(tmp_path):
+    # an empty corpus place: --synthetic must not read the real-log corpus at all
+    out = _run(
+        "bench/detection.py", "--synthetic", "--runs", "healthy,non_finite,clipfrac_below_band",
+        env={"RLVITALS_CORPUS_DIR": str(tmp_path)},
+    )  # fmt: skip
+    assert "Detection on 12 synthetic streams (9 healthy, 3 labelled incidents)" in out, out
+    assert (
+        "| rlvitals | 3/3 | 0 |" in out and "| rlvitals | `non_finite` | 3 | +0 | 3 | 0 | 0 | 0 |" in out
+    ), out
+    assert "| rlvitals | `pg_clipfrac_range` | 0 | — | 0 | 0 | 0 | 3 |" in out, out  # info by design
+    assert "| non_finite/seed0 | non_finite | 1000–1002 | +0 |" in out and "- rlvitals: none" in out, out
