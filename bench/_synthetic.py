@@ -373,6 +373,47 @@ INCIDENTS: dict[str, Scenario] = {
             seeds=(7,),
             resolves=False,
         ),
+        # the other drift detector catches the same drift
+        Scenario(
+            "ppo_kl_drift_page_hinkley",
+            "ppo_kl_drift",
+            scale("actor/ppo_kl", 4.0),
+            25,
+            60,
+            settings={"ppo_kl_drift": {"detector": "page_hinkley"}},
+            seeds=(4,),
+        ),
+        Scenario(
+            "kl_loss_above_ceiling",
+            "kl_loss_runaway",
+            set_to("actor/kl_loss", 0.9, 0.05),
+            10,
+            60,
+            Severity.CRITICAL,
+            length=100,
+            seeds=(6,),
+        ),
+        # a drop straight below the absolute floor is critical from the first finding
+        Scenario(
+            "entropy_below_floor",
+            "entropy_collapse",
+            entropy_below_floor,
+            10,
+            80,
+            Severity.CRITICAL,
+            seeds=(7,),
+        ),
+        # a user's severity setting overrides the rule's
+        Scenario(
+            "non_finite_as_warning",
+            "non_finite",
+            nan,
+            0,
+            1,
+            settings={"non_finite": {"severity": "warning", "resolve_after": 2}},
+            active=NAN_STEPS,
+            seeds=(8,),
+        ),
     )
 }
 

@@ -34,10 +34,8 @@ from bench._synthetic import (
     groups,
     grpo_stream,
     load_synthetic,
-    nan,
     run,
     scale,
-    set_to,
 )
 
 
@@ -59,7 +57,8 @@ def test_synthetic_corpus_scores_every_incident_caught_and_no_false_alert(corpus
     overall, per_rule = tally(scores)
     due = sum(len(r.labels.incidents) for r in corpus.values())
     assert due == sum(len(s.seeds) for s in INCIDENTS.values() if not s.healthy)
-    assert len(INCIDENTS) >= 23 and due >= 59  # 21 warning-or-worse incidents (19 on 3 seeds), 2 info
+    # 25 warning-or-worse scenarios (19 of them on 3 seeds) and 2 info-by-design ones
+    assert (len(INCIDENTS), due) == (27, 63)
     assert (overall.caught, overall.missed) == (due, 0)
     assert (overall.false_alerts, overall.false_on_healthy) == (0, 0)
     # every rule a scenario targets catches it, and no other rule raises a warning anywhere
@@ -191,15 +190,11 @@ def test_ppo_kl_drift_evidence_names_baseline_and_statistic():
     assert "learning rate" in fired.advice and "ppo_epochs" in fired.advice
 
 
-def test_page_hinkley_detector_also_catches_drift():
-    findings = run(
-        grpo_stream(4),
-        settings={"ppo_kl_drift": {"detector": "page_hinkley"}},
-        perturb=scale("actor/ppo_kl", 4.0),
-    )
+def test_page_hinkley_detector_also_catches_drift(corpus):
+    findings = corpus["ppo_kl_drift_page_hinkley/seed4"].findings  # caught within 25 steps: scored above
     firing = [f for f in findings if f.state == "firing"]
     assert [f.rule for f in firing] == ["ppo_kl_drift"]
-    assert ONSET <= firing[0].step <= ONSET + 25 and firing[0].evidence["detector"] == "page_hinkley"
+    assert firing[0].evidence["detector"] == "page_hinkley"
 
 
 # ----------------------------------------------------------------------------- no flapping
@@ -265,8 +260,8 @@ def test_persistent_new_ppo_kl_level_is_accepted_after_rebaseline_after_points()
     assert "accepted as its new baseline" in closed.message
 
 
-def test_kl_loss_above_ceiling_is_critical():
-    findings = run(grpo_stream(6), perturb=set_to("actor/kl_loss", 0.9, 0.05), length=100)
+def test_kl_loss_above_ceiling_is_critical(corpus):
+    findings = corpus["kl_loss_above_ceiling/seed6"].findings  # caught, critical: scored above
     assert (findings[0].rule, findings[0].state, findings[0].severity) == (
         "kl_loss_runaway",
         "firing",
@@ -296,10 +291,8 @@ def test_entropy_below_absolute_floor_is_critical():
     assert fired.evidence["early_level"] > 0.4
 
 
-def test_severity_setting_overrides_the_rule():
-    findings = run(
-        grpo_stream(8), settings={"non_finite": {"severity": "warning", "resolve_after": 2}}, perturb=nan
-    )
+def test_severity_setting_overrides_the_rule(corpus):
+    findings = corpus["non_finite_as_warning/seed8"].findings  # caught as a warning: scored above
     assert [(f.state, f.severity, f.step) for f in findings] == [
         ("firing", Severity.WARNING, ONSET),
         ("resolved", Severity.WARNING, ONSET + 4),
