@@ -8,6 +8,7 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from rlvitals.analyzers import HealthMonitor
+from rlvitals.analyzers.health.findings import Severity
 
 NAMES = [
     "actor/ppo_kl",
@@ -54,13 +55,18 @@ def test_any_stream_alternates_episodes_and_round_trips(stream, group, cut):
         head + tail, straight
     )
 
-    open_episodes: dict[str, int] = {}
+    # firing and resolved alternate per rule; the one repeat allowed is an escalation: the open episode
+    # announced again (same onset) at a strictly worse severity, naming the one it escalated from
+    open_episodes: dict[str, tuple[int, Severity]] = {}
     for finding in straight:
         if finding.state == "firing":
-            assert finding.rule not in open_episodes
-            open_episodes[finding.rule] = finding.onset_step
+            if finding.rule in open_episodes:
+                onset, severity = open_episodes[finding.rule]
+                assert finding.onset_step == onset and finding.severity.rank > severity.rank
+                assert finding.evidence["escalated_from"] == severity.value
+            open_episodes[finding.rule] = (finding.onset_step, finding.severity)
         else:
-            assert open_episodes.pop(finding.rule) == finding.onset_step
+            assert open_episodes.pop(finding.rule)[0] == finding.onset_step
         assert finding.onset_step <= finding.step
 
 
