@@ -15,6 +15,8 @@ def _metrics(step: int) -> dict[str, float]:
         "flat/const": 0.035,
         "flat/zero": 0.0,
         "signed/pg_loss": 0.01 * ((step % 5) - 2),  # crosses zero: never log
+        # an on-policy ppo_kl that float rounding leaves at 1e-45: 40+ decades, zero in all but name
+        "underflow/ppo_kl": 1e-45 if step < 30 else 0.02 + 0.01 * (step % 3),
     }
 
 
@@ -44,6 +46,7 @@ def test_axes_have_titles_and_a_series_spanning_decades_goes_log_by_itself(tab, 
     kl = _axes(tab, "actor/kl_loss")
     assert kl["type"] == "log" and kl["y"] == "kl_loss (log, auto)"
     assert _axes(tab, "signed/pg_loss")["type"] == "linear"
+    assert _axes(tab, "underflow/ppo_kl")["type"] == "linear"  # past 8 decades a log axis shows only the zeros
     tab.page.check("#logy")  # forced: every panel that can be log is, one with zeros or negatives is not
     tab.wait(
         "document.querySelector('[data-metric=\"actor/pg_clipfrac\"] .plot').layout.yaxis.type === 'log'"

@@ -271,7 +271,10 @@
   // A panel goes log-y by itself when its finite values are all positive and span LOG_DECADES
   // decades or more (a kl_loss growing 1e-4 -> 0.5 is a flat line on a linear axis); the "log y"
   // box forces it everywhere. The whole run's series decides, so zooming never flips the scale.
+  // Past LOG_MAX_DECADES the smallest values are zero in all but name (an on-policy ppo_kl of 1e-45
+  // from float rounding): a log axis would spend most of its height on them, so the panel stays linear.
   C.LOG_DECADES = 2;
+  C.LOG_MAX_DECADES = 8;
   C.yStats = function (series) {
     let min = Infinity, max = -Infinity, n = 0;
     const values = (series && series.value) || [];
@@ -286,7 +289,8 @@
   };
   C.autoLog = function (series) {
     const st = C.yStats(series);
-    return st.n > 1 && st.min > 0 && st.max / st.min >= Math.pow(10, C.LOG_DECADES);
+    const span = st.max / st.min;
+    return st.n > 1 && st.min > 0 && span >= Math.pow(10, C.LOG_DECADES) && span <= Math.pow(10, C.LOG_MAX_DECADES);
   };
   C.isLog = function (series, forced) {
     if (!forced) return C.autoLog(series);
