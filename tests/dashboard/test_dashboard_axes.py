@@ -46,7 +46,9 @@ def test_axes_have_titles_and_a_series_spanning_decades_goes_log_by_itself(tab, 
     kl = _axes(tab, "actor/kl_loss")
     assert kl["type"] == "log" and kl["y"] == "kl_loss (log, auto)"
     assert _axes(tab, "signed/pg_loss")["type"] == "linear"
-    assert _axes(tab, "underflow/ppo_kl")["type"] == "linear"  # past 8 decades a log axis shows only the zeros
+    assert (
+        _axes(tab, "underflow/ppo_kl")["type"] == "linear"
+    )  # past 8 decades a log axis shows only the zeros
     tab.page.check("#logy")  # forced: every panel that can be log is, one with zeros or negatives is not
     tab.wait(
         "document.querySelector('[data-metric=\"actor/pg_clipfrac\"] .plot').layout.yaxis.type === 'log'"
