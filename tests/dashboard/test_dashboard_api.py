@@ -113,7 +113,12 @@ def _tensors() -> dict[str, torch.Tensor]:
 def test_histograms_of_an_audited_batch(client):
     tensors = _tensors()
     audit = _upload_and_wait(client, tensors)
-    resp = client.get(f"/dashboard-api/audits/{audit}/histograms")
+    # the worker stores the histograms just after the audit result is visible (settings.audit_histograms)
+    for _ in range(200):
+        resp = client.get(f"/dashboard-api/audits/{audit}/histograms")
+        if resp.status_code != 404:
+            break
+        time.sleep(0.05)
     assert resp.status_code == 200
     assert resp.json() == batch_histograms(tensors, config={"clip_ratio": 0.2})
 
