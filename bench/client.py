@@ -36,6 +36,8 @@ import textwrap
 import time
 from pathlib import Path
 
+from rlvitals.client.testing import LatencyProbe
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TRACKIO = Path(
     os.environ.get("RLVITALS_BENCH_TRACKIO_PYTHON", ROOT.parent / "peer-venvs" / "trackio" / "bin" / "python")
@@ -97,7 +99,6 @@ def metrics_for(step: int) -> dict:
 
 def scalar_latency(url: str, label: str, steps: int, pace_s: float, spool: Path, rt: bool = False) -> dict:
     from rlvitals.client import ClientSettings, RetryPolicy
-    from rlvitals.client.testing import LatencyProbe
 
     import rlvitals
 
@@ -166,38 +167,31 @@ def batch_cost(url: str, count: int, spool: Path) -> dict:
     }
 
 
-PEER = textwrap.dedent(
-    """
-    import json, os, resource, sys, time
+PEER = (
+    textwrap.dedent(
+        """
+    import json, os, sys, time
     steps, pace, rt = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3] == "1"
     import trackio
     trackio.init(project="bench-client", name="peer")
     REALTIME_HERE
+    PROBE_HERE
     rt = rt and realtime(True)
-    samples, preempted, worst = [], 0, 0
+    probe = LatencyProbe(0.001)
     for step in range(steps):
         values = {f"metric_{i}": step * 0.001 + i for i in range(12)}
-        before = resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw
-        t0 = time.perf_counter_ns()
-        trackio.log(values, step=step)
-        dt = time.perf_counter_ns() - t0
+        probe(trackio.log, values, step=step)
         if step == 0 and rt:
             realtime(True)  # its sender thread may start on the first log
-        samples.append(dt)
-        if dt > 1_000_000 and resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw > before:
-            preempted += 1
-        else:
-            worst = max(worst, dt)
         time.sleep(pace)
     t0 = time.monotonic()
     trackio.finish()
-    samples.sort()
-    n = len(samples)
-    print(json.dumps({"n": n, "p50_us": samples[n // 2] / 1000, "p99_us": samples[int(n * 0.99)] / 1000,
-                      "max_us": samples[-1] / 1000, "max_unpreempted_us": worst / 1000,
-                      "finish_s": time.monotonic() - t0, "realtime": rt}))
+    print(json.dumps({**probe.summary(), "finish_s": time.monotonic() - t0, "realtime": rt}))
     """
-).replace("REALTIME_HERE", inspect.getsource(realtime))
+    )
+    .replace("REALTIME_HERE", inspect.getsource(realtime))
+    .replace("PROBE_HERE", textwrap.dedent(inspect.getsource(LatencyProbe)))
+)
 
 
 def trackio_latency(python: Path, steps: int, pace_s: float, workdir: Path, rt: bool) -> dict | None:

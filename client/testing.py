@@ -163,31 +163,48 @@ _HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length
 
 
 class LatencyProbe:
-    """Times calls in the calling thread, telling the callee's own waiting from OS preemption.
+    """Times calls in the calling thread, telling the callee's own waiting from the machine's.
 
-    A call slower than ``limit_s`` during which the kernel involuntarily switched the thread out
-    (``ru_nivcsw`` of ``RUSAGE_THREAD`` grew) is counted as ``preempted``: another process took the CPU,
-    which no library can prevent on a shared machine. ``max_unpreempted_us`` is the worst call that was
-    not preempted — the client's own blocking.
+    A call slower than ``limit_s`` is set aside when the time it lost was not the client's:
+
+    - ``preempted``: the kernel involuntarily switched the thread out (``ru_nivcsw`` of
+      ``RUSAGE_THREAD`` grew): another process took the CPU, which no library can prevent on a shared
+      machine;
+    - ``stolen``: the thread never left the CPU as far as the kernel knows (no context switch of either
+      kind) and yet ran for under half the call (its ``CLOCK_THREAD_CPUTIME_ID`` time): the hypervisor
+      took the virtual CPU away (steal time), invisible to the guest's scheduler.
+
+    Everything else counts: a call that computed (CPU time close to its duration) or that slept on a lock,
+    the GIL or I/O (``ru_nvcsw`` grew). ``max_unpreempted_us`` is the worst such call — the client's own
+    blocking.
     """
 
     def __init__(self, limit_s: float = 0.001) -> None:
         self.limit_ns = int(limit_s * 1e9)
         self.samples: list[int] = []
         self.preempted: list[int] = []
+        self.stolen: list[int] = []
         self.max_unpreempted = 0
 
     def __call__(self, fn, *args, **kwargs):
         import resource
 
-        before = resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw
+        before = resource.getrusage(resource.RUSAGE_THREAD)
+        cpu_start = time.thread_time_ns()
         start = time.perf_counter_ns()
         result = fn(*args, **kwargs)
         elapsed = time.perf_counter_ns() - start
         self.samples.append(elapsed)
-        if elapsed > self.limit_ns and resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw > before:
-            self.preempted.append(elapsed)
-        elif elapsed > self.max_unpreempted:
+        if elapsed > self.limit_ns:
+            cpu = time.thread_time_ns() - cpu_start
+            after = resource.getrusage(resource.RUSAGE_THREAD)
+            if after.ru_nivcsw > before.ru_nivcsw:
+                self.preempted.append(elapsed)
+                return result
+            if after.ru_nvcsw == before.ru_nvcsw and cpu < elapsed // 2:
+                self.stolen.append(elapsed)
+                return result
+        if elapsed > self.max_unpreempted:
             self.max_unpreempted = elapsed
         return result
 
@@ -206,4 +223,5 @@ class LatencyProbe:
             "max_us": ordered[-1] / 1000,
             "max_unpreempted_us": self.max_unpreempted / 1000,
             "preempted_over_limit": len(self.preempted),
+            "stolen_over_limit": len(self.stolen),
         }
