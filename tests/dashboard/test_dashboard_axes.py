@@ -60,6 +60,25 @@ def test_axes_have_titles_and_a_series_spanning_decades_goes_log_by_itself(tab, 
     tab.assert_clean()
 
 
+def test_live_points_that_change_the_span_change_the_scale(api, tab):
+    """The scale is re-decided when live points move a series' extremes: the demo's ppo_kl went log on its
+    first points, then an on-policy 1e-45 arrived and the axis spent 40 decades on it."""
+    run = api.create_run("axes-live", project="dash")
+    api.log_series(run, lambda s: {"actor/ppo_kl": 1e-4 * 1.2**s, "actor/entropy": 1.0 + 0.01 * s}, range(30))
+    tab.open(f"/runs/{run}", ready="window.RLV && RLV.timing.allCharts")
+    tab.wait("document.getElementById('live').textContent === 'live'")
+    assert _axes(tab, "actor/ppo_kl")["type"] == "log"
+    assert _axes(tab, "actor/entropy")["type"] == "linear"
+    api.log(run, [{"step": 30, "metrics": {"actor/ppo_kl": 1e-45, "actor/entropy": 1.3}}])
+    tab.wait("document.querySelector('[data-metric=\"actor/ppo_kl\"] .plot').layout.yaxis.type === 'linear'")
+    # points inside the extremes keep the chart as it is (extendTraces, no redraw): the scale stays
+    api.log(run, [{"step": 31, "metrics": {"actor/ppo_kl": 0.01, "actor/entropy": 1.2}}])
+    tab.wait("document.querySelector('[data-metric=\"actor/ppo_kl\"] .plot').data[0].x.includes(31)")
+    assert _axes(tab, "actor/ppo_kl")["type"] == "linear"
+    assert _axes(tab, "actor/entropy")["type"] == "linear"
+    tab.assert_clean()
+
+
 def test_a_constant_series_gets_an_axis_that_names_its_value(tab, run_id):
     tab.open(f"/runs/{run_id}", ready="window.RLV && RLV.timing.allCharts")
     const = _axes(tab, "flat/const")

@@ -287,16 +287,14 @@
     }
     return { min: min, max: max, n: n };
   };
-  C.autoLog = function (series) {
-    const st = C.yStats(series);
+  // The scale from a series' stats (C.yStats), so a live append can re-decide from its new extremes.
+  C.isLogStats = function (st, forced) {
+    if (forced) return st.n === 0 || st.min > 0; // a log axis cannot show zero or negative values
     const span = st.max / st.min;
     return st.n > 1 && st.min > 0 && span >= Math.pow(10, C.LOG_DECADES) && span <= Math.pow(10, C.LOG_MAX_DECADES);
   };
-  C.isLog = function (series, forced) {
-    if (!forced) return C.autoLog(series);
-    const st = C.yStats(series);
-    return st.n === 0 || st.min > 0; // a log axis cannot show zero or negative values
-  };
+  C.autoLog = function (series) { return C.isLogStats(C.yStats(series), false); };
+  C.isLog = function (series, forced) { return C.isLogStats(C.yStats(series), forced); };
   // The metric's short name for the y title ("actor/pg_clipfrac" -> "pg_clipfrac").
   C.shortName = function (name) {
     const parts = String(name).split("/");

@@ -178,6 +178,8 @@
     const first = !p.drawn;
     p.drawn = true;
     if (first) RLV.clear(p.div); // drop the preview
+    p.yst = C.yStats(state.overview.get(p.name)); // the extremes the y scale was decided on
+    p.log = C.isLogStats(p.yst, state.logy);
     const done = Plotly.react(p.div, traces(p, series), layoutFor(p), C.PLOT_CONFIG);
     if (first) p.div.on("plotly_relayout", function (ev) { onRelayout(p, ev); });
     return done;
@@ -312,6 +314,15 @@
     decoTimer = setTimeout(function () { decoTimer = null; redecorateAll(); }, 250);
   }
 
+  // Whether appended points moved the panel's extremes far enough to change its y scale (log or linear):
+  // extendTraces keeps the layout, so the scale chosen on the first points would stay.
+  function rescaled(p, add) {
+    const st = C.yStats(add);
+    if (!st.n || !p.yst || (st.min >= p.yst.min && st.max <= p.yst.max)) return false;
+    p.yst = { min: Math.min(st.min, p.yst.min), max: Math.max(st.max, p.yst.max), n: st.n + p.yst.n };
+    return C.isLogStats(p.yst, state.logy) !== p.log;
+  }
+
   function appendPoints(payload) {
     const fresh = new Map(); // name -> {step, value, wall}
     for (const item of payload.steps || []) {
@@ -362,6 +373,7 @@
         Array.prototype.push.apply(v.value, add.value);
         if (v.wall) Array.prototype.push.apply(v.wall, add.wall);
       }
+      if (rescaled(p, add)) { draw(p); continue; } // e.g. a 1e-45 arrived: a log axis would show only it
       const x = state.xmode === "wall" && s.wall ? add.wall.map(function (w) { return w === null ? null : w * 1000; }) : add.step;
       const ema = state.smoothing > 0 ? C.emaExtend(p.ema, add.value, state.smoothing) : [];
       Plotly.extendTraces(p.div, { x: [x, state.smoothing > 0 ? x : []], y: [add.value, ema] }, [0, 1]);
