@@ -5,7 +5,8 @@ golden/verl_0_9_1_rollout.{safetensors,json} were produced by golden/make_golden
 own ``rollout_corr_helper``, ``utils.debug.metrics``, ``core_algos`` estimators and
 ``trainer.distillation.losses.distillation_loss``: every IS level and threshold kind (TIS, IcePop), batch
 normalisation, every rejection option alone and chained, bool/int/float masks. Tolerances: float32
-rtol 1e-5 / atol 1e-6, float64 rtol 1e-7.
+rtol 1e-5 / atol 1e-6, float64 rtol 1e-7; a std verl computes as sqrt(E[w^2] - E[w]^2) gets that
+tolerance carried through the cancellation (``_moment_tolerance``).
 """
 
 from __future__ import annotations
@@ -50,13 +51,29 @@ def _case(kind: str, case_id: str) -> tuple[dict, dict[str, torch.Tensor]]:
     return case, {k[len(prefix) :]: v for k, v in store.items() if k.startswith(prefix)}
 
 
+def _moment_tolerance(key: str, expected: dict[str, float], tol: dict[str, float]) -> dict[str, float]:
+    """The tolerance for a std that verl computes as sqrt(E[w^2] - E[w]^2), carried through the formula.
+
+    The moments themselves match to ``tol``; their difference cancels when the weights sit close to their
+    mean (TIS weights near 1 with a std of 0.08 lose two digits), so the std's relative error is
+    ``tol * (1 + mean^2 / std^2) / 2``. Summation order differs between CPUs (the fixture was made on
+    another one), so the cancelled digits do too.
+    """
+    if not key.endswith("_std") or key.endswith("_seq_std"):  # the seq stds are torch.std: well conditioned
+        return tol
+    std, mean = expected[key], expected.get(key[: -len("std")] + "mean")
+    if mean is None or not std or math.isnan(mean):
+        return tol
+    return {**tol, "rel": tol["rel"] * (1 + (mean / std) ** 2) / 2}
+
+
 def _check(got: dict[str, float], expected: dict[str, float], tol: dict[str, float], where: str) -> None:
     assert set(got) == set(expected), f"{where}: {sorted(set(got) ^ set(expected))}"
     for key, want in expected.items():
         if math.isnan(want):
             assert math.isnan(got[key]), f"{where}: {key} should be NaN, got {got[key]}"
         else:
-            assert got[key] == pytest.approx(want, **tol), f"{where}: {key}"
+            assert got[key] == pytest.approx(want, **_moment_tolerance(key, expected, tol)), f"{where}: {key}"
 
 
 def _close(got: torch.Tensor, want: torch.Tensor, tol: dict[str, float]) -> None:
