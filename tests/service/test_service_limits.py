@@ -120,3 +120,26 @@ def test_slow_headers_are_cut_off_and_a_stalled_body_gets_408(serve):
         assert answer.startswith(b"HTTP/1.1 408"), answer[:300]
         assert b"body_timeout" in answer
     assert httpx.get(f"{server.url}/healthz").status_code == 200
+
+
+def test_connections_past_max_connections_get_503(serve):
+    server = serve(env={"RLVITALS_MAX_CONNECTIONS": "3", "RLVITALS_HEADER_TIMEOUT": "60"})
+    port = int(server.url.rsplit(":", 1)[1])
+    request = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(2)]
+    try:
+        time.sleep(0.5)  # accepted: each holds a connection slot
+        assert _raw(port, request, wait=5).startswith(b"HTTP/1.1 200")  # the third of three
+        idle.append(socket.create_connection(("127.0.0.1", port)))
+        time.sleep(0.5)
+        refused = _raw(port, request, wait=5)  # the fourth
+        head, _, body = refused.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 503"), refused[:300]
+        assert b"retry-after: 1" in head.lower()
+        error = httpx.Response(503, content=body).json()["error"]
+        assert error["code"] == "unavailable" and "max_connections" in error["message"]
+    finally:
+        for sock in idle:
+            sock.close()
+    time.sleep(0.5)
+    assert httpx.get(f"{server.url}/healthz").status_code == 200
