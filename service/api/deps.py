@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import Depends, Path, Query, Request
 from rlvitals.service.context import Services
 from rlvitals.service.errors import BadRequest, PayloadTooLarge
+from rlvitals.service.storage.blobs import SpooledBody
 
 MAX_ID = 2**63 - 1  # ids, steps and offsets are 64-bit in the database
 
@@ -59,3 +60,28 @@ async def read_body(request: Request, limit: int) -> bytes | bytearray:
             raise PayloadTooLarge(f"body exceeds the limit of {limit} bytes", detail={"limit": limit})
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+async def spool_body(request: Request, limit: int) -> SpooledBody:
+    """The request body in a temporary file (see ``storage.blobs``), refusing (413) as soon as it
+    passes ``limit`` bytes; only one chunk of it is in memory at a time."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(
+            f"body of {int(declared)} bytes exceeds the limit of {limit} bytes", detail={"limit": limit}
+        )
+    expected = int(declared) if declared is not None and declared.isdigit() else None
+    body = SpooledBody()
+    try:
+        async for chunk in request.stream():
+            if body.size + len(chunk) > (limit if expected is None else expected):
+                if expected is None:
+                    raise PayloadTooLarge(f"body exceeds the limit of {limit} bytes", detail={"limit": limit})
+                raise BadRequest(f"body is longer than its Content-Length of {expected} bytes")
+            body.write(chunk)
+        if expected is not None and body.size != expected:
+            raise BadRequest(f"body ended after {body.size} of its Content-Length of {expected} bytes")
+    except BaseException:
+        body.close()
+        raise
+    return body
