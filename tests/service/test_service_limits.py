@@ -13,7 +13,7 @@ import time
 
 import httpx
 
-from tests.service.batchdata import OCTET, make_batch
+from tests.service.batchdata import OCTET, make_batch, wait_done
 
 
 def test_points_per_request_are_capped(app_client, tmp_path):
@@ -191,3 +191,22 @@ def test_an_upload_streams_into_the_database_without_whole_copies(serve, databas
         assert time.monotonic() < deadline, audit
         time.sleep(0.2)
     assert audit["status"] == "done", audit
+
+
+def test_a_chunked_upload_without_content_length_is_spooled_and_bounded(app_client, database_url):
+    api = app_client(database_url, max_batch_bytes=64 * 1024)
+    run_id = api.create_run()
+    url = f"/api/v1/runs/{run_id}/batches"
+
+    async def chunked(body: bytes):  # no Content-Length: the server learns the size as it reads
+        for start in range(0, len(body), 1000):
+            yield body[start : start + 1000]
+
+    body = make_batch(0, batch=8, length=64)
+    ok = api.post(url, content=chunked(body), headers=OCTET)
+    assert ok.status_code == 202, ok.text
+    assert wait_done(api, ok.json()["id"])["status"] == "done"
+    big = make_batch(1, batch=64, length=128)  # 4 x 32 KiB
+    refused = api.post(url, content=chunked(big), headers=OCTET)
+    assert refused.status_code == 413 and refused.json()["error"]["code"] == "payload_too_large"
+    assert api.app.state.uploads.uploads == 0
