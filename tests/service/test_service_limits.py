@@ -210,3 +210,34 @@ def test_a_chunked_upload_without_content_length_is_spooled_and_bounded(app_clie
     refused = api.post(url, content=chunked(big), headers=OCTET)
     assert refused.status_code == 413 and refused.json()["error"]["code"] == "payload_too_large"
     assert api.app.state.uploads.uploads == 0
+
+
+def test_uploads_past_their_bytes_in_flight_get_429(app_client, tmp_path):
+    body = make_batch(0)
+    api = app_client(f"sqlite:///{tmp_path}/b.db", max_concurrent_uploads=5,
+                     max_upload_bytes_in_flight=len(body) + 100)  # fmt: skip
+    run_id = api.create_run()
+    release = asyncio.Event()
+
+    async def slow_body():
+        yield body[:100]
+        await release.wait()
+        yield body[100:]
+
+    async def scenario():
+        url = f"/api/v1/runs/{run_id}/batches"
+        headers = {**OCTET, "content-length": str(len(body))}
+        first = asyncio.ensure_future(api.client.post(url, content=slow_body(), headers=headers))
+        for _ in range(100):
+            if api.app.state.uploads.uploads:
+                break
+            await asyncio.sleep(0.01)
+        second = await api.client.post(url, content=body, headers=OCTET)  # one upload, but 2x the bytes
+        release.set()
+        return await first, second
+
+    first, second = api._call(scenario())
+    assert second.status_code == 429, second.text
+    assert "max_upload_bytes_in_flight" in second.json()["error"]["message"]
+    assert first.status_code == 202, first.text
+    assert api.post(f"/api/v1/runs/{run_id}/batches", content=make_batch(1), headers=OCTET).status_code == 202
