@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import Depends, Path, Query, Request
 from rlvitals.service.context import Services
-from rlvitals.service.errors import BadRequest, PayloadTooLarge
+from rlvitals.service.errors import BadRequest, PayloadTooLarge, Unavailable
 from rlvitals.service.storage.blobs import SpooledBody
 
 MAX_ID = 2**63 - 1  # ids, steps and offsets are 64-bit in the database
@@ -71,17 +71,30 @@ async def spool_body(request: Request, limit: int) -> SpooledBody:
             f"body of {int(declared)} bytes exceeds the limit of {limit} bytes", detail={"limit": limit}
         )
     expected = int(declared) if declared is not None and declared.isdigit() else None
-    body = SpooledBody()
+    try:
+        body = SpooledBody()
+    except OSError as exc:
+        raise _no_room(exc) from exc
     try:
         async for chunk in request.stream():
             if body.size + len(chunk) > (limit if expected is None else expected):
                 if expected is None:
                     raise PayloadTooLarge(f"body exceeds the limit of {limit} bytes", detail={"limit": limit})
                 raise BadRequest(f"body is longer than its Content-Length of {expected} bytes")
-            body.write(chunk)
+            try:
+                body.write(chunk)
+            except OSError as exc:
+                raise _no_room(exc) from exc
         if expected is not None and body.size != expected:
             raise BadRequest(f"body ended after {body.size} of its Content-Length of {expected} bytes")
     except BaseException:
         body.close()
         raise
     return body
+
+
+def _no_room(exc: OSError) -> Unavailable:
+    return Unavailable(
+        f"the server cannot spool the upload to its temporary directory ({exc.strerror or exc}); "
+        "retry later (TMPDIR needs room for max_upload_bytes_in_flight)"
+    )

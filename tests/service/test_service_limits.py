@@ -241,3 +241,17 @@ def test_uploads_past_their_bytes_in_flight_get_429(app_client, tmp_path):
     assert "max_upload_bytes_in_flight" in second.json()["error"]["message"]
     assert first.status_code == 202, first.text
     assert api.post(f"/api/v1/runs/{run_id}/batches", content=make_batch(1), headers=OCTET).status_code == 202
+
+
+def test_no_room_to_spool_an_upload_is_503_not_500(app_client, tmp_path, monkeypatch):
+    import tempfile
+
+    api = app_client(f"sqlite:///{tmp_path}/s.db")
+    run_id = api.create_run()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-dir"))  # TMPDIR gone
+    refused = api.post(f"/api/v1/runs/{run_id}/batches", content=make_batch(0), headers=OCTET)
+    assert refused.status_code == 503, refused.text
+    assert refused.json()["error"]["code"] == "unavailable" and "TMPDIR" in refused.json()["error"]["message"]
+    assert refused.headers["retry-after"] == "5"
+    monkeypatch.undo()
+    assert api.post(f"/api/v1/runs/{run_id}/batches", content=make_batch(0), headers=OCTET).status_code == 202
