@@ -55,7 +55,10 @@ class Batch:
     record_id: str | None = None  # the client's upload id: a resend is recognised by it
 
 
-def _header(body: bytes | bytearray) -> tuple[dict[str, Any], int]:
+Body = bytes | bytearray | memoryview  # a memoryview: of a spooled upload's mapping (storage.blobs)
+
+
+def _header(body: Body) -> tuple[dict[str, Any], int]:
     """A safetensors file's JSON header and where its data starts (nothing is executed)."""
     if len(body) < 8:
         raise InvalidInput("body is not a safetensors file: shorter than its 8-byte header length")
@@ -63,7 +66,7 @@ def _header(body: bytes | bytearray) -> tuple[dict[str, Any], int]:
     if header_len > len(body) - 8:
         raise InvalidInput(f"body is not a safetensors file: header length {header_len} exceeds the body")
     try:
-        header = json.loads(body[8 : 8 + header_len])
+        header = json.loads(bytes(body[8 : 8 + header_len]))
     except RecursionError as exc:
         raise InvalidInput("body is not a safetensors file: header JSON is nested too deeply") from exc
     except (ValueError, UnicodeDecodeError) as exc:
@@ -73,7 +76,7 @@ def _header(body: bytes | bytearray) -> tuple[dict[str, Any], int]:
     return header, 8 + header_len
 
 
-def read_metadata(body: bytes | bytearray) -> dict[str, str]:
+def read_metadata(body: Body) -> dict[str, str]:
     """The ``__metadata__`` of a safetensors file."""
     meta = _header(body)[0].get("__metadata__") or {}
     if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
@@ -88,13 +91,15 @@ _DTYPES = {  # safetensors dtype names -> torch attribute names
 }  # fmt: skip
 
 
-def load_tensors(body: bytes | bytearray) -> dict[str, torch.Tensor]:
-    """The tensors of a safetensors file as views into ``body`` (a ``bytearray``: no copy; ``bytes``
-    are copied once into one). The same checks as the safetensors library: known dtypes, sizes
-    matching shapes, data inside the file, no two tensors sharing bytes, no byte unused."""
+def load_tensors(body: Body) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file as views into ``body`` (a ``bytearray`` or a writable
+    ``memoryview``: no copy; ``bytes`` are copied once into a bytearray). The same checks as the
+    safetensors library: known dtypes, sizes matching shapes, data inside the file, no two tensors
+    sharing bytes, no byte unused."""
     import torch
 
-    buffer = body if isinstance(body, bytearray) else bytearray(body)
+    writable = isinstance(body, bytearray) or (isinstance(body, memoryview) and not body.readonly)
+    buffer = body if writable else bytearray(body)
     header, start = _header(buffer)
     data = memoryview(buffer)[start:]
     spans: list[tuple[int, int, str]] = []
@@ -196,7 +201,7 @@ def _reported(meta: dict[str, str], max_depth: int) -> dict[str, Any]:
 
 
 def validate(
-    body: bytes | bytearray, *, max_json_depth: int = JSON_DEPTH, max_tokens: int | None = None
+    body: Body, *, max_json_depth: int = JSON_DEPTH, max_tokens: int | None = None
 ) -> tuple[Batch, dict[str, torch.Tensor]]:
     """Parse and check one upload; returns the batch description and its tensors. ``config`` and
     ``reported`` nested deeper than ``max_json_depth`` or holding invalid text are refused, and so

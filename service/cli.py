@@ -134,6 +134,7 @@ def _serve(args: argparse.Namespace) -> int:
         ServeLocked,
         sqlite_serve_lock,
         tune_gc,
+        uvicorn_limit_concurrency,
     )
     from sqlalchemy.exc import SQLAlchemyError
 
@@ -170,7 +171,7 @@ def _serve(args: argparse.Namespace) -> int:
         "proxy_headers": False,
         "access_log": settings.access_log,
         "timeout_graceful_shutdown": 5,
-        "limit_concurrency": settings.max_connections,
+        "limit_concurrency": uvicorn_limit_concurrency(settings.max_connections),
     }
     NoDelayHTTPProtocol.header_timeout = settings.header_timeout
     print(_banner(settings), file=sys.stderr, flush=True)

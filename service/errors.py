@@ -78,6 +78,15 @@ class Busy(ServiceError):
         super().__init__(message, detail=detail, headers={"Retry-After": str(max(1, round(retry_after)))})
 
 
+class Unavailable(ServiceError):
+    """The server cannot take this now for want of a resource (not the client's fault): 503."""
+
+    status, code = 503, "unavailable"
+
+    def __init__(self, message: str, *, retry_after: float = 5.0, detail: Any = None):
+        super().__init__(message, detail=detail, headers={"Retry-After": str(max(1, round(retry_after)))})
+
+
 _HTTP_CODES = {
     400: "bad_request",
     401: "unauthorized",

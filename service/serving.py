@@ -21,6 +21,7 @@ import json
 import os
 import socket
 
+from uvicorn.protocols.http import h11_impl, httptools_impl
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 PROTOCOL = "rlvitals.service.serving:NoDelayHTTPProtocol"
@@ -49,6 +50,30 @@ class NoDelayHTTPProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
         if timer is not None:
             timer.cancel()
         super().connection_lost(exc)
+
+
+def uvicorn_limit_concurrency(max_connections: int) -> int:
+    """uvicorn answers 503 once ``len(connections) >= limit_concurrency``, counting the connection
+    asking: ``max_connections`` open connections are served, one more gets the 503."""
+    return max_connections + 1
+
+
+async def _over_connection_cap(scope, receive, send) -> None:
+    """uvicorn's 503 past ``limit_concurrency`` (``max_connections``), in the one JSON error shape
+    instead of its plain-text "Service Unavailable"."""
+    from rlvitals.service.errors import error_response
+
+    response = error_response(
+        503,
+        "unavailable",
+        "the server holds as many connections as it accepts (max_connections): retry shortly",
+        headers={"Retry-After": "1", "Connection": "close"},
+    )
+    await response(scope, receive, send)
+
+
+for _impl in (httptools_impl, h11_impl):  # the name their protocols look up for that 503
+    _impl.service_unavailable = _over_connection_cap
 
 
 def set_nodelay(sock) -> None:

@@ -92,7 +92,9 @@ class Settings(BaseSettings):
         30.0, gt=0, description="Seconds a request body may pause between chunks; then 408."
     )
     max_connections: int = Field(
-        1000, ge=1, description="Open connections per process (uvicorn limit_concurrency); beyond it -> 503."
+        1000,
+        ge=1,
+        description="Open connections per process (uvicorn limit_concurrency); a request on one more -> 503.",
     )
     max_json_depth: int = Field(
         64,

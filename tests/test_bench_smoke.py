@@ -51,6 +51,11 @@ def test_ingest_bench_runs_rlvitals_quick(tmp_path):
     assert "rlvitals" in out and "pts/s" in out
 
 
+def test_upload_bench_prints_its_table():
+    out = _run("bench/upload.py", "--sizes", "4", "--repeat", "1", "--phases", "upload")
+    assert "| SQLite | upload | 4 |" in out
+
+
 def test_rollout_correction_bench_prints_its_table():
     out = _run("bench/rollout_correction.py", "--small", "--repeats", "1")
     assert "| (4, 64) | token TIS + token_k1,seq_mean_k3 |" in out and "M tok/s" in out

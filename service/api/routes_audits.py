@@ -7,11 +7,12 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from rlvitals.service import audits, batches
-from rlvitals.service.api.deps import MAX_ID, AuditId, Offset, RunId, ServicesDep, WriteAuth, read_body
+from rlvitals.service.api.deps import MAX_ID, AuditId, Offset, RunId, ServicesDep, WriteAuth, spool_body
 from rlvitals.service.context import Services
 from rlvitals.service.encoding import JSONResponse
 from rlvitals.service.errors import InvalidInput, UnsupportedMediaType
 from rlvitals.service.schemas import AuditPublic, AuditsPublic, BatchAccepted
+from rlvitals.service.storage.blobs import SpooledBody
 
 router = APIRouter(prefix="/api/v1", tags=["audits"])
 
@@ -28,16 +29,17 @@ _BINARY_BODY = {
 }
 
 
-def _submit(services: Services, run_id: int, body: bytes | bytearray) -> tuple[int, str | None]:
+def _submit(services: Services, run_id: int, body: SpooledBody) -> tuple[int, str | None]:
     settings = services.settings
     try:
-        batch, _tensors = batches.validate(
-            body, max_json_depth=settings.max_json_depth, max_tokens=settings.max_audit_tokens
-        )
+        with body.mapped() as view:  # the tensors are views of the spooled file, dropped in the block
+            batch = batches.validate(
+                view, max_json_depth=settings.max_json_depth, max_tokens=settings.max_audit_tokens
+            )[0]
     except InvalidInput:
         services.telemetry.count_batch("invalid")
         raise
-    return services.audits.submit(run_id=run_id, batch=batch, blob=body)
+    return services.audits.submit(run_id=run_id, batch=batch, blob=body)  # streamed into the row
 
 
 @router.post(
@@ -67,9 +69,11 @@ async def post_batch(run_id: RunId, request: Request, services: ServicesDep) -> 
     declared = request.headers.get("content-length", "")
     held = int(declared) if declared.isdigit() else services.settings.max_batch_bytes
     with request.app.state.uploads.admit(min(held, services.settings.max_batch_bytes)):
-        body = await read_body(request, services.settings.max_batch_bytes)
-        audit_id, resent_status = await run_in_threadpool(_submit, services, run_id, body)
-        del body
+        body = await spool_body(request, services.settings.max_batch_bytes)
+        try:
+            audit_id, resent_status = await run_in_threadpool(_submit, services, run_id, body)
+        finally:
+            body.close()
     if resent_status is not None:
         return JSONResponse({"id": audit_id, "status": resent_status}, status_code=200)
     return JSONResponse({"id": audit_id, "status": "pending"}, status_code=202)

@@ -24,12 +24,11 @@ from rlvitals.service.api.deps import ServicesDep
 from rlvitals.service.encoding import JSONResponse
 from rlvitals.service.errors import BadRequest, NotFound
 from rlvitals.service.storage import repository as repo
-from sqlalchemy import select
 
 
 def _audit_blob(session, audit_id: int) -> bytes | None:
     # The one read of a batch's bytes outside the audit worker (repository.get_audit never loads it).
-    return session.execute(select(repo.AUDITS.c.blob).where(repo.AUDITS.c.id == audit_id)).scalar()
+    return repo.get_audit_blob(session=session, audit_id=audit_id)
 
 
 def audit_histograms(ctx, audit_id: int) -> dict[str, Any]:

@@ -142,6 +142,7 @@ class Audit(Base):
     status: Mapped[str] = mapped_column(String(20))  # pending | running | done | error
     config: Mapped[dict] = mapped_column(JSON, default=dict)
     reported: Mapped[dict] = mapped_column(JSON, default=dict)
+    # Before migration 0004 the tensors were kept here; now always NULL (see AuditBlob).
     blob: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
     nbytes: Mapped[int] = mapped_column(BigInteger, default=0)
     result: Mapped[dict | None] = mapped_column(JSON, nullable=True)
@@ -151,6 +152,22 @@ class Audit(Base):
     created_at: Mapped[float] = mapped_column(Double)
     finished_at: Mapped[float | None] = mapped_column(Double, nullable=True)
     record_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+
+
+class AuditBlob(Base):
+    """An audit's uploaded safetensors bytes, until its audit is finished (``keep_batches``: kept).
+
+    A table of its own, the blob its last column, so that SQLite never rewrites it: updating any
+    column of a row rebuilds the whole record in memory (the audit's status changes would each cost
+    two copies of the batch), and a ``zeroblob`` placeholder filled by incremental blob I/O stays
+    free only as the record's last field (see storage/blobs.py)."""
+
+    __tablename__ = "audit_blobs"
+
+    id: Mapped[int] = mapped_column(
+        Id, ForeignKey("audits.id", ondelete="CASCADE"), primary_key=True, autoincrement=False
+    )
+    blob: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 class WebhookDelivery(Base):

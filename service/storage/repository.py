@@ -14,10 +14,12 @@ from collections.abc import Iterable, Sequence
 from operator import itemgetter
 from typing import Any
 
+from rlvitals.service.storage import blobs
 from rlvitals.service.storage.models import (
     Alert,
     ApiKey,
     Audit,
+    AuditBlob,
     EventPayload,
     HealthState,
     Point,
@@ -30,6 +32,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection as Session
 
 RUNS, POINTS, ALERTS, AUDITS = Run.__table__, Point.__table__, Alert.__table__, Audit.__table__
+AUDIT_BLOBS = AuditBlob.__table__  # an audit's tensors (storage/blobs.py)
 HEALTH, DELIVERIES, ATTEMPTS, KEYS = (
     HealthState.__table__,
     WebhookDelivery.__table__,
@@ -374,7 +377,14 @@ def firing_counts(*, session: Session) -> list[dict]:
 
 
 def insert_audit(*, session: Session, values: dict[str, Any]) -> int:
-    return session.execute(AUDITS.insert().values(**values).returning(AUDITS.c.id)).scalar_one()
+    """Insert an audit row; its ``blob`` (bytes or a ``SpooledBody``) goes to ``audit_blobs`` in
+    chunks (storage/blobs.py)."""
+    blob = values.get("blob")
+    values = {**values, "blob": None}
+    audit_id = session.execute(AUDITS.insert().values(**values).returning(AUDITS.c.id)).scalar_one()
+    if blob is not None:
+        blobs.write_blob(session, AUDIT_BLOBS, audit_id, blob)
+    return audit_id
 
 
 def lock_audit_queue(*, session: Session) -> None:
@@ -409,7 +419,9 @@ def claim_audit(*, session: Session, worker: str, now: float, stale_before: floa
         .where(AUDITS.c.id == job_id)
         .values(status="running", claimed_by=worker, claimed_at=now)
     )
-    return _row(session.execute(select(AUDITS).where(AUDITS.c.id == job_id)).first())
+    job = _row(session.execute(select(*_AUDIT_COLUMNS).where(AUDITS.c.id == job_id)).first())
+    job["blob"] = blobs.read_blob(session, AUDIT_BLOBS, job_id)  # a bytearray: its tensors are views of it
+    return job
 
 
 def running_claims(*, session: Session, prefix: str) -> list[tuple[int, str]]:
@@ -446,25 +458,24 @@ def finish_audit(
 ) -> bool:
     """Store a result; ``False`` when the job was re-claimed by someone else meanwhile."""
     values: dict[str, Any] = {"status": status, "result": result, "error": error, "finished_at": now}
-    if not keep_blob:
-        values["blob"] = None
     res = session.execute(
         update(AUDITS)
         .where(AUDITS.c.id == audit_id, AUDITS.c.claimed_by == worker, AUDITS.c.status == "running")
         .values(**values)
     )
-    return res.rowcount == 1
+    if res.rowcount != 1:
+        return False
+    if not keep_blob:
+        session.execute(delete(AUDIT_BLOBS).where(AUDIT_BLOBS.c.id == audit_id))
+    return True
 
 
 def finish_histograms(*, session: Session, audit_id: int, result: dict | None, drop_blob: bool) -> None:
     """Store the result with its histograms (``None``: leave it) and drop the tensors if asked."""
-    values: dict[str, Any] = {}
     if result is not None:
-        values["result"] = result
+        session.execute(update(AUDITS).where(AUDITS.c.id == audit_id).values(result=result))
     if drop_blob:
-        values["blob"] = None
-    if values:
-        session.execute(update(AUDITS).where(AUDITS.c.id == audit_id).values(**values))
+        session.execute(delete(AUDIT_BLOBS).where(AUDIT_BLOBS.c.id == audit_id))
 
 
 def get_audit(*, session: Session, audit_id: int) -> dict | None:
@@ -667,7 +678,7 @@ def event_payloads_after(*, session: Session, after_id: int, limit: int = 1000) 
 
 def get_audit_blob(*, session: Session, audit_id: int) -> bytes | None:
     """The uploaded safetensors bytes of an audit (``None`` once dropped; see ``keep_batches``)."""
-    return session.execute(select(AUDITS.c.blob).where(AUDITS.c.id == audit_id)).scalar()
+    return blobs.read_blob(session, AUDIT_BLOBS, audit_id)
 
 
 # --- idempotent batch uploads -----------------------------------------------------------------
@@ -687,10 +698,14 @@ def insert_audit_once(*, session: Session, values: dict[str, Any]) -> tuple[int,
     inserts, the other waits for it (PostgreSQL's unique index; SQLite's single writer) and finds its
     row, so both answer the same id. A NULL ``record_id`` never conflicts: always a new row.
     """
+    blob = values.get("blob")
+    values = {**values, "blob": None}
     audit_id = session.execute(
         _dialect_insert(session, AUDITS).values(**values).on_conflict_do_nothing().returning(AUDITS.c.id)
     ).scalar()
     if audit_id is not None:
+        if blob is not None:
+            blobs.write_blob(session, AUDIT_BLOBS, audit_id, blob)
         return audit_id, True
     existing = audit_id_for_record(session=session, run_id=values["run_id"], record_id=values["record_id"])
     if existing is None:  # a conflict on anything but (run_id, record_id): not an idempotent resend

@@ -2,7 +2,8 @@
 ASGI transport from synchronous tests.
 
 ``app_client(database_url, **settings)`` -> ``AppClient`` with ``get``/``post``/... returning
-``httpx.Response``; ``restart()`` builds a fresh app on the same database (a server restart).
+``httpx.Response``; ``restart()`` builds a fresh app on the same database (a server restart). ``hooks(**kwargs)`` -> a
+real webhook receiver (``tests/service/hooks.py``), closed after the test.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import httpx
 import pytest
 from rlvitals.service.app import create_app
 from rlvitals.service.settings import Settings
+
+from tests.service.hooks import HookServer
 
 
 class AppClient:
@@ -119,3 +122,19 @@ def app_client(tmp_path) -> Iterator:
 def api(app_client, database_url) -> AppClient:
     """An app on the parametrized database (SQLite and PostgreSQL)."""
     return app_client(database_url)
+
+
+@pytest.fixture
+def hooks():
+    """Factory: ``hooks(**kwargs)`` -> a real webhook receiver on 127.0.0.1 (``tests/service/hooks.py``),
+    closed after the test."""
+    made: list[HookServer] = []
+
+    def _make(**kwargs) -> HookServer:
+        server = HookServer(**kwargs)
+        made.append(server)
+        return server
+
+    yield _make
+    for server in made:
+        server.close()

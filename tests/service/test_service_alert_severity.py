@@ -8,8 +8,6 @@ import time
 
 import pytest
 
-from tests.service.hooks import HookServer
-
 # four updates per batch (verl's reference runs), so a low clip fraction is the "below band" case
 MULTI_UPDATE = {
     "data": {"train_batch_size": 1024},
@@ -18,10 +16,8 @@ MULTI_UPDATE = {
 
 
 @pytest.fixture
-def hook():
-    server = HookServer()
-    yield server
-    server.close()
+def hook(hooks):
+    return hooks()
 
 
 def _alerts(api, run_id):

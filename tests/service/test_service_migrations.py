@@ -46,3 +46,33 @@ def test_upgrade_keeps_existing_runs(database_url):
         assert [tuple(r) for r in rows] == [("old", 0)]
     finally:
         db.dispose()
+
+
+def test_upgrade_moves_pending_batches_into_audit_blobs(database_url):
+    """0004: an audit queued before the upgrade keeps its tensors (moved to audit_blobs)."""
+    from rlvitals.service.storage import repository as repo
+
+    db = Database(database_url)
+    cfg = _config()
+    try:
+        with db.engine.begin() as conn:
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "0003")
+            conn.exec_driver_sql(
+                "INSERT INTO runs (project, name, config, tags, created_at, updated_at) "
+                "VALUES ('p', 'old', '{}', '[]', 1.0, 1.0)"
+            )
+            run_id = conn.exec_driver_sql("SELECT id FROM runs").scalar()
+            conn.execute(
+                repo.AUDITS.insert().values(
+                    run_id=run_id, step=0, status="pending", config={}, reported={},
+                    blob=b"tensors" * 1000, nbytes=7000, created_at=1.0,
+                )
+            )  # fmt: skip
+        db.migrate()
+        with db.write() as conn:
+            job = repo.claim_audit(session=conn, worker="w", now=2.0, stale_before=0.0)
+            legacy = conn.execute(repo.AUDITS.select().with_only_columns(repo.AUDITS.c.blob)).scalar()
+        assert bytes(job["blob"]) == b"tensors" * 1000 and legacy is None
+    finally:
+        db.dispose()

@@ -10,26 +10,9 @@ from __future__ import annotations
 
 import time
 
-import pytest
 from rlvitals.service.storage import repository as repo
 
-from tests.service.hooks import HookServer
-
 FINITE = [{"step": s, "metrics": {"actor/pg_loss": 0.1}} for s in range(14)]
-
-
-@pytest.fixture
-def hooks():
-    made: list[HookServer] = []
-
-    def _make(**kwargs) -> HookServer:
-        server = HookServer(**kwargs)
-        made.append(server)
-        return server
-
-    yield _make
-    for server in made:
-        server.close()
 
 
 def flap(api, run_id: int, cycles: int, first_step: int = 0) -> int:

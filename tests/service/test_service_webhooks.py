@@ -5,26 +5,10 @@ from __future__ import annotations
 
 import time
 
-import pytest
 from rlvitals.service.storage import repository as repo
 from rlvitals.service.webhooks import backoff_delay
 
-from tests.service.hooks import HookServer
 from tests.support.servers import free_port
-
-
-@pytest.fixture
-def hooks():
-    made: list[HookServer] = []
-
-    def _make(**kwargs) -> HookServer:
-        server = HookServer(**kwargs)
-        made.append(server)
-        return server
-
-    yield _make
-    for server in made:
-        server.close()
 
 
 def _nan(run_id, api, step):
