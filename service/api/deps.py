@@ -32,36 +32,6 @@ async def require_writer(request: Request) -> None:
 WriteAuth = Depends(require_writer)
 
 
-async def read_body(request: Request, limit: int) -> bytes | bytearray:
-    """The request body, refusing (413) as soon as it passes ``limit`` bytes (with a Content-Length:
-    read straight into one buffer of that size)."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(
-            f"body of {int(declared)} bytes exceeds the limit of {limit} bytes", detail={"limit": limit}
-        )
-    if declared is not None and declared.isdigit():  # one buffer of the declared size: no join copy
-        buffer = bytearray(int(declared))
-        size = 0
-        async for chunk in request.stream():
-            end = size + len(chunk)
-            if end > len(buffer):
-                raise BadRequest(f"body is longer than its Content-Length of {len(buffer)} bytes")
-            buffer[size:end] = chunk
-            size = end
-        if size != len(buffer):
-            raise BadRequest(f"body ended after {size} of its Content-Length of {len(buffer)} bytes")
-        return buffer
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"body exceeds the limit of {limit} bytes", detail={"limit": limit})
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 async def spool_body(request: Request, limit: int) -> SpooledBody:
     """The request body in a temporary file (see ``storage.blobs``), refusing (413) as soon as it
     passes ``limit`` bytes; only one chunk of it is in memory at a time."""
