@@ -95,7 +95,9 @@ class DistillationConfig:
             raise ValueError(f"distillation.distillation_loss must be a mapping; got {loss!r}")
         mode = loss.get("policy_loss_mode", "vanilla")
         if mode != "vanilla":
-            raise ValueError(f"distillation policy_loss_mode must be 'vanilla' (verl 0.9.1's only one); got {mode!r}")
+            raise ValueError(
+                f"distillation policy_loss_mode must be 'vanilla' (verl 0.9.1's only one); got {mode!r}"
+            )
         return cls(**{f.name: loss[f.name] for f in fields(cls) if f.name in loss})
 
     def to_dict(self) -> dict[str, Any]:
@@ -212,7 +214,9 @@ def audit_distillation(
     unexpected: list[str] = []
     for key, value in reported.items():
         name = key.removeprefix("actor/")
-        if value is None or not (name.startswith(PREFIX) or (name == "policy_loss" and policy_loss is not None)):
+        if value is None or not (
+            name.startswith(PREFIX) or (name == "policy_loss" and policy_loss is not None)
+        ):
             continue
         if name not in recomputed:
             unexpected.append(name)
@@ -225,7 +229,8 @@ def audit_distillation(
         f"distillation_loss_coef={config.distillation_loss_coef:g}, loss_agg_mode={str(actor.loss_agg_mode)!r}"
     )
     parts = [
-        f"{k} reported {verdicts[k]['reported']:.6g} but recomputed {verdicts[k]['recomputed']:.6g}" for k in bad
+        f"{k} reported {verdicts[k]['reported']:.6g} but recomputed {verdicts[k]['recomputed']:.6g}"
+        for k in bad
     ]
     if unexpected:
         parts.append(

@@ -67,7 +67,9 @@ def _batch(case_id: str, *, coef: float = 1.0, use_task_rewards: bool = True):
     reported = {f"actor/{k}": ppo[k] for k in ("pg_loss", "pg_clipfrac", "ppo_kl")}
     reported.update(case["expected"])  # verl's distillation/* numbers
     base = ppo["policy_loss"] if use_task_rewards else 0.0
-    reported["policy_loss"] = base + (coef if use_task_rewards else 1.0) * case["expected"]["distillation/loss"]
+    reported["policy_loss"] = (
+        base + (coef if use_task_rewards else 1.0) * case["expected"]["distillation/loss"]
+    )
     return case, tensors, config, reported
 
 
@@ -94,7 +96,7 @@ def test_verls_distillation_reports_agree_for_every_estimator(api):
 def test_a_tampered_distillation_loss_is_flagged_with_the_reason(api):
     run_id = api.create_run()
     case_id = next(c for c in _cases() if _batch(c)[0]["use_policy_gradient"])
-    case, tensors, config, reported = _batch(case_id)
+    _case, tensors, config, reported = _batch(case_id)
     reported["distillation/loss"] = reported["distillation/loss"] * 2 + 0.1
     audit = _upload(api, run_id, 1, tensors, config, reported)
     assert audit["ok"] is False and audit["distillation"]["ok"] is False
@@ -108,7 +110,7 @@ def test_a_tampered_distillation_loss_is_flagged_with_the_reason(api):
 @pytest.mark.parametrize("use_task_rewards", [True, False])
 def test_a_total_loss_without_the_distillation_term_is_flagged(api, use_task_rewards):
     run_id = api.create_run()
-    case, tensors, config, reported = _batch(_cases()[0], coef=2.0, use_task_rewards=use_task_rewards)
+    _case, tensors, config, reported = _batch(_cases()[0], coef=2.0, use_task_rewards=use_task_rewards)
     good = _upload(api, run_id, 1, tensors, config, reported)
     assert good["ok"] is True, good["explanation"]
     ppo = recompute(LossConfig.from_verl(config), **{k: tensors[k] for k in CORE})["policy_loss"]
@@ -120,7 +122,7 @@ def test_a_total_loss_without_the_distillation_term_is_flagged(api, use_task_rew
 def test_a_supervised_report_under_a_policy_gradient_config_is_flagged(api):
     run_id = api.create_run()
     case_id = next(c for c in _cases() if not _batch(c)[0]["use_policy_gradient"])
-    case, tensors, config, reported = _batch(case_id)
+    _case, tensors, config, reported = _batch(case_id)
     config["distillation"]["distillation_loss"]["use_policy_gradient"] = True  # config disagrees with the run
     reported.pop("policy_loss")
     audit = _upload(api, run_id, 1, tensors, config, reported)
