@@ -149,7 +149,9 @@ def audit_rollout(
     configuration mismatch: the audit fails and names them.
 
     When the batch carries the ``rollout_is_weights`` the trainer applied, they are compared with the
-    recomputed ones (``sent_weights``; without IS they must be 1).
+    recomputed ones (``sent_weights``; without IS they must be 1). With ``rollout_is_batch_normalize`` they
+    are compared up to one positive factor (``batch_norm_scale``): verl divides by the mean over the whole
+    batch, and a micro-batch upload (what the verl loss hooks send) has another mean than its batch.
 
     Returns ``{"ok", "config", "verdicts", "unexpected", "tokens", "rejected_tokens",
     "rejected_sequences", "weights", "sent_weights", "explanation"}`` plus the tensors under ``"_mask"`` /
@@ -200,11 +202,18 @@ def audit_rollout(
             sent_weights = {"ok": bool((sent == 1).all()), "max_abs_err": float((sent - 1).abs().max())}
         else:
             want = weights.to(torch.float64)[valid]
-            err = float((sent - want).abs().max())
+            scale = 1.0
+            if config.rollout_is_batch_normalize and float((want * want).sum()) > 0:
+                # verl normalised over the whole batch; a micro-batch upload has its own mean: the weights
+                # must agree up to that one positive factor (1 for the whole batch)
+                scale = float((sent * want).sum() / (want * want).sum())
+            err = float((sent - scale * want).abs().max())
             sent_weights = {
-                "ok": err <= METRIC_ATOL + METRIC_RTOL * float(want.abs().max()),
+                "ok": err <= METRIC_ATOL + METRIC_RTOL * float((scale * want).abs().max()),
                 "max_abs_err": err,
             }
+            if config.rollout_is_batch_normalize:
+                sent_weights["batch_norm_scale"] = scale
     bad = sorted(k for k, v in verdicts.items() if not v["ok"])
     ok = not bad and not unexpected and (sent_weights is None or sent_weights["ok"])
     parts = []

@@ -8,10 +8,15 @@ ALIASES = {
     "ppo_clip_ratio": "pg_clipfrac",  # OpenRLHF
 }
 
+OWN_PREFIXES = ("distillation/",)  # metric families audited by their own step, never as loss metrics
+
 
 def canonical_name(name: str) -> str:
     """``actor/pg_loss`` -> ``pg_loss`` (verl prefixes most metrics, not ``kl_loss``); TRL and
-    OpenRLHF spellings of the clip fraction -> ``pg_clipfrac``."""
+    OpenRLHF spellings of the clip fraction -> ``pg_clipfrac``. ``distillation/*`` names stay whole: verl's
+    distillation loss reports its own ``pg_clipfrac``/``ppo_kl`` there, which are not the policy loss's."""
+    if name.startswith(OWN_PREFIXES):
+        return name
     for alias, canonical in ALIASES.items():
         if name == alias or name.endswith("/" + alias):
             return canonical

@@ -24,7 +24,10 @@ of the sampled tokens, so not here. All tensors ``(batch, response_len)``; an em
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any
 
 import torch
 
@@ -34,6 +37,10 @@ from .losses import agg_loss, clipped_token_losses, kl_penalty
 Tensor = torch.Tensor
 
 ESTIMATOR_MODES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+PREFIX = "distillation/"
+TENSOR = "teacher_log_probs"  # the upload's name for verl's ``teacher_logprobs`` of the sampled tokens
+METRIC_RTOL = 1e-4  # as the other audits: a trainer's GPU reductions differ from ours in summation order
+METRIC_ATOL = 1e-6
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,40 @@ class DistillationConfig:
             )
         if self.loss_max_clamp is not None and not self.loss_max_clamp > 0:
             raise ValueError(f"loss_max_clamp must be None or > 0; got {self.loss_max_clamp!r}")
+        for name in ("use_policy_gradient", "use_task_rewards"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False; got {getattr(self, name)!r}")
+        for name in ("distillation_loss_coef", "clip_ratio", "clip_ratio_low", "clip_ratio_high"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            ):
+                raise ValueError(f"{name} must be a finite number; got {value!r}")
+
+    @classmethod
+    def from_verl(cls, mapping: Mapping[str, Any] | None) -> DistillationConfig | None:
+        """From a whole verl config's ``distillation`` section (verl's ``DistillationConfig``: its
+        ``distillation_loss`` fields; ``enabled: false`` means None) or ``{"distillation": {...}}`` as a
+        batch config carries it; None when there is none. Unknown keys (teacher models, topk) are ignored;
+        ``policy_loss_mode`` other than ``vanilla`` is refused, as verl refuses it."""
+        if not hasattr(mapping, "get"):
+            return None
+        section = mapping.get("distillation")
+        if not hasattr(section, "get") or section.get("enabled", True) is False:
+            return None
+        loss = section.get("distillation_loss", section)
+        if not hasattr(loss, "get"):
+            raise ValueError(f"distillation.distillation_loss must be a mapping; got {loss!r}")
+        mode = loss.get("policy_loss_mode", "vanilla")
+        if mode != "vanilla":
+            raise ValueError(
+                f"distillation policy_loss_mode must be 'vanilla' (verl 0.9.1's only one); got {mode!r}"
+            )
+        return cls(**{f.name: loss[f.name] for f in fields(cls) if f.name in loss})
+
+    def to_dict(self) -> dict[str, Any]:
+        """The batch config's ``distillation`` section (``DistillationLossConfig`` field names)."""
+        return {"distillation_loss": asdict(self)}
 
 
 def distillation_loss(
@@ -120,3 +161,95 @@ def distillation_loss(
             loss = agg_loss(losses, response_mask, actor.loss_agg_mode, **info)
         metrics["distillation/loss"] = float(loss)
     return loss, metrics
+
+
+def _verdict(reported: float, recomputed: float) -> dict[str, Any]:
+    if math.isnan(reported) or math.isnan(recomputed) or math.isinf(reported) or math.isinf(recomputed):
+        ok = reported == recomputed or (math.isnan(reported) and math.isnan(recomputed))
+        err = 0.0 if ok else math.inf
+    else:
+        err = abs(reported - recomputed)
+        ok = err <= METRIC_ATOL + METRIC_RTOL * abs(recomputed)
+    return {"ok": bool(ok), "reported": reported, "recomputed": recomputed, "abs_err": err}
+
+
+def audit_distillation(
+    config: DistillationConfig,
+    actor: LossConfig,
+    tensors: Mapping[str, Tensor],
+    reported: Mapping[str, float | None],
+    *,
+    policy_loss: float | None = None,
+) -> dict[str, Any]:
+    """Recompute verl's distillation loss from ``log_prob`` (the student), ``teacher_log_probs``,
+    ``response_mask`` (the mask the actor trained on), ``old_log_prob`` and ``rollout_is_weights``, and
+    check the reported ``distillation/*`` values.
+
+    ``policy_loss``: the recomputed PPO total (pg_loss - entropy + KL terms) of the same batch; with it a
+    reported ``policy_loss`` is checked as what verl's ``distillation_ppo_loss`` returns: ``policy_loss +
+    distillation_loss_coef * distillation/loss`` (``use_task_rewards``), else ``distillation/loss`` alone.
+
+    Returns ``{"ok", "config", "verdicts", "recomputed", "unexpected", "explanation"}``; ``ok`` is None
+    (with ``"skipped"``) when the batch has no valid token.
+    """
+    out: dict[str, Any] = {"config": config.to_dict()["distillation_loss"]}
+    try:
+        loss, metrics = distillation_loss(
+            tensors["log_prob"],
+            tensors[TENSOR],
+            tensors["response_mask"],
+            config=config,
+            actor=actor,
+            old_log_prob=tensors["old_log_prob"],
+            rollout_is_weights=tensors.get("rollout_is_weights"),
+        )
+    except ValueError as exc:  # an empty mask: verl's min() over no token raises too
+        return {**out, "ok": None, "skipped": str(exc), "verdicts": {}, "unexpected": []}
+    recomputed = dict(metrics)
+    if policy_loss is not None:
+        coef = config.distillation_loss_coef if config.use_task_rewards else 1.0
+        base = policy_loss if config.use_task_rewards else 0.0
+        recomputed["policy_loss"] = base + coef * float(loss)
+    verdicts: dict[str, dict[str, Any]] = {}
+    unexpected: list[str] = []
+    for key, value in reported.items():
+        name = key.removeprefix("actor/")
+        if value is None or not (
+            name.startswith(PREFIX) or (name == "policy_loss" and policy_loss is not None)
+        ):
+            continue
+        if name not in recomputed:
+            unexpected.append(name)
+            continue
+        verdicts[name] = _verdict(float(value), float(recomputed[name]))
+    bad = sorted(k for k, v in verdicts.items() if not v["ok"])
+    setting = (
+        f"loss_mode={config.loss_mode!r}, use_policy_gradient={config.use_policy_gradient}, "
+        f"loss_max_clamp={config.loss_max_clamp!r}, use_task_rewards={config.use_task_rewards}, "
+        f"distillation_loss_coef={config.distillation_loss_coef:g}, loss_agg_mode={str(actor.loss_agg_mode)!r}"
+    )
+    parts = [
+        f"{k} reported {verdicts[k]['reported']:.6g} but recomputed {verdicts[k]['recomputed']:.6g}"
+        for k in bad
+    ]
+    if unexpected:
+        parts.append(
+            f"{', '.join(sorted(unexpected))} reported but not produced by this configuration: the trainer "
+            "ran a different distillation loss than its config says"
+        )
+    ok = not parts
+    if ok:
+        explanation = f"{len(verdicts)} distillation metric(s) agree ({setting})."
+    else:
+        explanation = (
+            "Distillation mismatch: " + "; ".join(parts) + f". Recomputed with {setting} from log_prob "
+            "(the student) and teacher_log_probs."
+        )
+    return {
+        **out,
+        "ok": ok,
+        "verdicts": verdicts,
+        "recomputed": {k: float(v) for k, v in recomputed.items()},
+        "unexpected": sorted(unexpected),
+        "explanation": explanation,
+    }

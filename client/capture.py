@@ -12,6 +12,9 @@ safetensors bytes the HTTP API takes (never pickle). Tensors, all ``(batch, resp
     ref_log_prob, entropy, token_level_rewards              optional
     rollout_log_probs                                       optional (the rollout engine's log-probs,
                                                             verl's name; audits rollout correction)
+    rollout_is_weights                                      optional (the IS weights the loss applied)
+    teacher_log_probs                                       optional (a distillation teacher's log-probs
+                                                            of the sampled tokens; audits distillation/*)
     group_index                                             optional (ints, or verl's uid strings)
 """
 
@@ -27,7 +30,14 @@ from typing import Any
 from rlvitals.client.values import DeviceScalar, check_metrics, copy_device_scalars, encode_value
 
 REQUIRED = ("log_prob", "old_log_prob", "advantages", "response_mask")
-OPTIONAL = ("ref_log_prob", "entropy", "token_level_rewards", "rollout_log_probs")
+OPTIONAL = (
+    "ref_log_prob",
+    "entropy",
+    "token_level_rewards",
+    "rollout_log_probs",
+    "rollout_is_weights",
+    "teacher_log_probs",
+)
 ALL_NAMES = (*REQUIRED, *OPTIONAL, "group_index")
 
 
@@ -141,9 +151,12 @@ def _config_json(config: Any) -> str:
             LossConfig = None
         if LossConfig is not None:
             algorithm = _algorithm_json(data)
+            distillation = _distillation_json(data)
             data = LossConfig.from_verl(data).to_dict()  # misuse (bad values) raises here, in the caller
             if algorithm:
                 data["algorithm"] = algorithm
+            if distillation:
+                data["distillation"] = distillation
     else:
         raise TypeError(f"config must be a LossConfig or a dict, got {type(config).__name__}")
     try:
@@ -162,6 +175,17 @@ def _algorithm_json(data: Mapping[str, Any]) -> dict[str, Any] | None:
         return dict(section) if isinstance(section, Mapping) else None
     algorithm = AlgorithmConfig.from_verl(data)  # misuse (bad values) raises here, in the caller
     return algorithm.to_dict() if algorithm.present else None
+
+
+def _distillation_json(data: Mapping[str, Any]) -> dict[str, Any] | None:
+    """verl's ``distillation`` section (``distillation_loss`` fields), validated like ``algorithm``."""
+    try:
+        from rlvitals.analyzers.distillation import DistillationConfig
+    except ImportError:  # no torch here: the server validates
+        section = data.get("distillation")
+        return dict(section) if isinstance(section, Mapping) else None
+    distillation = DistillationConfig.from_verl(data)  # misuse (bad values) raises here, in the caller
+    return distillation.to_dict() if distillation is not None else None
 
 
 def _group_ids(value: Any, batch: int, pending_cuda: dict):

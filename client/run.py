@@ -290,6 +290,8 @@ class Run:
         token_level_rewards: Any = None,
         group_index: Any = None,
         rollout_log_probs: Any = None,
+        rollout_is_weights: Any = None,
+        teacher_log_probs: Any = None,
         config: Any = None,
         reported: dict | None = None,
         micro_batch: int | None = None,
@@ -304,6 +306,11 @@ class Run:
 
         ``rollout_log_probs`` are the rollout engine's (vLLM/SGLang) log-probs of the sampled tokens, verl's
         ``rollout_log_probs``: with them the server audits rollout correction (``rollout_corr/*``).
+        ``rollout_is_weights`` are the importance weights the loss was multiplied by (verl's name; the
+        audit recomputes the weighted loss and compares them with the weights the config gives).
+        ``teacher_log_probs`` are an on-policy distillation teacher's log-probs of the sampled tokens
+        (verl's ``teacher_logprobs``): with a ``distillation`` config section the server audits the
+        ``distillation/*`` metrics.
         """
         if self.state is not Lifecycle.OPEN:
             raise RuntimeError(f"run {self.name!r} is {self.state.value}; log_batch() needs an open run")
@@ -331,6 +338,8 @@ class Run:
             "token_level_rewards": token_level_rewards,
             "group_index": group_index,
             "rollout_log_probs": rollout_log_probs,
+            "rollout_is_weights": rollout_is_weights,
+            "teacher_log_probs": teacher_log_probs,
         }
         if not sampled:
             _cheap_check(tensors)

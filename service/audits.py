@@ -6,7 +6,8 @@ every replica can read them, and refuses with ``Busy`` (429 + Retry-After) once
 claim jobs exactly once (``SELECT ... FOR UPDATE SKIP LOCKED`` on PostgreSQL; SQLite serialises its
 writers), run ``rlvitals.analyzers.audit`` (+ ``group_diagnostics``, the advantages of
 ``algorithm.adv_estimator`` when ``token_level_rewards`` came along, and the rollout correction when
-``rollout_log_probs`` did), store the result, feed the run's health
+``rollout_log_probs`` did, and verl's on-policy distillation loss when ``teacher_log_probs`` did), store
+the result, feed the run's health
 monitor (``audit_mismatch``, ``zero_advantage_groups``) and publish an ``audit`` event.
 
 Idle workers wake at once when this process queues a job, on a NOTIFY from another replica, or at
@@ -67,6 +68,7 @@ def audit_public(row: dict[str, Any]) -> dict[str, Any]:
         "groups": result.get("groups"),
         "advantages": result.get("advantages"),
         "rollout": result.get("rollout"),
+        "distillation": result.get("distillation"),
         "ok": result.get("ok"),
         "error": row.get("error"),
         "created_at": row["created_at"],
@@ -132,15 +134,24 @@ def run_audit(
         loss_tensors = {**tensors, "response_mask": rollout["_mask"]}
         if rollout["_weights"] is not None and "rollout_is_weights" not in tensors:
             loss_tensors["rollout_is_weights"] = rollout["_weights"]
+    distillation = _distillation_config(config, run_config, tensors)
+    loss_reported = decoded
+    if distillation is not None:  # verl's distillation_ppo_loss returns PPO + distillation: checked below
+        loss_reported = {k: v for k, v in decoded.items() if k.removeprefix("actor/") != "policy_loss"}
     if is_trl_config(config):  # a TRL GRPOTrainer batch: TRL's own loss, not verl's
         from rlvitals.analyzers.trl_audit import trl_audit
 
-        report = trl_audit(TrlLossConfig.from_dict(config), loss_tensors, decoded)
+        report = trl_audit(TrlLossConfig.from_dict(config), loss_tensors, loss_reported)
     else:
-        report = audit(LossConfig.from_verl(config), loss_tensors, decoded)
+        report = audit(LossConfig.from_verl(config), loss_tensors, loss_reported)
     result = report.to_dict()
     groups = None
     extra: list[str] = []
+    if distillation is not None:  # audit step: on-policy distillation (teacher_log_probs + config section)
+        distilled = _audit_distillation(distillation, config, loss_tensors, decoded, report)
+        result["distillation"] = distilled
+        if distilled["ok"] is False:
+            extra.append(distilled["explanation"])
     if "token_level_rewards" in tensors and "group_index" in tensors:
         groups = group_diagnostics(
             tensors["token_level_rewards"], tensors["response_mask"], tensors["group_index"]
@@ -166,6 +177,34 @@ def run_audit(
         result["ok"] = False
         result["explanation"] = " ".join([result["explanation"], *extra]).strip()
     return jsonable(result), result, groups
+
+
+def _distillation_config(config, run_config, tensors):
+    """verl's distillation loss settings for this batch (its config, else the run's) when the teacher's
+    log-probs came along; else None (no distillation audit)."""
+    from rlvitals.analyzers.distillation import TENSOR, DistillationConfig
+
+    if TENSOR not in tensors:
+        return None
+    found = DistillationConfig.from_verl(config)
+    if found is None and run_config:
+        found = DistillationConfig.from_verl(run_config)
+    return found if found is not None else DistillationConfig()  # verl's defaults (k3, policy gradient)
+
+
+def _audit_distillation(distillation, config, tensors, reported, report) -> dict[str, Any]:
+    """The distillation audit, with the reported total checked against the recomputed PPO total plus the
+    distillation term when the loss audit could recompute that total (KL/entropy tensors present)."""
+    from rlvitals.analyzers import LossConfig
+    from rlvitals.analyzers.distillation import audit_distillation
+
+    actor = LossConfig.from_verl(config)
+    base = report.recomputed.get("policy_loss")
+    if (actor.use_kl_loss and "ref_log_prob" not in tensors) or (
+        actor.entropy_coeff != 0 and "entropy" not in tensors
+    ):
+        base = None  # the PPO part is not reproducible: the total is not checked
+    return audit_distillation(distillation, actor, tensors, reported, policy_loss=base)
 
 
 class _Superseded(Exception):
@@ -325,7 +364,7 @@ class AuditPool(WorkerThreads):
 
             tensors = load_tensors(job["blob"])
             run_config = None
-            if "rollout_log_probs" in tensors or "token_level_rewards" in tensors:
+            if {"rollout_log_probs", "token_level_rewards", "teacher_log_probs"} & set(tensors):
                 with self.db.read() as session:  # the run's algorithm config, if the batch has none
                     run_config = (repo.get_run(session=session, run_id=job["run_id"]) or {}).get("config")
             result, report, groups = run_audit(

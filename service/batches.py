@@ -8,12 +8,15 @@ response_len)`` unless noted:
   one of those float dtypes);
 - optional (same float dtypes): ``ref_log_prob``, ``entropy``, ``rollout_is_weights`` (the IS weights
   the loss was multiplied by), ``token_level_rewards``,
-  ``rollout_log_probs`` (the rollout engine's log-probs, verl's name) and ``group_index``
+  ``rollout_log_probs`` (the rollout engine's log-probs, verl's name), ``teacher_log_probs`` (an
+  on-policy distillation teacher's log-probs of the sampled tokens, verl's ``teacher_logprobs``) and
+  ``group_index``
   ``(batch,)`` int64 (the GRPO group of each sequence; needs ``token_level_rewards``).
 
 safetensors metadata (all strings): ``step`` (int >= 0, required), ``config`` (JSON object of verl
 LossConfig fields, optionally with verl's ``algorithm`` section: ``adv_estimator``,
-``norm_adv_by_std_in_grpo``, ``gamma``, ``rollout_correction``), ``reported`` (JSON object: the metrics the trainer computed on exactly these
+``norm_adv_by_std_in_grpo``, ``gamma``, ``rollout_correction``, and verl's ``distillation`` section:
+``distillation_loss`` fields), ``reported`` (JSON object: the metrics the trainer computed on exactly these
 tensors), optional ``rank`` and ``micro_batch`` (ints) and ``record_id`` (the client's id of the
 upload, 1-128 printable ASCII characters without spaces: a resend with the same id is stored once).
 Anything wrong -> ``InvalidInput`` (422) naming the tensor or field.
@@ -34,7 +37,14 @@ if TYPE_CHECKING:  # torch is imported with the first batch: a scalar-only serve
     import torch
 
 REQUIRED = ("log_prob", "old_log_prob", "advantages", "response_mask")
-OPTIONAL_FLOAT = ("ref_log_prob", "entropy", "rollout_is_weights", "token_level_rewards", "rollout_log_probs")
+OPTIONAL_FLOAT = (
+    "ref_log_prob",
+    "entropy",
+    "rollout_is_weights",
+    "token_level_rewards",
+    "rollout_log_probs",
+    "teacher_log_probs",
+)
 ALLOWED = (*REQUIRED, *OPTIONAL_FLOAT, "group_index")
 FLOAT_TENSORS = ("log_prob", "old_log_prob", "advantages", *OPTIONAL_FLOAT)
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")  # what the audit computes in
@@ -294,4 +304,12 @@ def _check_config(config: dict[str, Any]) -> None:
     except (ValueError, TypeError) as exc:
         raise InvalidInput(
             f"safetensors metadata 'config' has an invalid 'algorithm' section: {exc}"
+        ) from exc
+    from rlvitals.analyzers.distillation import DistillationConfig
+
+    try:
+        DistillationConfig.from_verl(config)
+    except (ValueError, TypeError) as exc:
+        raise InvalidInput(
+            f"safetensors metadata 'config' has an invalid 'distillation' section: {exc}"
         ) from exc

@@ -130,6 +130,11 @@ class AuditPublic(BaseModel):
         description="Rollout correction recomputed from old_log_prob/rollout_log_probs/response_mask with "
         "algorithm.rollout_correction: verdicts on the reported rollout_corr/* and training/rollout_* values.",
     )
+    distillation: dict[str, Any] | None = Field(
+        None,
+        description="verl's on-policy distillation loss recomputed from log_prob/teacher_log_probs with the "
+        "config's distillation section: verdicts on the reported distillation/* values and the total loss.",
+    )
     ok: bool | None = None
     error: str | None = None
     created_at: float

@@ -13,6 +13,20 @@ b) ``ppo_loss(config, model_output, data, dp_group=None)`` — the same signatur
    ``token_level_rewards``/``uid`` groups when present, and the global batch info
    (``dp_size``, ``batch_num_tokens``, ``global_batch_size``). Bind it with
    ``actor.set_loss_fn(functools.partial(ppo_loss, config=actor_config))``.
+   ``distillation_ppo_loss`` does the same for verl's ``trainer.distillation.distillation_ppo_loss`` (the
+   loss verl binds when ``distillation.enabled``), and also records the teacher's log-probs of the sampled
+   tokens (``teacher_logprobs``) with the ``distillation_loss`` settings, so the server audits the
+   ``distillation/*`` metrics and the PPO + distillation total.
+   Both forward verl's ``rollout_is_weights`` and ``rollout_log_probs`` when the batch has them: the
+   server audits the weighted loss and compares the weights with the ones the rollout-correction config
+   gives (``configure(algorithm=cfg.algorithm)`` or the run's config supplies it).
+d) ``compute_rollout_correction_and_add_to_batch(batch, rollout_corr_config)`` — verl's driver-side
+   function (``trainer.ppo.rollout_corr_helper``), which it calls; on the steps the run's ``batch_every``
+   picks it also sends the whole batch (mask before rejection, ``old_log_probs``, ``rollout_log_probs``,
+   the weights verl computed) with verl's ``rollout_corr/*`` values, the only place they exist, so the
+   server recomputes the weights and rejection mask and checks them. ``RayPPOTrainer.fit`` imports that
+   function from its module at each step; ``install_rollout_correction()`` points the module's name at
+   this wrapper (the one opt-in swap of a verl attribute; ``uninstall_rollout_correction()`` undoes it).
 c) Scalars without touching verl at all: ``JsonlTailer`` follows the JSONL that verl's ``file`` logger
    writes (``VERL_FILE_LOGGER_PATH``) into a run; ``VerlTrackingLogger`` has verl's tracking-backend
    interface (``log(data, step)``, ``finish()``) for a ``Tracking.logger`` dict or a custom trainer.
@@ -76,15 +90,27 @@ _CONFIG_FIELDS = (
     "entropy_coeff",
 )
 _GLOBAL_BATCH_FIELDS = ("dp_size", "batch_num_tokens", "global_batch_size", "loss_scale_factor")
-# Reported values that include verl's rollout-correction weights (``rollout_is_weights``), which the
-# recorder cannot send: with weights present they are left out of ``reported`` (see ``_without_weighted``).
-_WEIGHTED = ("actor/pg_loss", "policy_loss")
+_DISTILLATION_FIELDS = (  # verl's DistillationLossConfig fields the server's distillation audit reads
+    "loss_mode",
+    "loss_max_clamp",
+    "use_policy_gradient",
+    "use_task_rewards",
+    "distillation_loss_coef",
+    "policy_loss_mode",
+    "clip_ratio",
+    "clip_ratio_low",
+    "clip_ratio_high",
+)
+_ESTIMATOR_MODES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")  # reproducible from log-probs
 
 __all__ = [
     "JsonlTailer",
     "RecordingError",
     "VerlTrackingLogger",
+    "compute_rollout_correction_and_add_to_batch",
     "configure",
+    "distillation_ppo_loss",
+    "install_rollout_correction",
     "loss_config",
     "policy_loss",
     "ppo_loss",
@@ -92,6 +118,7 @@ __all__ = [
     "recording_failures",
     "register",
     "set_step",
+    "uninstall_rollout_correction",
 ]
 
 _inside_ppo_loss: contextvars.ContextVar[bool] = contextvars.ContextVar(
@@ -108,7 +135,8 @@ class _Recorder:
         self.delegate = os.environ.get(ENV_DELEGATE, DEFAULT_DELEGATE)
         self.failures = Failures("a verl micro-batch")
         self.sampler: AuditSampler | None = None
-        self.weights_warned = False
+        self.algorithm: dict[str, Any] | None = None  # verl's algorithm section, sent with every batch
+        self.driver_steps = 0  # rollout-correction calls seen by the driver (one per training step)
         self._last_flag: bool | None = None
         self._lock = threading.Lock()
 
@@ -134,17 +162,9 @@ class _Recorder:
         except Exception as exc:  # the trainer's loss must never fail because recording did
             self.failures.add(exc)
 
-    def without_weighted(self, reported: dict[str, Any]) -> dict[str, Any]:
-        """``reported`` minus the values verl scaled by ``rollout_is_weights`` (warned about once)."""
-        if not self.weights_warned:
-            self.weights_warned = True
-            warnings.warn(
-                "rlvitals: verl applied rollout_is_weights (rollout correction) to this loss; "
-                f"{', '.join(_WEIGHTED)} are sent unaudited, the clip and KL metrics are still audited",
-                RecordingError,
-                stacklevel=3,
-            )
-        return {key: value for key, value in reported.items() if key not in _WEIGHTED}
+    def with_algorithm(self, config: dict[str, Any]) -> dict[str, Any]:
+        """A batch config plus ``configure(algorithm=...)``'s section, when one was given."""
+        return {**config, "algorithm": self.algorithm} if self.algorithm else config
 
 
 def _clock_from_env() -> StepClock:
@@ -177,8 +197,13 @@ def configure(
     step_fn: Any = None,
     calls_per_step: int | None = None,
     gap_s: float | None = None,
+    algorithm: Any = None,
 ) -> None:
     """Set this process's run, the wrapped policy loss and how the step is found (all optional).
+
+    ``algorithm``: verl's ``algorithm`` config section (``adv_estimator``, ``norm_adv_by_std_in_grpo``,
+    ``gamma``, ``rollout_correction``), sent with every micro-batch so the server checks the advantages
+    and the ``rollout_is_weights`` against it; without it the server reads the run's config.
 
     Without ``configure`` the recorders start a run from ``RLVITALS_URL``/``RLVITALS_PROJECT``/
     ``RLVITALS_RUN_NAME`` on their first call, which is what verl's Ray workers need.
@@ -188,6 +213,8 @@ def configure(
     fresh.run = RunRef(run, project=project, name=name)
     if delegate is not None:
         fresh.delegate = delegate
+    if algorithm is not None:
+        fresh.algorithm = _section(algorithm)
     if step_fn is not None or calls_per_step is not None or gap_s is not None:
         fresh.clock = StepClock(
             step_fn=step_fn,
@@ -237,8 +264,32 @@ def loss_config(
     return out
 
 
+def _section(section: Any) -> dict[str, Any]:
+    """A verl config section (dataclass, DictConfig or dict) as plain JSON values, nested sections too."""
+    if section is None:
+        return {}
+    out = _policy_loss_section(section)
+    for key, value in _items(section):
+        if value is not None and not isinstance(_plain(value), (str, int, float, bool)):
+            inner = _section(value)
+            if inner:
+                out[str(key)] = inner
+    return out
+
+
+def _items(section: Any) -> Any:
+    if isinstance(section, Mapping):
+        return dict(section).items()
+    if hasattr(section, "__dataclass_fields__"):
+        return ((name, getattr(section, name, None)) for name in section.__dataclass_fields__)
+    if hasattr(section, "items"):
+        return section.items()
+    return ()
+
+
 def _policy_loss_section(section: Any) -> dict[str, Any]:
-    """verl's ``policy_loss`` (a ``PolicyLossConfig``, DictConfig or dict) as plain scalars."""
+    """verl's ``policy_loss`` (a ``PolicyLossConfig``, DictConfig or dict) as plain scalars, plus its
+    ``rollout_correction`` when it is in ``bypass_mode`` (what the ``bypass_mode`` loss reads)."""
     if section is None:
         return {}
     if isinstance(section, Mapping):
@@ -254,6 +305,9 @@ def _policy_loss_section(section: Any) -> dict[str, Any]:
         value = _plain(value)
         if isinstance(value, (str, int, float, bool)) or value is None:
             out[str(key)] = value
+        elif str(key) == "rollout_correction" and _get(value, "bypass_mode"):
+            # verl's apply_bypass_mode fills it; otherwise it holds PolicyLossConfig's unused defaults
+            out[str(key)] = _policy_loss_section(value)
     return out
 
 
@@ -307,19 +361,20 @@ def policy_loss(
 
         def prepare() -> dict[str, Any]:  # only for a sampled call: scalars() may read device values
             reported = {**scalars(pg_metrics), "actor/pg_loss": pg_loss.detach()}
-            if rollout_is_weights is not None:
-                reported = recorder.without_weighted(reported)
             return {
                 "log_prob": log_prob.detach(),
                 "old_log_prob": old_log_prob,
                 "advantages": advantages,
                 "response_mask": response_mask,
+                "rollout_is_weights": rollout_is_weights,  # the weights verl multiplied the loss by
                 # the policy loss alone: verl adds the KL and entropy terms outside it (ppo_loss)
-                "config": {
-                    **loss_config(config, loss_agg_mode, loss_mode=recorder.delegate),
-                    "use_kl_loss": False,
-                    "entropy_coeff": 0.0,
-                },
+                "config": recorder.with_algorithm(
+                    {
+                        **loss_config(config, loss_agg_mode, loss_mode=recorder.delegate),
+                        "use_kl_loss": False,
+                        "entropy_coeff": 0.0,
+                    }
+                ),
                 "reported": reported,
             }
 
@@ -352,23 +407,166 @@ def ppo_loss(config: Any, model_output: Mapping[str, Any], data: Any, dp_group: 
         )
     finally:
         _inside_ppo_loss.reset(token)
-    log_probs = model_output["log_probs"]
-    if getattr(log_probs, "requires_grad", False):
-        recorder = _recorder
-        explicit = _non_tensor(data, "global_steps")
-        if explicit is not None:
-            recorder.clock.set(int(explicit))
-        new_step = recorder.boundary(_non_tensor(data, "update_lr_scheduler"))
-
-        def prepare() -> dict[str, Any]:  # only for a sampled call: scalars() may read device values
-            reported = {**scalars(metrics), "policy_loss": loss.detach()}
-            if _has(data, "rollout_is_weights"):
-                reported = recorder.without_weighted(reported)
-            batch = _padded_batch(model_output, data, _get(config, "rollout_n"))
-            return {**batch, "config": loss_config(config), "reported": reported}
-
-        recorder.record(new_step=new_step, prepare=prepare)
+    _record_loss_call(config, model_output, data, loss, metrics)
     return loss, metrics
+
+
+def _record_loss_call(config, model_output, data, loss, metrics, distillation: Any = None) -> None:
+    """Record one ``ppo_loss`` / ``distillation_ppo_loss`` call (training passes only)."""
+    if not getattr(model_output["log_probs"], "requires_grad", False):
+        return
+    recorder = _recorder
+    explicit = _non_tensor(data, "global_steps")
+    if explicit is not None:
+        recorder.clock.set(int(explicit))
+    new_step = recorder.boundary(_non_tensor(data, "update_lr_scheduler"))
+
+    def prepare() -> dict[str, Any]:  # only for a sampled call: scalars() may read device values
+        reported = {**scalars(metrics), "policy_loss": loss.detach()}
+        batch = _padded_batch(model_output, data, _get(config, "rollout_n"))
+        batch_config = recorder.with_algorithm(loss_config(config))
+        if distillation is not None:
+            settings = _distillation_section(distillation)
+            if settings.get("loss_mode") in _ESTIMATOR_MODES and _has(data, "teacher_logprobs"):
+                batch["teacher_log_probs"] = _teacher_log_probs(data)
+                batch_config["distillation"] = {"enabled": True, "distillation_loss": settings}
+            else:  # forward_kl_topk: needs the student's logits; the total and distillation/* go unaudited
+                reported = {
+                    k: v
+                    for k, v in reported.items()
+                    if k != "policy_loss" and not k.startswith("distillation/")
+                }
+        return {**batch, "config": batch_config, "reported": reported}
+
+    recorder.record(new_step=new_step, prepare=prepare)
+
+
+# ------------------------------------------------------------------- (b') recording distillation_ppo_loss
+
+
+def distillation_ppo_loss(
+    config: Any,
+    distillation_config: Any,
+    model_output: Mapping[str, Any] | None = None,
+    data: Any = None,
+    dp_group: Any = None,
+    student_logits: Any = None,
+    data_format: str = "thd",
+):
+    """``verl.trainer.distillation.distillation_ppo_loss`` plus recording; returns what it returns.
+
+    The logits-processor call (``student_logits`` given: verl's top-k loss) passes straight through. Bind it
+    with ``actor.set_loss_fn(functools.partial(distillation_ppo_loss, config=actor_config,
+    distillation_config=distillation_config))``, as verl's worker binds its own.
+    """
+    from verl.trainer.distillation import losses as distillation_losses
+
+    if student_logits is not None:
+        return distillation_losses.distillation_ppo_loss(
+            config, distillation_config, model_output, data, dp_group, student_logits, data_format
+        )
+    token = _inside_ppo_loss.set(True)
+    try:
+        loss, metrics = distillation_losses.distillation_ppo_loss(
+            config, distillation_config, model_output=model_output, data=data, dp_group=dp_group,
+            data_format=data_format,
+        )  # fmt: skip
+    finally:
+        _inside_ppo_loss.reset(token)
+    _record_loss_call(config, model_output, data, loss, metrics, distillation=distillation_config)
+    return loss, metrics
+
+
+def _distillation_section(distillation_config: Any) -> dict[str, Any]:
+    """``distillation_config.distillation_loss`` (verl's ``DistillationLossConfig``) as plain scalars."""
+    loss = _get(distillation_config, "distillation_loss")
+    out = {}
+    for name in _DISTILLATION_FIELDS:
+        value = _plain(_get(loss, name))
+        if value is not None or name == "loss_max_clamp":
+            out[name] = value
+    return out
+
+
+def _teacher_log_probs(data: Any):
+    """The teacher's log-probs of the sampled response tokens, ``(batch, response_len)``, as verl's
+    reverse-KL estimator loss reads them (``no_padding_2_padding(...).squeeze(-1)``)."""
+    from verl.workers.utils.padding import no_padding_2_padding
+
+    return no_padding_2_padding(data["teacher_logprobs"], data).squeeze(-1).detach()
+
+
+# ---------------------------------------------------------------- (d) driver-side rollout correction
+
+
+def compute_rollout_correction_and_add_to_batch(batch: Any, rollout_corr_config: Any):
+    """verl's ``compute_rollout_correction_and_add_to_batch`` plus recording; returns its
+    ``(batch, metrics)`` unchanged.
+
+    On a step the run's ``batch_every`` picks, the whole batch is sent (the ``rollout_corr/*`` values are
+    verl's numbers for all of it): ``old_log_probs`` (also as ``log_prob``: on the driver the actor is
+    still pi_old), ``rollout_log_probs``, the ``response_mask`` before rejection, the
+    ``rollout_is_weights`` verl added, and ``rollout_corr/*`` as ``reported``, with the config as
+    ``algorithm.rollout_correction``. Advantages do not exist yet at this point of verl's step: zeros are
+    sent, and no loss metric is reported with them. The step is ``batch.meta_info["global_steps"]`` when
+    verl put it there, else this call's count. A failure to record is counted, never raised.
+    """
+    from verl.trainer.ppo import rollout_corr_helper
+
+    verl_fn = getattr(rollout_corr_helper, "_rlvitals_original", None) or (
+        rollout_corr_helper.compute_rollout_correction_and_add_to_batch
+    )
+    mask_before = batch.batch["response_mask"]  # verl assigns a new mask tensor, this one stays as it was
+    batch, metrics = verl_fn(batch, rollout_corr_config)
+    recorder = _recorder
+    try:
+        recorder.driver_steps += 1
+        step = _plain((getattr(batch, "meta_info", None) or {}).get("global_steps")) or recorder.driver_steps
+        run = recorder.run.get()
+        every = getattr(getattr(run, "settings", None), "batch_every", 1) or 1
+        if int(step) % int(every) == 0:
+            old = batch.batch["old_log_probs"]
+            keys = set(batch.batch.keys())
+            weights = batch.batch["rollout_is_weights"] if "rollout_is_weights" in keys else None
+            run.log_batch(
+                int(step),
+                log_prob=old,
+                old_log_prob=old,
+                advantages=old.new_zeros(old.shape),
+                response_mask=mask_before.bool(),
+                rollout_log_probs=batch.batch["rollout_log_probs"],
+                rollout_is_weights=weights,
+                config={"algorithm": {"rollout_correction": _policy_loss_section(rollout_corr_config)}},
+                reported=scalars(metrics),
+                sampled=True,
+            )
+    except Exception as exc:  # the trainer's step must never fail because recording did
+        recorder.failures.add(exc)
+    return batch, metrics
+
+
+def install_rollout_correction() -> None:
+    """Point ``verl.trainer.ppo.rollout_corr_helper.compute_rollout_correction_and_add_to_batch`` (which
+    ``RayPPOTrainer.fit`` imports at every step) at :func:`compute_rollout_correction_and_add_to_batch`."""
+    from verl.trainer.ppo import rollout_corr_helper
+
+    if getattr(rollout_corr_helper, "_rlvitals_original", None) is None:
+        rollout_corr_helper._rlvitals_original = (
+            rollout_corr_helper.compute_rollout_correction_and_add_to_batch
+        )
+        rollout_corr_helper.compute_rollout_correction_and_add_to_batch = (
+            compute_rollout_correction_and_add_to_batch
+        )
+
+
+def uninstall_rollout_correction() -> None:
+    """Undo :func:`install_rollout_correction`."""
+    from verl.trainer.ppo import rollout_corr_helper
+
+    original = getattr(rollout_corr_helper, "_rlvitals_original", None)
+    if original is not None:
+        rollout_corr_helper.compute_rollout_correction_and_add_to_batch = original
+        rollout_corr_helper._rlvitals_original = None
 
 
 def _has(data: Any, key: str) -> bool:
@@ -393,6 +591,7 @@ _BATCH_NAMES = {  # verl's TensorDict keys -> log_batch keywords
     "ref_log_prob": "ref_log_prob",
     "token_level_rewards": "token_level_rewards",
     "rollout_log_probs": "rollout_log_probs",  # the inference engine's, when the rollout computed them
+    "rollout_is_weights": "rollout_is_weights",  # verl's rollout correction: the loss is weighted by them
 }
 
 

@@ -208,6 +208,30 @@ def test_sent_is_weights_are_checked_against_the_recomputed_ones() -> None:
     assert bad["ok"] is False and "rollout_is_weights differ" in bad["explanation"]
 
 
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_batch_normalised_weights_of_a_micro_batch_agree_up_to_the_batchs_normaliser(level) -> None:
+    old, rollout, mask = _pair(seed=6, b=8, scale=0.2)
+    kwargs = {"rollout_is": level, "rollout_is_threshold": 1.2, "rollout_is_batch_normalize": True}
+    weights, _, _ = rollout_correction(old, rollout, mask, **kwargs)  # normalised over all 8 rows
+    algorithm = AlgorithmConfig(rollout_correction=RolloutCorrectionConfig(**kwargs))
+    rows = slice(0, 3)  # the micro-batch a loss hook sends
+    tensors = {"log_prob": old[rows], "old_log_prob": old[rows], "response_mask": mask[rows],
+               "rollout_log_probs": rollout[rows]}  # fmt: skip
+    good = audit_rollout(algorithm, {**tensors, "rollout_is_weights": weights[rows]}, {})
+    assert good["ok"] is True and good["sent_weights"]["ok"] is True
+    assert good["sent_weights"]["batch_norm_scale"] != pytest.approx(1.0)  # the micro-batch's mean differs
+    whole = audit_rollout(algorithm, {**tensors, **dict(zip(tensors, (old, old, mask, rollout), strict=True)),
+                                      "rollout_is_weights": weights}, {})  # fmt: skip
+    assert whole["sent_weights"]["batch_norm_scale"] == pytest.approx(1.0)
+    unnormalised, _, _ = rollout_correction(
+        old, rollout, mask, **{**kwargs, "rollout_is_batch_normalize": False}
+    )
+    skewed = weights[rows].clone()
+    skewed[0] = unnormalised[rows][0]  # one row not normalised: no single factor fits
+    bad = audit_rollout(algorithm, {**tensors, "rollout_is_weights": skewed}, {})
+    assert bad["ok"] is False and "rollout_is_weights differ" in bad["explanation"]
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     seed=st.integers(0, 2**31 - 1),

@@ -26,8 +26,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 from rlvitals.analyzers import LossConfig, audit, recompute
@@ -35,7 +37,7 @@ from rlvitals.client.integrations import _common
 from rlvitals.client.integrations import verl as rv
 from rlvitals.client.testing import FakeServer
 from rlvitals.service.audits import run_audit
-from safetensors.torch import load
+from safetensors.torch import load, save
 
 import rlvitals
 from tests.support.sideenv import VERL, ensure, rlvitals_path
@@ -130,15 +132,23 @@ def test_every_loss_agg_mode_and_kl_estimator_audits_ok_on_the_real_update(side,
         assert run_audit(config, tensors, reported)[0]["ok"]
 
 
-def test_rollout_is_weights_leave_the_loss_unaudited_and_the_rest_audited(side):
+def test_rollout_is_weights_travel_with_the_batch_and_the_weighted_loss_is_audited(side):
     result = side["is_weights"]
-    assert len(result["warnings"]) == 1 and "rollout_is_weights" in result["warnings"][0]
+    assert result["warnings"] == []
     batches = [_decode(p) for p in result["batches"]]
     assert len(batches) == CALLS_PER_STEP
     for tensors, _, config, reported in batches:
-        assert "actor/pg_loss" not in reported and "policy_loss" not in reported
-        assert {"actor/pg_clipfrac", "actor/ppo_kl", "kl_loss", "actor/entropy_loss"} <= set(reported)
-        assert run_audit(config, tensors, reported)[0]["ok"]
+        assert {"actor/pg_loss", "policy_loss", "actor/pg_clipfrac", "kl_loss"} <= set(reported)
+        assert config["algorithm"]["rollout_correction"]["rollout_is"] == "token"
+        result, _, _ = run_audit(config, tensors, reported)
+        assert result["ok"] and result["rollout"]["sent_weights"]["ok"], result["explanation"]
+        assert result["verdicts"]["pg_loss"]["ok"]  # verl's weighted pg_loss, recomputed with the weights
+        unweighted = {k: v for k, v in tensors.items() if k != "rollout_is_weights"}
+        no_config = {k: v for k, v in config.items() if k != "algorithm"}
+        bad, _, _ = run_audit(
+            no_config, unweighted, reported
+        )  # weights applied, but neither sent nor configured
+        assert not bad["ok"] and not bad["verdicts"]["pg_loss"]["ok"]
 
 
 def test_tampered_report_from_real_verl_is_flagged(side):
@@ -340,3 +350,149 @@ def test_last_mini_batch_flag_flip_starts_a_step():
     recorder = rv._Recorder()
     flags = [False, False, True, True, False, True, False]
     assert [recorder.boundary(f) for f in flags] == [False, False, False, False, True, False, True]
+
+
+# --------------------------------------- rollout correction and distillation, through a real server
+
+
+def _upload_all(server, payloads: list[bytes]) -> list[dict]:
+    """POST each payload to a real ``rlvitals serve`` and wait for its audit."""
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        run_id = client.post("/api/v1/runs", json={"project": "verl-side", "name": "uploads"}).json()["id"]
+        ids = []
+        for body in payloads:
+            response = client.post(
+                f"/api/v1/runs/{run_id}/batches", content=body,
+                headers={"content-type": "application/octet-stream"},
+            )  # fmt: skip
+            assert response.status_code == 202, response.text
+            ids.append(response.json()["id"])
+        audits = []
+        for audit_id in ids:
+            deadline = time.monotonic() + 60
+            while True:
+                audit = client.get(f"/api/v1/audits/{audit_id}").json()
+                if audit["status"] != "pending" or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+            assert audit["status"] == "done", audit
+            audits.append(audit)
+    return audits
+
+
+def _retold(payload_hex: str, **reported) -> bytes:
+    """The payload with some reported values replaced (a tampered report of the same tensors)."""
+    tensors, meta, _, old = _decode(payload_hex)
+    record_id = f"{meta['record_id']}-{os.urandom(3).hex()}"  # another upload, not a resend of this one
+    return save(tensors, {**meta, "reported": json.dumps({**old, **reported}), "record_id": record_id})
+
+
+def test_verls_rollout_correction_through_the_hooks_audits_ok_on_a_real_server(side, serve):
+    result = side["rollout_correction"]
+    assert result["failures"] == 0
+    assert result["hooked"]["table"] == result["plain"]["table"]  # the hooks changed nothing in training
+    assert [s["metrics"] for s in result["hooked"]["steps"]] == [
+        s["metrics"] for s in result["plain"]["steps"]
+    ]
+    decoded = [_decode(p) for p in result["batches"]]
+    driver = [
+        i for i, (_, _, _, reported) in enumerate(decoded) if "rollout_corr/rollout_is_mean" in reported
+    ]
+    assert (
+        len(driver) == 2 and len(decoded) == 2 + 2 * CALLS_PER_STEP
+    )  # one whole batch per step + micro-batches
+    audits = _upload_all(serve(), [bytes.fromhex(p) for p in result["batches"]])
+    for i, got in enumerate(audits):
+        assert got["ok"] is True, got["explanation"]
+        rollout = got["rollout"]
+        assert rollout["ok"] is True and rollout["sent_weights"]["ok"] is True
+        assert rollout["config"] == result["config"]
+        if i in driver:  # verl's own rollout_corr/* numbers for the whole batch, every one recomputed
+            reported = decoded[i][3]
+            names = {k for k in reported if k.startswith("rollout_corr/")}
+            assert set(rollout["verdicts"]) == names and len(names) > 20
+            assert rollout["rejected_tokens"] > 0  # verl's token_k1 rejection, reproduced
+            step = result["hooked"]["steps"][int(got["step"]) - 1]["metrics"]
+            assert all(step[k] == pytest.approx(reported[k]) for k in names)  # what verl logged that step
+        else:  # the actor's micro-batch: weighted loss on the mask after rejection
+            assert got["verdicts"]["pg_loss"]["ok"] and got["verdicts"]["policy_loss"]["ok"]
+
+
+def test_a_tampered_rollout_corr_value_from_real_verl_is_flagged_with_the_reason(side, serve):
+    result = side["rollout_correction"]
+    payload = next(p for p in result["batches"] if "rollout_corr/rollout_is_mean" in _decode(p)[3])
+    honest = _decode(payload)[3]
+    bodies = [
+        _retold(payload, **{"rollout_corr/rollout_is_mean": honest["rollout_corr/rollout_is_mean"] * 1.1}),
+        _retold(payload, **{"rollout_corr/rollout_rs_masked_fraction": 0.0}),
+    ]
+    first, second = _upload_all(serve(), bodies)
+    assert (
+        first["ok"] is False and first["rollout"]["verdicts"]["rollout_corr/rollout_is_mean"]["ok"] is False
+    )
+    assert "Rollout correction mismatch: rollout_corr/rollout_is_mean reported" in first["explanation"]
+    assert (
+        second["ok"] is False and "rollout_corr/rollout_rs_masked_fraction reported" in second["explanation"]
+    )
+
+
+def test_a_micro_batch_weighted_with_other_weights_is_flagged(side):
+    result = side["rollout_correction"]
+    payload = next(p for p in result["batches"] if "policy_loss" in _decode(p)[3])
+    tensors, _, config, reported = _decode(payload)
+    mask = tensors["response_mask"].bool()
+    untruncated = (tensors["old_log_prob"] - tensors["rollout_log_probs"]).exp() * mask  # TIS forgotten
+    bad, _, _ = run_audit(config, {**tensors, "rollout_is_weights": untruncated}, reported)
+    assert bad["ok"] is False and "rollout_is_weights differ" in bad["explanation"]
+
+
+@pytest.mark.parametrize("name", ["pg", "supervised"])
+def test_verls_distillation_ppo_loss_through_the_hook_audits_ok_on_a_real_server(side, serve, name):
+    result = side["distillation"][name]
+    assert result["failures"] == 0
+    assert result["hooked"]["table"] == result["plain"]["table"]
+    assert [s["metrics"] for s in result["hooked"]["steps"]] == [
+        s["metrics"] for s in result["plain"]["steps"]
+    ]
+    decoded = [_decode(p) for p in result["batches"]]
+    assert len(decoded) == 2 * CALLS_PER_STEP
+    for tensors, _, config, _ in decoded:
+        assert (
+            "teacher_log_probs" in tensors and tensors["teacher_log_probs"].shape == tensors["log_prob"].shape
+        )
+        assert config["distillation"]["distillation_loss"]["loss_mode"] == ("k3" if name == "pg" else "k2")
+    audits = _upload_all(serve(), [bytes.fromhex(p) for p in result["batches"]])
+    for got in audits:
+        assert got["ok"] is True, got["explanation"]
+        distilled = got["distillation"]
+        assert (
+            distilled["ok"] is True and distilled["verdicts"]["policy_loss"]["ok"]
+        )  # PPO + coef * distillation
+        expected = {
+            "distillation/loss",
+            "distillation/abs_loss",
+            "distillation/loss_min",
+            "distillation/loss_max",
+        }
+        if name == "pg":
+            expected |= {"distillation/pg_clipfrac", "distillation/ppo_kl", "distillation/pg_clipfrac_lower"}
+        assert expected | {"policy_loss"} == set(distilled["verdicts"])
+        assert {"pg_loss", "pg_clipfrac", "ppo_kl"} <= set(got["verdicts"])  # the PPO part, as usual
+
+
+def test_a_tampered_distillation_report_from_real_verl_is_flagged_with_the_reason(side, serve):
+    payload = side["distillation"]["pg"]["batches"][5]
+    honest = _decode(payload)[3]
+    bad_loss, bad_total = _upload_all(
+        serve(),
+        [
+            _retold(payload, **{"distillation/loss": honest["distillation/loss"] + 0.5}),
+            _retold(payload, policy_loss=honest["policy_loss"] - 0.5 * honest["distillation/loss"] - 0.1),
+        ],
+    )
+    assert (
+        bad_loss["ok"] is False
+        and "Distillation mismatch: distillation/loss reported" in bad_loss["explanation"]
+    )
+    assert bad_total["ok"] is False and bad_total["distillation"]["verdicts"]["policy_loss"]["ok"] is False
+    assert all(v["ok"] for v in bad_total["verdicts"].values())  # the PPO metrics themselves agree

@@ -240,7 +240,9 @@ def trainer_config(actor: ActorConfig, shuffle: bool = True):
     )
 
 
-def rollout(step: int, model: TinyModel, is_weights: bool = False) -> DataProto:
+def rollout(
+    step: int, model: TinyModel, is_weights: bool = False, teacher: TinyModel | None = None
+) -> DataProto:
     """One generation batch, padded as verl's trainer holds it, with old log-probs from the actor."""
     g = torch.Generator().manual_seed(1000 + step)
     prompt_lens = torch.randint(1, 4, (BATCH,), generator=g)
@@ -283,6 +285,13 @@ def rollout(step: int, model: TinyModel, is_weights: bool = False) -> DataProto:
     }
     if is_weights:  # what verl's decoupled rollout correction adds: clipped pi_old / pi_rollout per token
         batch["rollout_is_weights"] = (old - batch["rollout_log_probs"]).exp().clamp(max=2.0) * response_mask
+    if teacher is not None:  # what verl's teacher workers add: (batch, seq_len, topk=1), left-right padded
+        with torch.no_grad():
+            scored = teacher(nopad["input_ids"])["log_probs"].values()
+        padded = torch.zeros(attention.shape)
+        padded[attention.bool()] = scored  # unpad_input's row-major order of the valid positions
+        batch["teacher_logprobs"] = padded.unsqueeze(-1)
+        batch["teacher_ids"] = torch.roll(input_ids, -1, dims=1).unsqueeze(-1)
     import numpy as np
 
     return DataProto.from_dict(tensors=batch, non_tensors={"uid": np.array(uid, dtype=object)})
@@ -307,6 +316,8 @@ def train(
     shuffle: bool = True,
     is_weights: bool = False,
     tracking: Tracking | None = None,
+    rollout_correction=None,
+    distillation=None,
 ) -> dict:
     """``steps`` verl actor updates with ``loss_fn`` bound through ``TrainingWorker.set_loss_fn``."""
     torch.manual_seed(seed)
@@ -314,17 +325,27 @@ def train(
     worker = Worker(TinyEngine(model), micro_batch)
     TrainingWorker.set_loss_fn(worker, loss_fn)
     done, rollouts = [], []
+    teacher = TinyModel(seed + 100) if distillation is not None else None
     for step in range(1, steps + 1):
-        batch = rollout(step, model, is_weights)
+        batch = rollout(step, model, is_weights, teacher)
+        if rollout_correction is not None:  # as RayPPOTrainer.fit calls it: imported from its module
+            from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
+
+            batch, corr_metrics = compute_rollout_correction_and_add_to_batch(batch, rollout_correction)
         actor = actor_config()
+        config = trainer_config(actor, shuffle)
+        if distillation is not None:
+            config.distillation = {"enabled": True}
         trainer = types.SimpleNamespace(
-            config=trainer_config(actor, shuffle),
-            distillation_config=None,
+            config=config,
+            distillation_config=distillation,
             actor_rollout_wg=types.SimpleNamespace(update_actor=worker.train_mini_batch),
         )
         started = time.perf_counter()
         output = RayPPOTrainer._update_actor(trainer, batch)
         metrics = reduce_metrics(output.meta_info["metrics"])
+        if rollout_correction is not None:
+            metrics.update(corr_metrics)  # the driver logs them beside the actor's (RayPPOTrainer.fit)
         done.append({"step": step, "metrics": _plain(metrics), "seconds": time.perf_counter() - started})
         rollouts.append(
             {k: batch.batch[k].tolist() for k in ("old_log_probs", "rollout_log_probs", "advantages")}
@@ -412,10 +433,11 @@ def scenario_agg_modes(options: dict) -> dict:
 
 
 def scenario_is_weights(options: dict) -> dict:
-    """A batch carrying ``rollout_is_weights``: verl's pg_loss includes them, the recorder must not claim it."""
+    """A batch carrying ``rollout_is_weights`` (token TIS at 2.0): verl's pg_loss includes them; they are
+    sent with the batch and the algorithm section names the correction that made them."""
     server = FakeServer()
     run = _run(server, "is-weights", batch_every=1, batch_micro_batches="all", **options)
-    rv.configure(run)
+    rv.configure(run, algorithm={"rollout_correction": {"rollout_is": "token", "rollout_is_threshold": 2.0}})
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         train(functools.partial(rv.ppo_loss, config=actor_config()), steps=1, is_weights=True)
@@ -425,6 +447,79 @@ def scenario_is_weights(options: dict) -> dict:
         "batches": _payloads(server, run),
         "warnings": [str(w.message) for w in caught if issubclass(w.category, rv.RecordingError)],
     }
+
+
+ROLLOUT_CORRECTION = {  # token TIS + token-level k1 rejection: some tokens rejected, weights clipped
+    "rollout_is": "token",
+    "rollout_is_threshold": 1.04,
+    "rollout_is_batch_normalize": False,
+    "rollout_rs": "token_k1",
+    "rollout_rs_threshold": "0.95_1.05",
+    "bypass_mode": False,
+    "loss_type": "ppo_clip",
+}
+
+
+def scenario_rollout_correction(options: dict) -> dict:
+    """verl's real decoupled rollout correction (``rollout_corr_helper``) on the driver, through
+    ``install_rollout_correction``, then the actor update with the IS weights and the mask after rejection
+    through the ``ppo_loss`` hook, against the same steps without the hooks."""
+    from verl.trainer.config.algorithm import RolloutCorrectionConfig
+
+    def config():
+        return RolloutCorrectionConfig(**ROLLOUT_CORRECTION)
+
+    plain = train(
+        functools.partial(losses.ppo_loss, config=actor_config()), steps=2, rollout_correction=config()
+    )
+    server = FakeServer()
+    run = _run(server, "rollout-correction", batch_every=1, batch_micro_batches="all", **options)
+    rv.configure(run, algorithm={"rollout_correction": config()})
+    rv.install_rollout_correction()
+    try:
+        hooked = train(
+            functools.partial(rv.ppo_loss, config=actor_config()), steps=2, rollout_correction=config()
+        )
+    finally:
+        rv.uninstall_rollout_correction()
+    run.finish(timeout=10)
+    failures = rv.recording_failures()
+    rv.configure()
+    return {"plain": plain, "hooked": hooked, "batches": _payloads(server, run), "failures": failures,
+            "config": ROLLOUT_CORRECTION}  # fmt: skip
+
+
+def scenario_distillation(options: dict) -> dict:
+    """verl's own ``distillation_ppo_loss`` (k3 reverse-KL estimator as a policy-gradient reward, with the
+    task loss at coefficient 0.5) bound with ``set_loss_fn`` through the recording wrapper, against verl's."""
+    from verl.trainer.distillation import losses as dl
+    from verl.workers.config import DistillationConfig, DistillationLossConfig
+
+    results = {}
+    for name, loss_cfg in (
+        ("pg", {"loss_mode": "k3", "distillation_loss_coef": 0.5}),
+        ("supervised", {"loss_mode": "k2", "use_policy_gradient": False, "loss_max_clamp": 0.5}),
+    ):
+
+        def distillation(loss_cfg=loss_cfg):
+            return DistillationConfig(distillation_loss=DistillationLossConfig(**loss_cfg))
+
+        bound = functools.partial(
+            dl.distillation_ppo_loss, config=actor_config(), distillation_config=distillation()
+        )
+        plain = train(bound, steps=2, distillation=distillation())
+        server = FakeServer()
+        run = _run(server, f"distillation-{name}", batch_every=1, batch_micro_batches="all", **options)
+        rv.configure(run)
+        hooked = train(
+            functools.partial(rv.distillation_ppo_loss, config=actor_config(), distillation_config=distillation()),
+            steps=2, distillation=distillation(),
+        )  # fmt: skip
+        run.finish(timeout=10)
+        results[name] = {"plain": plain, "hooked": hooked, "batches": _payloads(server, run),
+                         "failures": rv.recording_failures()}  # fmt: skip
+        rv.configure()
+    return results
 
 
 def scenario_groups(options: dict) -> dict:
@@ -586,6 +681,8 @@ SCENARIOS = {
     "groups": scenario_groups,
     "agg_modes": scenario_agg_modes,
     "is_weights": scenario_is_weights,
+    "rollout_correction": scenario_rollout_correction,
+    "distillation": scenario_distillation,
     "broken": scenario_broken,
     "delegates": scenario_delegates,
     "tracking": scenario_tracking,
