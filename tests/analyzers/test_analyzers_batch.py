@@ -207,3 +207,46 @@ def test_the_run_config_supplies_the_algorithm_when_the_batch_has_none():
     assert audit_batch(batch).advantages is None  # no group_index, no estimator named
     out = audit_batch(batch, run_config={"algorithm": {"adv_estimator": "reinforce_plus_plus"}})
     assert out.advantages["estimator"] == "reinforce_plus_plus"
+
+
+# --- the client's capture reads the same table and the same parse ---------------------------------
+
+
+def test_client_capture_uses_the_contracts_table_and_config_parse():
+    from rlvitals.client.capture import capture
+
+    tensors = {k: v.float() for k, v in _tensors().items()}
+    captured = capture(
+        step=1,
+        rank=0,
+        micro_batch=0,
+        tensors={**tensors, "rollout_is_weights": torch.ones(4, 16)},
+        config={"clip_ratio": 0.3, "algorithm": {"adv_estimator": "rloo"}},
+        reported={},
+    )
+    assert "rollout_is_weights" in captured.tensors  # OPTIONAL of the shared table
+    sent = json.loads(captured.metadata["config"])
+    loss, algorithm = parse_config(sent)  # what the client sends parses to what it was given
+    assert loss.clip_ratio == 0.3 and algorithm.adv_estimator == "rloo"
+    trl = json.loads(
+        capture(
+            step=1,
+            rank=0,
+            micro_batch=0,
+            tensors=tensors,
+            config={"trainer": "trl", "loss_type": "grpo"},
+            reported={},
+        ).metadata["config"]
+    )
+    assert isinstance(parse_config(trl)[0], TrlLossConfig)
+    with pytest.raises(ValueError, match="clip_ratio_c"):  # misuse raises in the caller, as before
+        capture(step=1, rank=0, micro_batch=0, tensors=tensors, config={"clip_ratio_c": 0.5}, reported={})
+    with pytest.raises(TypeError, match="log_batch: group_index needs token_level_rewards"):
+        capture(
+            step=1,
+            rank=0,
+            micro_batch=0,
+            tensors={**tensors, "group_index": torch.zeros(4, dtype=torch.int64)},
+            config=None,
+            reported={},
+        )
