@@ -45,6 +45,11 @@ _EXPORTS: dict[str, str] = {
     "audit": "auditing",
     "counterfactuals": "auditing",
     "AuditReport": "auditing",
+    # batch.py: the batch contract (one validation, one config parse, one audit_batch)
+    "AuditBatch": "batch",
+    "BatchAudit": "batch",
+    "BatchError": "batch",
+    "audit_batch": "batch",
     # trl.py, trl_audit.py (TRL 1.16 GRPOTrainer's own loss)
     "TrlLossConfig": "trl",
     "trl_loss": "trl",

@@ -10,12 +10,16 @@ safetensors bytes the HTTP API takes (never pickle). Tensors, all ``(batch, resp
 
     log_prob, old_log_prob, advantages, response_mask       required
     ref_log_prob, entropy, token_level_rewards              optional
+    rollout_is_weights                                      optional (the IS weights the loss applied)
     rollout_log_probs                                       optional (the rollout engine's log-probs,
                                                             verl's name; audits rollout correction)
-    rollout_is_weights                                      optional (the IS weights the loss applied)
     teacher_log_probs                                       optional (a distillation teacher's log-probs
                                                             of the sampled tokens; audits distillation/*)
     group_index                                             optional (ints, or verl's uid strings)
+
+The names and which tensor needs which come from the batch contract's rule table
+(``rlvitals.analyzers.batch_rules``, pure Python: the server checks the same table), and the config
+is parsed by the contract's ``parse_config`` (misuse raises here, in the caller).
 """
 
 from __future__ import annotations
@@ -27,18 +31,10 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from rlvitals.analyzers import batch_rules as rules
 from rlvitals.client.values import DeviceScalar, check_metrics, copy_device_scalars, encode_value
 
-REQUIRED = ("log_prob", "old_log_prob", "advantages", "response_mask")
-OPTIONAL = (
-    "ref_log_prob",
-    "entropy",
-    "token_level_rewards",
-    "rollout_log_probs",
-    "rollout_is_weights",
-    "teacher_log_probs",
-)
-ALL_NAMES = (*REQUIRED, *OPTIONAL, "group_index")
+REQUIRED, OPTIONAL, ALL_NAMES = rules.REQUIRED, rules.OPTIONAL, rules.ALLOWED
 
 
 class CapturedBatch:
@@ -144,19 +140,7 @@ def _config_json(config: Any) -> str:
     if hasattr(config, "to_dict") and callable(config.to_dict):
         data = config.to_dict()
     elif isinstance(config, Mapping):
-        data = dict(config)
-        try:
-            from rlvitals.analyzers.config import LossConfig
-        except ImportError:  # analyzers not installed alongside: the server validates instead
-            LossConfig = None
-        if LossConfig is not None:
-            algorithm = _algorithm_json(data)
-            distillation = _distillation_json(data)
-            data = LossConfig.from_verl(data).to_dict()  # misuse (bad values) raises here, in the caller
-            if algorithm:
-                data["algorithm"] = algorithm
-            if distillation:
-                data["distillation"] = distillation
+        data = _parsed_config(dict(config))
     else:
         raise TypeError(f"config must be a LossConfig or a dict, got {type(config).__name__}")
     try:
@@ -165,27 +149,35 @@ def _config_json(config: Any) -> str:
         raise ValueError(f"config is not JSON-serialisable: {exc}") from None
 
 
-def _algorithm_json(data: Mapping[str, Any]) -> dict[str, Any] | None:
-    """verl's ``algorithm`` section (``adv_estimator``, ``norm_adv_by_std_in_grpo``, ``gamma``,
-    ``rollout_correction``), validated when the analyzers and torch are importable, else sent as given."""
+def _parsed_config(data: dict[str, Any]) -> dict[str, Any]:
+    """A config mapping through the batch contract's one parse (``parse_config``: verl's actor
+    section, or a TRL batch's settings, plus verl's ``algorithm`` and ``distillation`` sections), as the
+    server will read it;
+    misuse (bad values) raises here, in the caller. Without torch the server validates instead."""
     try:
-        from rlvitals.analyzers.algorithm import AlgorithmConfig
-    except ImportError:  # no torch here: the server validates
-        section = data.get("algorithm")
-        return dict(section) if isinstance(section, Mapping) else None
-    algorithm = AlgorithmConfig.from_verl(data)  # misuse (bad values) raises here, in the caller
-    return algorithm.to_dict() if algorithm.present else None
+        from rlvitals.analyzers.batch import ConfigError, parse_config, parse_distillation
 
+        loss, algorithm = parse_config(data)
+        distillation = parse_distillation(data)
+    except (
+        ImportError
+    ):  # no torch here: the loss fields still checked (pure Python), the server does the rest
+        from rlvitals.analyzers.config import LossConfig
 
-def _distillation_json(data: Mapping[str, Any]) -> dict[str, Any] | None:
-    """verl's ``distillation`` section (``distillation_loss`` fields), validated like ``algorithm``."""
-    try:
-        from rlvitals.analyzers.distillation import DistillationConfig
-    except ImportError:  # no torch here: the server validates
-        section = data.get("distillation")
-        return dict(section) if isinstance(section, Mapping) else None
-    distillation = DistillationConfig.from_verl(data)  # misuse (bad values) raises here, in the caller
-    return distillation.to_dict() if distillation is not None else None
+        out = LossConfig.from_verl(data).to_dict()
+        for name in ("algorithm", "distillation"):
+            section = data.get(name)
+            if isinstance(section, Mapping):
+                out[name] = dict(section)
+        return out
+    except ConfigError as exc:  # the parser's own exception (TypeError / ValueError), as before
+        raise exc.__cause__ from None
+    out = loss.to_dict()
+    if algorithm.present:
+        out["algorithm"] = algorithm.to_dict()
+    if distillation is not None:
+        out["distillation"] = distillation.to_dict()
+    return out
 
 
 def _group_ids(value: Any, batch: int, pending_cuda: dict):
@@ -244,11 +236,10 @@ def capture(
         elif tuple(value.shape) != shape:
             raise ValueError(f"log_batch: {name} has shape {tuple(value.shape)}, log_prob has {shape}")
         host[name] = _copy_to_host(value, pending_cuda)
-    if tensors.get("group_index") is not None:
-        if "token_level_rewards" not in host:
-            raise TypeError(
-                "log_batch: group_index needs token_level_rewards (the GRPO advantage audit uses both)"
-            )
+    if tensors.get(rules.GROUP_INDEX) is not None:
+        partner = rules.missing_partner([*host, rules.GROUP_INDEX])
+        if partner:
+            raise TypeError(f"log_batch: {partner}")
         host["group_index"] = _group_ids(tensors["group_index"], shape[0], pending_cuda)
     events = []
     if pending_cuda:

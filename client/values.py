@@ -15,7 +15,7 @@ import operator
 import sys
 from typing import Any
 
-NAN, POS_INF, NEG_INF = "NaN", "Infinity", "-Infinity"
+from rlvitals.analyzers.batch_rules import NAN, NEG_INF, POS_INF  # the one spelling table
 
 
 class DeviceScalar:

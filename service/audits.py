@@ -4,11 +4,11 @@
 every replica can read them, and refuses with ``Busy`` (429 + Retry-After) once
 ``audit_queue_size`` jobs are waiting, so memory and disk never grow without bound. Worker threads
 claim jobs exactly once (``SELECT ... FOR UPDATE SKIP LOCKED`` on PostgreSQL; SQLite serialises its
-writers), run ``rlvitals.analyzers.audit`` (+ ``group_diagnostics``, the advantages of
-``algorithm.adv_estimator`` when ``token_level_rewards`` came along, and the rollout correction when
-``rollout_log_probs`` did, and verl's on-policy distillation loss when ``teacher_log_probs`` did), store
-the result, feed the run's health
-monitor (``audit_mismatch``, ``zero_advantage_groups``) and publish an ``audit`` event.
+writers), run the batch contract's ``rlvitals.analyzers.batch.audit_batch`` (the loss audit, the group
+diagnostics, the advantage check, the rollout correction, the distillation loss: this module only
+queues and stores), store
+the result, feed the run's health monitor (``audit_mismatch``, ``zero_advantage_groups``), publish an
+``audit`` event, and then store the batch's histograms for the dashboard.
 
 Idle workers wake at once when this process queues a job, on a NOTIFY from another replica, or at
 worst every ``audit_poll_interval`` seconds. A job claimed by a replica that died is handed out again
@@ -18,13 +18,12 @@ after ``audit_claim_timeout`` seconds.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import secrets
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rlvitals.service.alerts import apply_findings
 from rlvitals.service.batches import Batch
@@ -38,12 +37,7 @@ from rlvitals.service.storage.database import Database
 from rlvitals.service.telemetry import Telemetry
 from rlvitals.service.workers import WorkerThreads
 
-if TYPE_CHECKING:  # torch is imported with the first audit: a scalar-only server never loads it
-    import torch
-
 log = logging.getLogger("rlvitals.service.audits")
-
-_SPELLED = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
 def audit_public(row: dict[str, Any]) -> dict[str, Any]:
@@ -100,111 +94,28 @@ def get_audit(ctx, audit_id: int) -> dict[str, Any]:
     return audit_public(row)
 
 
-def _decode_reported(reported: dict[str, Any]) -> dict[str, float | None]:
-    return {k: (_SPELLED[v] if isinstance(v, str) else v) for k, v in (reported or {}).items()}
+def audit_histograms(ctx, audit_id: int) -> dict[str, Any]:
+    """The histograms of an audit's batch: stored with its result, else computed from its tensors
+    while the server still holds them (``keep_batches``), else ``NotFound`` saying why."""
+    with ctx.db.read() as session:
+        row = repo.get_audit(session=session, audit_id=audit_id)
+        if row is None:
+            raise NotFound(f"audit {audit_id} does not exist")
+        stored = (row.get("result") or {}).get("histograms")
+        if stored:
+            return stored
+        blob = repo.get_audit_blob(session=session, audit_id=audit_id)
+    if blob is None:
+        raise NotFound(
+            f"audit {audit_id} has no histograms and its tensors were dropped; the server stores them "
+            "after each audit unless RLVITALS_AUDIT_HISTOGRAMS=false (RLVITALS_KEEP_BATCHES=true keeps "
+            "the tensors themselves)"
+        )
+    from rlvitals.analyzers.batch import AuditBatch, batch_histograms
+    from rlvitals.service.batches import load_tensors
 
-
-def run_audit(
-    config: dict[str, Any],
-    tensors: dict[str, torch.Tensor],
-    reported: dict[str, Any],
-    run_config: dict[str, Any] | None = None,
-):
-    """Audit one batch -> (JSON-safe result, the result as the monitor reads it, group diagnostics).
-
-    ``rlvitals.analyzers.audit`` checks the reported loss metrics. The ``algorithm`` section of the batch
-    config (else of the run config: verl's ``algorithm.*``) drives two more checks, each of which fails
-    the audit on a mismatch: with ``token_level_rewards`` (+ ``group_index``) the advantages are
-    recomputed with ``adv_estimator``; with ``rollout_log_probs`` the rollout correction is recomputed
-    and the reported ``rollout_corr/*`` values checked (``result["rollout"]``).
-    """
-    from rlvitals.analyzers import LossConfig, audit, group_diagnostics
-    from rlvitals.analyzers.algorithm import AlgorithmConfig, audit_rollout, check_advantages
-    from rlvitals.analyzers.trl import TrlLossConfig, is_trl_config
-
-    decoded = _decode_reported(reported)
-    algorithm = AlgorithmConfig.from_verl(config)
-    if not algorithm.present and run_config:
-        algorithm = AlgorithmConfig.from_verl(run_config)
-    rollout = audit_rollout(algorithm, tensors, decoded)
-    loss_tensors = tensors
-    if rollout is not None and rollout["ok"] is not None and not rollout["config"]["bypass_mode"]:
-        # verl's actor trains on the mask after rejection, its loss weighted by the IS weights (when the
-        # trainer did not send the weights it applied, the loss is audited with the recomputed ones)
-        loss_tensors = {**tensors, "response_mask": rollout["_mask"]}
-        if rollout["_weights"] is not None and "rollout_is_weights" not in tensors:
-            loss_tensors["rollout_is_weights"] = rollout["_weights"]
-    distillation = _distillation_config(config, run_config, tensors)
-    loss_reported = decoded
-    if distillation is not None:  # verl's distillation_ppo_loss returns PPO + distillation: checked below
-        loss_reported = {k: v for k, v in decoded.items() if k.removeprefix("actor/") != "policy_loss"}
-    if is_trl_config(config):  # a TRL GRPOTrainer batch: TRL's own loss, not verl's
-        from rlvitals.analyzers.trl_audit import trl_audit
-
-        report = trl_audit(TrlLossConfig.from_dict(config), loss_tensors, loss_reported)
-    else:
-        report = audit(LossConfig.from_verl(config), loss_tensors, loss_reported)
-    result = report.to_dict()
-    groups = None
-    extra: list[str] = []
-    if distillation is not None:  # audit step: on-policy distillation (teacher_log_probs + config section)
-        distilled = _audit_distillation(distillation, config, loss_tensors, decoded, report)
-        result["distillation"] = distilled
-        if distilled["ok"] is False:
-            extra.append(distilled["explanation"])
-    if "token_level_rewards" in tensors and "group_index" in tensors:
-        groups = group_diagnostics(
-            tensors["token_level_rewards"], tensors["response_mask"], tensors["group_index"]
-        ).to_dict()
-        result["groups"] = groups
-    if "token_level_rewards" in tensors and ("group_index" in tensors or algorithm.adv_estimator is not None):
-        advantages = check_advantages(algorithm, tensors)
-        result["advantages"] = advantages
-        if advantages["ok"] is False:
-            name = advantages["estimator"]
-            extra.append(
-                f"The sent advantages differ from {name.upper()} advantages (adv_estimator={name!r}) recomputed "
-                f"from token_level_rewards and group_index by up to {advantages['max_abs_err']:.3g} "
-                f"(norm_adv_by_std_in_grpo={advantages['norm_adv_by_std_in_grpo']}, gamma={advantages['gamma']})."
-            )
-    if rollout is not None:
-        rollout.pop("_mask", None)
-        rollout.pop("_weights", None)
-        result["rollout"] = rollout
-        if rollout["ok"] is False:
-            extra.append(rollout["explanation"])
-    if extra:
-        result["ok"] = False
-        result["explanation"] = " ".join([result["explanation"], *extra]).strip()
-    return jsonable(result), result, groups
-
-
-def _distillation_config(config, run_config, tensors):
-    """verl's distillation loss settings for this batch (its config, else the run's) when the teacher's
-    log-probs came along; else None (no distillation audit)."""
-    from rlvitals.analyzers.distillation import TENSOR, DistillationConfig
-
-    if TENSOR not in tensors:
-        return None
-    found = DistillationConfig.from_verl(config)
-    if found is None and run_config:
-        found = DistillationConfig.from_verl(run_config)
-    return found if found is not None else DistillationConfig()  # verl's defaults (k3, policy gradient)
-
-
-def _audit_distillation(distillation, config, tensors, reported, report) -> dict[str, Any]:
-    """The distillation audit, with the reported total checked against the recomputed PPO total plus the
-    distillation term when the loss audit could recompute that total (KL/entropy tensors present)."""
-    from rlvitals.analyzers import LossConfig
-    from rlvitals.analyzers.distillation import audit_distillation
-
-    actor = LossConfig.from_verl(config)
-    base = report.recomputed.get("policy_loss")
-    if (actor.use_kl_loss and "ref_log_prob" not in tensors) or (
-        actor.entropy_coeff != 0 and "entropy" not in tensors
-    ):
-        base = None  # the PPO part is not reproducible: the total is not checked
-    return audit_distillation(distillation, actor, tensors, reported, policy_loss=base)
+    batch = AuditBatch.stored(load_tensors(blob), config=row.get("config") or {}, reported=row["reported"])
+    return jsonable(batch_histograms(batch))
 
 
 class _Superseded(Exception):
@@ -356,20 +267,23 @@ class AuditPool(WorkerThreads):
             )
 
     def process(self, job: dict[str, Any], worker: str) -> None:
+        from rlvitals.analyzers.batch import AuditBatch, audit_batch
+        from rlvitals.service.batches import load_tensors
+
         started = time.perf_counter()
-        report = groups = None
+        report = groups = batch = None
         error: str | None = None
         try:
-            from rlvitals.service.batches import load_tensors
-
-            tensors = load_tensors(job["blob"])
+            # validated at upload: only the config is parsed again (objects are not stored)
+            batch = AuditBatch.stored(
+                load_tensors(job["blob"]), config=job["config"] or {}, reported=job["reported"] or {}
+            )
             run_config = None
-            if {"rollout_log_probs", "token_level_rewards", "teacher_log_probs"} & set(tensors):
+            if {"rollout_log_probs", "token_level_rewards", "teacher_log_probs"} & set(batch.tensors):
                 with self.db.read() as session:  # the run's algorithm config, if the batch has none
                     run_config = (repo.get_run(session=session, run_id=job["run_id"]) or {}).get("config")
-            result, report, groups = run_audit(
-                job["config"] or {}, tensors, job["reported"] or {}, run_config=run_config
-            )
+            audited = audit_batch(batch, run_config=run_config)
+            result, report, groups = jsonable(audited.result), audited.result, audited.groups
             status = "done"
         except Exception as exc:  # a bad batch must not kill the worker: the audit is marked 'error'
             log.exception("audit %s failed", job["id"])
@@ -381,16 +295,16 @@ class AuditPool(WorkerThreads):
             keep_blob=self.settings.keep_batches or histograms_next,
         )  # fmt: skip
         if stored and histograms_next:
-            self._add_histograms(job, tensors, result)
+            self._add_histograms(job, batch, result)
 
-    def _add_histograms(self, job: dict[str, Any], tensors: dict[str, torch.Tensor], result: dict) -> None:
+    def _add_histograms(self, job: dict[str, Any], batch, result: dict) -> None:
         """The dashboard's ratio/advantage histograms, after the result is already visible (so they
         never delay it); then the tensors are dropped unless ``keep_batches``."""
-        from rlvitals.service.dashboard.histograms import batch_histograms
+        from rlvitals.analyzers.batch import batch_histograms
 
         histograms = None
         try:
-            histograms = jsonable(batch_histograms(tensors, config=job["config"] or {}))
+            histograms = jsonable(batch_histograms(batch))
         except Exception as exc:  # histograms are an extra: the audit stands without them
             log.warning("histograms of audit %s failed: %s", job["id"], exc)
         with self.db.write() as session:

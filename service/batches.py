@@ -20,6 +20,10 @@ LossConfig fields, optionally with verl's ``algorithm`` section: ``adv_estimator
 tensors), optional ``rank`` and ``micro_batch`` (ints) and ``record_id`` (the client's id of the
 upload, 1-128 printable ASCII characters without spaces: a resend with the same id is stored once).
 Anything wrong -> ``InvalidInput`` (422) naming the tensor or field.
+
+The tensor rules, the config parse and the decoding of ``reported`` are the batch contract's
+(``rlvitals.analyzers.batch``, rule table in ``rlvitals.analyzers.batch_rules``); this module reads the
+safetensors bytes and the metadata fields only the upload has (``step``, ``rank``, ``record_id``...).
 """
 
 from __future__ import annotations
@@ -30,28 +34,17 @@ import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from rlvitals.analyzers import batch_rules as rules
 from rlvitals.service.encoding import jsonable, storable_problem
 from rlvitals.service.errors import InvalidInput, PayloadTooLarge
 
 if TYPE_CHECKING:  # torch is imported with the first batch: a scalar-only server never loads it
     import torch
+    from rlvitals.analyzers.batch import AuditBatch
 
-REQUIRED = ("log_prob", "old_log_prob", "advantages", "response_mask")
-OPTIONAL_FLOAT = (
-    "ref_log_prob",
-    "entropy",
-    "rollout_is_weights",
-    "token_level_rewards",
-    "rollout_log_probs",
-    "teacher_log_probs",
-)
-ALLOWED = (*REQUIRED, *OPTIONAL_FLOAT, "group_index")
-FLOAT_TENSORS = ("log_prob", "old_log_prob", "advantages", *OPTIONAL_FLOAT)
-FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")  # what the audit computes in
-MASK_DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64", *FLOAT_DTYPES)
+REQUIRED, OPTIONAL_FLOAT, ALLOWED = rules.REQUIRED, rules.OPTIONAL, rules.ALLOWED  # the contract's table
 RECORD_ID_MAX = 128  # the column's width
 JSON_DEPTH = 64  # settings.max_json_depth's default
-_SPELLED = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
 @dataclass
@@ -197,119 +190,61 @@ def _json_object(meta: dict[str, str], name: str, max_depth: int) -> dict[str, A
 
 
 def _reported(meta: dict[str, str], max_depth: int) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in _json_object(meta, "reported", max_depth).items():
-        if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
-            out[key] = None if value is None else float(value)
-        elif isinstance(value, str) and value in _SPELLED:
-            out[key] = _SPELLED[value]
-        else:
-            raise InvalidInput(
-                f"reported[{key!r}] must be a number, null, 'NaN', 'Infinity' or '-Infinity'; got {value!r}"
-            )
-    return out
+    try:
+        return rules.decode_reported(_json_object(meta, "reported", max_depth))
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
 
 
 def validate(
     body: Body, *, max_json_depth: int = JSON_DEPTH, max_tokens: int | None = None
-) -> tuple[Batch, dict[str, torch.Tensor]]:
-    """Parse and check one upload; returns the batch description and its tensors. ``config`` and
-    ``reported`` nested deeper than ``max_json_depth`` or holding invalid text are refused, and so
-    (413) is a batch of more than ``max_tokens`` tokens (``batch x response_len``: the audit's CPU)."""
-    import torch
+) -> tuple[Batch, AuditBatch]:
+    """Parse and check one upload; returns the batch description (what is stored) and the checked
+    batch (``AuditBatch``: tensors, parsed config, decoded ``reported``). ``config`` and ``reported``
+    nested deeper than ``max_json_depth`` or holding invalid text are refused, and so (413) is a batch
+    of more than ``max_tokens`` tokens (``batch x response_len``: the audit's CPU)."""
+    from rlvitals.analyzers.batch import (
+        AuditBatch,
+        BatchError,
+        TooManyTokens,
+        check_tensors,
+        parse_config,
+        parse_distillation,
+    )
 
     meta = read_metadata(body)
     tensors = load_tensors(body)
-    unknown = sorted(set(tensors) - set(ALLOWED))
-    if unknown:
-        raise InvalidInput(f"unknown tensor(s) {unknown}; allowed: {list(ALLOWED)}")
-    missing = [name for name in REQUIRED if name not in tensors]
-    if missing:
-        raise InvalidInput(f"missing required tensor(s) {missing}; required: {list(REQUIRED)}")
-    shape = tuple(tensors["log_prob"].shape)
-    if len(shape) != 2 or 0 in shape:
-        raise InvalidInput(
-            f"log_prob must be 2-D (batch, response_len) and non-empty; got shape {list(shape)}"
-        )
-    if max_tokens is not None and shape[0] * shape[1] > max_tokens:
-        raise PayloadTooLarge(
-            f"a batch of {shape[0]}x{shape[1]} = {shape[0] * shape[1]} tokens exceeds max_audit_tokens "
-            f"({max_tokens}); upload a sample of the micro-batch",
-            detail={"tokens": shape[0] * shape[1], "limit": max_tokens},
-        )
-    for name, tensor in tensors.items():
-        if name == "group_index":
-            continue
-        if tuple(tensor.shape) != shape:
-            raise InvalidInput(
-                f"{name} has shape {list(tensor.shape)}; every token tensor must match log_prob's {list(shape)}",
-                detail={"tensor": name, "shape": list(tensor.shape), "expected": list(shape)},
-            )
-        if name in FLOAT_TENSORS and _dtype(tensor) not in FLOAT_DTYPES:
-            raise InvalidInput(
-                f"{name} must be a floating-point tensor of {', '.join(FLOAT_DTYPES)}; got "
-                f"{_dtype(tensor)} (convert it with .float() before sending)",
-                detail={"tensor": name, "dtype": _dtype(tensor), "allowed": list(FLOAT_DTYPES)},
-            )
-    mask = tensors["response_mask"]
-    if _dtype(mask) not in MASK_DTYPES:
-        raise InvalidInput(
-            f"response_mask must be one of {', '.join(MASK_DTYPES)}; got {_dtype(mask)}",
-            detail={"tensor": "response_mask", "dtype": _dtype(mask), "allowed": list(MASK_DTYPES)},
-        )
-    if mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
-        bad = mask[(mask != 0) & (mask != 1)]
-        raise InvalidInput(
-            f"response_mask must contain only 0 and 1; found {bad.numel()} other value(s), e.g. {bad.flatten()[0].item()!r}"
-        )
-    if "group_index" in tensors:
-        index = tensors["group_index"]
-        if index.dtype != torch.int64:
-            raise InvalidInput(f"group_index must be int64; got {index.dtype}")
-        if tuple(index.shape) != (shape[0],):
-            raise InvalidInput(
-                f"group_index must have shape [{shape[0]}] (one id per sequence); got {list(index.shape)}"
-            )
-        if "token_level_rewards" not in tensors:
-            raise InvalidInput("group_index needs token_level_rewards (the GRPO advantage audit uses both)")
+    try:
+        shape = check_tensors(tensors, max_tokens=max_tokens)
+    except TooManyTokens as exc:
+        raise PayloadTooLarge(str(exc), detail=exc.detail) from None
+    except BatchError as exc:
+        raise InvalidInput(str(exc), detail=exc.detail) from None
     config = _json_object(meta, "config", max_json_depth)
-    _check_config(config)
+    loss, algorithm = _parse_config(parse_config, config)
+    distillation = _parse_config(parse_distillation, config)
+    step = _int_field(meta, "step", required=True)
+    reported = _reported(meta, max_json_depth)
     batch = Batch(
-        step=_int_field(meta, "step", required=True),
+        step=step,
         config=jsonable(config),
-        reported=_reported(meta, max_json_depth),
+        reported=reported,
         rank=_int_field(meta, "rank", required=False),
         micro_batch=_int_field(meta, "micro_batch", required=False),
-        shape=(int(shape[0]), int(shape[1])),
+        shape=shape,
         record_id=_record_id(meta),
     )
-    return batch, tensors
+    return batch, AuditBatch(tensors, config, loss, algorithm, reported, shape, distillation)
 
 
-def _dtype(tensor: torch.Tensor) -> str:
-    return str(tensor.dtype).removeprefix("torch.")
-
-
-def _check_config(config: dict[str, Any]) -> None:
-    from rlvitals.analyzers import LossConfig
-    from rlvitals.analyzers.algorithm import AlgorithmConfig
-    from rlvitals.analyzers.trl import TrlLossConfig, is_trl_config
+def _parse_config(parse, config: dict[str, Any]):
+    from rlvitals.analyzers.batch import ConfigError
 
     try:
-        TrlLossConfig.from_dict(config) if is_trl_config(config) else LossConfig.from_verl(config)
-    except (ValueError, TypeError) as exc:
+        return parse(config)
+    except ConfigError as exc:
+        if exc.section in ("algorithm", "distillation"):
+            raise InvalidInput(
+                f"safetensors metadata 'config' has an invalid '{exc.section}' section: {exc}"
+            ) from exc
         raise InvalidInput(f"safetensors metadata 'config' is not a valid loss config: {exc}") from exc
-    try:
-        AlgorithmConfig.from_verl(config)
-    except (ValueError, TypeError) as exc:
-        raise InvalidInput(
-            f"safetensors metadata 'config' has an invalid 'algorithm' section: {exc}"
-        ) from exc
-    from rlvitals.analyzers.distillation import DistillationConfig
-
-    try:
-        DistillationConfig.from_verl(config)
-    except (ValueError, TypeError) as exc:
-        raise InvalidInput(
-            f"safetensors metadata 'config' has an invalid 'distillation' section: {exc}"
-        ) from exc

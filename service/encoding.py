@@ -10,19 +10,11 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from rlvitals.analyzers.batch_rules import NON_FINITE, spell
 from starlette.responses import Response
 
-NON_FINITE_STRINGS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
-
-
-def encode_float(value: float) -> float | str:
-    if value != value:  # NaN
-        return "NaN"
-    if value == math.inf:
-        return "Infinity"
-    if value == -math.inf:
-        return "-Infinity"
-    return value
+NON_FINITE_STRINGS = NON_FINITE  # the one spelling table (rlvitals.analyzers.batch_rules)
+encode_float = spell
 
 
 def decode_value(value: float | int | str | None) -> float | None:

@@ -13,18 +13,18 @@ from __future__ import annotations
 
 import csv
 import io
-import math
 import re
 from dataclasses import dataclass
 from typing import Any
 
+from rlvitals.analyzers.batch_rules import NON_FINITE
 from rlvitals.service import metrics
 from rlvitals.service.context import Services
 from rlvitals.service.errors import BadRequest, NotFound
 from rlvitals.service.storage import repository as repo
 
 FORMATS = {"csv": "text/csv; charset=utf-8", "parquet": "application/vnd.apache.parquet"}
-_SPELLED = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+_SPELLED = NON_FINITE  # the contract's one spelling table
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import orjson
+from rlvitals.analyzers.batch_rules import NON_FINITE
 from rlvitals.service.alerts import apply_findings
 from rlvitals.service.context import Services
 from rlvitals.service.encoding import encode_float, jsonable
@@ -19,7 +20,7 @@ from rlvitals.service.events import Event
 from rlvitals.service.schemas import StepIn
 from rlvitals.service.storage import repository as repo
 
-_SPELLED = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+_SPELLED = NON_FINITE  # the contract's one spelling table
 _NAN_FLAG = 1
 
 
@@ -280,13 +281,15 @@ def _query(
     *,
     start: int | None = None,
     end: int | None = None,
+    wall_time: bool = False,
 ) -> dict[str, Any]:
     if names is None:
         names = repo.metric_names(session=session, run_id=run_id)
     held = columns.get(run_id, version, names) if columns is not None else {}
     missing = [name for name in names if name not in held]
-    if missing:
-        loaded = repo.series_columns(session=session, run_id=run_id, names=missing)
+    walls: dict[str, tuple[list, list]] | None = {} if wall_time else None
+    if missing:  # (with wall_time, the same read brings the wall times of these series)
+        loaded = repo.series_columns(session=session, run_id=run_id, names=missing, walls=walls)
         if columns is not None:
             columns.put(run_id, version, loaded)
         held.update(loaded)
@@ -303,7 +306,27 @@ def _query(
             out[name] = _series(_points(steps, values), max_points)
         else:
             out[name] = {"step": steps, "value": values}
+    if walls is not None:
+        held_names = [name for name in names if name not in walls]  # served from the columns
+        if held_names:
+            walls.update(
+                repo.series_wall_times(session=session, run_id=run_id, names=held_names, start=start, end=end)
+            )
+        for name in names:
+            out[name]["wall_time"] = _wall_times(out[name]["step"], *walls[name])
     return {"series": out}
+
+
+def _wall_times(kept: list[int], steps: list[int], walls: list) -> list:
+    """The wall time of each of the ``kept`` steps (a downsampled subset of ``steps``, in order);
+    ``None`` for a step the wall-time read did not see (written between the two reads)."""
+    if kept == steps:
+        return walls
+    if not steps:
+        return [None] * len(kept)
+    index = np.searchsorted(np.asarray(steps, dtype=np.int64), np.asarray(kept, dtype=np.int64))
+    index = np.minimum(index, len(steps) - 1).tolist()
+    return [walls[i] if steps[i] == step else None for i, step in zip(index, kept, strict=True)]
 
 
 def _points(steps: list[int], values: list) -> list[tuple[int, float | None, int]]:
@@ -329,29 +352,65 @@ def query_encoded(
     if_none_match: str | None = None,
     start: int | None = None,
     end: int | None = None,
+    wall_time: bool = False,
 ) -> tuple[str, bytes | None]:
     """``(etag, JSON body)`` of ``{"series": {name: {"step": [...], "value": [...]}}}``: at most
     ``max_points`` per series (0: all), downsampled keeping each bucket's minimum and maximum so
     spikes survive; ``start`` / ``end`` (inclusive) keep only that step range, cut before
     downsampling so a zoomed-in chart gets it at full resolution. Served from the cache while the
     run's data is unchanged; the body is ``None`` when ``if_none_match`` already names this version
-    (-> 304)."""
+    (-> 304). ``wall_time`` adds each kept point's wall time (``"wall_time": [...]``, null where the
+    trainer sent none): the dashboard's x axis in wall-clock time."""
     key_names = tuple(names) if names is not None else None
     with ctx.db.read() as session:
         version = repo.data_version(session=session, run_id=run_id)  # before the data it stands for
         if version is None:
             raise NotFound(f"run {run_id} does not exist")
-        tag = hashlib.blake2s(repr((key_names, max_points, start, end)).encode(), digest_size=6).hexdigest()
+        tag = hashlib.blake2s(
+            repr((key_names, max_points, start, end, wall_time)).encode(), digest_size=6
+        ).hexdigest()
         etag = f'W/"{run_id}.{version}.{tag}"'
         if if_none_match and etag in (part.strip() for part in if_none_match.split(",")):
             return etag, None
-        key = (run_id, version, key_names, max_points, start, end)
+        key = (run_id, version, key_names, max_points, start, end, wall_time)
         cache = ctx.series_cache
         body = cache.get(key) if cache is not None else None
         if body is None:
             body = _encode(
-                _query(session, run_id, names, max_points, ctx.columns, version, start=start, end=end)
+                _query(
+                    session,
+                    run_id,
+                    names,
+                    max_points,
+                    ctx.columns,
+                    version,
+                    start=start,
+                    end=end,
+                    wall_time=wall_time,
+                )
             )
+            if cache is not None:
+                cache.put(key, body)
+    return etag, body
+
+
+def names_encoded(
+    ctx: Services, run_id: int, *, if_none_match: str | None = None
+) -> tuple[str, bytes | None]:
+    """``(etag, JSON body)`` of ``{"names": [...]}``, every metric name the run logged (sorted); cached
+    and tagged by the run's data version exactly as ``query_encoded``."""
+    with ctx.db.read() as session:
+        version = repo.data_version(session=session, run_id=run_id)
+        if version is None:
+            raise NotFound(f"run {run_id} does not exist")
+        etag = f'W/"{run_id}.{version}.names"'
+        if if_none_match and etag in (part.strip() for part in if_none_match.split(",")):
+            return etag, None
+        key = (run_id, version, "names")
+        cache = ctx.series_cache
+        body = cache.get(key) if cache is not None else None
+        if body is None:
+            body = _encode({"names": repo.metric_names(session=session, run_id=run_id)})
             if cache is not None:
                 cache.put(key, body)
     return etag, body

@@ -13,6 +13,16 @@ from rlvitals.service.schemas import RunCreate
 from rlvitals.service.storage import repository as repo
 
 
+def run_health(ctx: Services, run_id: int) -> dict[str, Any]:
+    """``{"marks", "signals", "step"}``: every health rule's threshold lines and bands with this run's
+    settings, the entropy forecast, and the latest value of each canonical signal."""
+    with ctx.db.read() as session:
+        run = repo.get_run(session=session, run_id=run_id)
+        if run is None:
+            raise NotFound(f"run {run_id} does not exist")
+        return ctx.health.snapshot(session=session, run_id=run_id, run_config=run.get("config") or {})
+
+
 def run_public(row: dict[str, Any], firing: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "id": row["id"],

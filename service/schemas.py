@@ -155,6 +155,39 @@ class BatchAccepted(BaseModel):
 class SeriesPublic(BaseModel):
     step: list[int]
     value: list[float | str | None]
+    wall_time: list[float | None] | None = Field(
+        default=None, description="Each point's wall time (Unix seconds), with wall_time=true."
+    )
+
+
+class MetricNamesPublic(BaseModel):
+    names: list[str]
+
+
+class HealthPublic(BaseModel):
+    """The health rules' chart marks with this run's settings, and its latest canonical signals."""
+
+    model_config = ConfigDict(extra="allow")
+    marks: list[dict[str, Any]]
+    signals: dict[str, Any]
+    step: int | None = None
+
+
+class HistogramPublic(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    edges: list[float]
+    counts: list[int]
+
+
+class HistogramsPublic(BaseModel):
+    """Importance-ratio and advantage histograms of an audited batch (``rlvitals.analyzers.histograms``)."""
+
+    model_config = ConfigDict(extra="allow")
+    tokens: int
+    non_finite: int
+    clip: dict[str, float] | None = None
+    ratio: HistogramPublic
+    advantages: HistogramPublic
 
 
 class MetricsPublic(BaseModel):

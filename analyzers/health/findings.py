@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from ..batch_rules import NON_FINITE
+
 FIRING = "firing"
 RESOLVED = "resolved"
 
@@ -138,7 +140,7 @@ class Finding:
         )
 
 
-_NONFINITE_NAMES = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+_NONFINITE_NAMES = NON_FINITE
 _TAG = "$float"
 
 

@@ -14,9 +14,10 @@ When several aliases of one signal are present, the first in the table wins.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from enum import Enum
+
+from ..batch_rules import NON_FINITE
 
 
 class Signal(str, Enum):
@@ -158,7 +159,7 @@ ALIASES.update(
     }
 )
 
-_PREFIXES = ("train/",)
+PREFIXES = ("train/",)  # how W&B / HF Trainer prefix TRL's logs (the dashboard groups by it too)
 
 # raw name -> (canonical signal, priority)
 _REVERSE: dict[str, tuple[str, int]] = {
@@ -173,7 +174,7 @@ def signal_of(name: str) -> str | None:
 
 
 def _strip(name: str) -> str:
-    for prefix in _PREFIXES:
+    for prefix in PREFIXES:
         if name.startswith(prefix):
             return name[len(prefix) :]
     return name
@@ -188,7 +189,7 @@ def to_float(name: str, value: object) -> float | None:
     if value is None:
         return None
     if isinstance(value, str):
-        spelled = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}.get(value)
+        spelled = NON_FINITE.get(value)
         if spelled is not None:
             return spelled
         raise ValueError(f"metric {name!r}: expected a number, got the string {value!r}")

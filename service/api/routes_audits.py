@@ -11,7 +11,7 @@ from rlvitals.service.api.deps import MAX_ID, AuditId, Offset, RunId, ServicesDe
 from rlvitals.service.context import Services
 from rlvitals.service.encoding import JSONResponse
 from rlvitals.service.errors import InvalidInput, UnsupportedMediaType
-from rlvitals.service.schemas import AuditPublic, AuditsPublic, BatchAccepted
+from rlvitals.service.schemas import AuditPublic, AuditsPublic, BatchAccepted, HistogramsPublic
 from rlvitals.service.storage.blobs import SpooledBody
 
 router = APIRouter(prefix="/api/v1", tags=["audits"])
@@ -95,3 +95,11 @@ async def list_audits(
 @router.get("/audits/{audit_id}", response_model=AuditPublic)
 async def get_audit(audit_id: AuditId, services: ServicesDep) -> JSONResponse:
     return JSONResponse(await run_in_threadpool(audits.get_audit, services, audit_id))
+
+
+@router.get("/audits/{audit_id}/histograms", response_model=HistogramsPublic)
+async def get_audit_histograms(audit_id: AuditId, services: ServicesDep) -> JSONResponse:
+    """Histograms of the importance ratio and the advantages of the batch behind an audit, with the
+    clip bounds of its config. Stored by the audit worker after each audit; else computed from the
+    batch's tensors while the server still holds them; otherwise 404 saying why."""
+    return JSONResponse(await run_in_threadpool(audits.audit_histograms, services, audit_id))

@@ -13,7 +13,7 @@ from rlvitals.service import metrics
 from rlvitals.service.api.deps import MAX_ID, RunId, ServicesDep, WriteAuth
 from rlvitals.service.encoding import JSONResponse
 from rlvitals.service.errors import BadRequest
-from rlvitals.service.schemas import AcceptedPublic, MetricsIn, MetricsPublic
+from rlvitals.service.schemas import AcceptedPublic, MetricNamesPublic, MetricsIn, MetricsPublic
 from starlette.responses import Response
 
 router = APIRouter(prefix="/api/v1", tags=["metrics"])
@@ -46,11 +46,15 @@ async def get_metrics(
     ] = 2000,
     start: Annotated[int | None, Query(ge=0, le=MAX_ID, description="First step (inclusive).")] = None,
     end: Annotated[int | None, Query(ge=0, le=MAX_ID, description="Last step (inclusive).")] = None,
+    wall_time: Annotated[
+        bool, Query(description="Add each kept point's wall time (Unix seconds; null where none was sent).")
+    ] = False,
     if_none_match: Annotated[str | None, Header()] = None,
 ) -> Response:
     """Series of the run's metrics; ``start``/``end`` keep a step range (before downsampling, so a
     zoomed-in chart gets it at full resolution). The answer carries an ETag that changes with every
-    ingest into the run: send it back as If-None-Match to get 304 while nothing changed."""
+    ingest into the run: send it back as If-None-Match to get 304 while nothing changed. With
+    ``wall_time=true`` each series carries ``wall_time`` beside ``step`` and ``value``."""
     if start is not None and end is not None and end < start:
         raise BadRequest(f"end ({end}) must not be before start ({start})")
     wanted = None
@@ -67,7 +71,25 @@ async def get_metrics(
         if_none_match=if_none_match,
         start=start,
         end=end,
+        wall_time=wall_time,
     )
+    return _tagged(etag, body)
+
+
+def _tagged(etag: str, body: bytes | None) -> Response:
     if body is None:
         return Response(status_code=304, headers={"ETag": etag})
     return Response(body, media_type="application/json", headers={"ETag": etag})
+
+
+@router.get(
+    "/runs/{run_id}/metric-names",
+    response_model=MetricNamesPublic,
+    responses={304: {"description": "Not modified"}},
+)
+async def get_metric_names(
+    run_id: RunId, services: ServicesDep, if_none_match: Annotated[str | None, Header()] = None
+) -> Response:
+    """Every metric name the run logged, sorted. ETag as for the series: 304 while nothing changed."""
+    etag, body = await run_in_threadpool(metrics.names_encoded, services, run_id, if_none_match=if_none_match)
+    return _tagged(etag, body)

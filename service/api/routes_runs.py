@@ -9,7 +9,7 @@ from fastapi.concurrency import run_in_threadpool
 from rlvitals.service import runs
 from rlvitals.service.api.deps import Offset, RunId, ServicesDep, WriteAuth
 from rlvitals.service.encoding import JSONResponse
-from rlvitals.service.schemas import RunCreate, RunPublic, RunsPublic
+from rlvitals.service.schemas import HealthPublic, RunCreate, RunPublic, RunsPublic
 
 router = APIRouter(prefix="/api/v1", tags=["runs"])
 
@@ -43,3 +43,10 @@ async def list_runs(
 @router.get("/runs/{run_id}", response_model=RunPublic)
 async def get_run(run_id: RunId, services: ServicesDep) -> JSONResponse:
     return JSONResponse(await run_in_threadpool(runs.get_run, services, run_id))
+
+
+@router.get("/runs/{run_id}/health", response_model=HealthPublic)
+async def get_run_health(run_id: RunId, services: ServicesDep) -> JSONResponse:
+    """The health rules' chart marks (threshold lines, bands, the entropy forecast) with this run's
+    settings, and the latest value of each canonical signal (``step``: the newest step they saw)."""
+    return JSONResponse(await run_in_threadpool(runs.run_health, services, run_id))

@@ -111,7 +111,7 @@ def signal_table() -> dict[str, Any]:
         "order": [s for s in PANEL_ORDER if s in signals.ALIASES]
         + [s for s in signals.ALIASES if s not in PANEL_ORDER],
         "aliases": {name: list(raws) for name, raws in signals.ALIASES.items()},
-        "prefixes": list(signals._PREFIXES),  # ("train/",): how W&B / HF Trainer prefix TRL's logs
+        "prefixes": list(signals.PREFIXES),  # ("train/",): how W&B / HF Trainer prefix TRL's logs
     }
 
 
@@ -177,8 +177,8 @@ def first_series_url(run_id: int) -> str:
     table = signal_table()
     aliases = table["aliases"][table["order"][0]]
     names = aliases + [prefix + a for prefix in table["prefixes"] for a in aliases]
-    query = urlencode({"names": ",".join(names), "max_points": FIRST_SERIES_POINTS})
-    return f"/dashboard-api/runs/{int(run_id)}/series?{query}"
+    query = urlencode({"names": ",".join(names), "max_points": FIRST_SERIES_POINTS, "wall_time": "true"})
+    return f"/api/v1/runs/{int(run_id)}/metrics?{query}"
 
 
 def _run_page(run_id: int) -> HTMLResponse:

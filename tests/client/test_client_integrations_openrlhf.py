@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 import torch
 from rlvitals.analyzers import LossConfig, recompute
+from rlvitals.analyzers.batch import AuditBatch, audit_batch
 from rlvitals.client.integrations import openrlhf as ro
 from rlvitals.client.testing import FakeServer
-from rlvitals.service.audits import run_audit
 from safetensors.torch import load
 
 import rlvitals
@@ -38,6 +38,11 @@ OPENRLHF = (
 )
 SCRIPT = Path(__file__).with_name("openrlhf_side.py")
 AUDITED = ("ppo", "asymmetric_dual_clip", "seq_mean")
+
+
+def server_audit(config, tensors, reported):
+    """What the server does with an upload: the batch contract validates it, then audits it."""
+    return audit_batch(AuditBatch.validate(tensors, config=config, reported=reported))
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +90,7 @@ def test_sampled_calls_audit_ok_against_what_openrlhf_returned(side, setting):
         assert again["pg_loss"] == pytest.approx(reported["pg_loss"], rel=1e-5, abs=1e-6)
         assert again["pg_clipfrac"] == pytest.approx(reported["pg_clipfrac"], abs=1e-6)
         assert again["ppo_kl"] == pytest.approx(reported["ppo_kl"], rel=1e-5, abs=1e-6)
-        assert run_audit(config, tensors, reported)[0]["ok"]
+        assert server_audit(config, tensors, reported).ok
         # OpenRLHF normalises by the optimizer step's count / gas (a float): sent as count, dp_size x k
         total = "batch_num_tokens" if config["loss_agg_mode"] == "token-mean" else "global_batch_size"
         assert isinstance(config[total], int) and config[total] > 0
@@ -123,7 +128,7 @@ def test_vllm_is_correction_leaves_the_loss_unaudited_and_audits_clip_and_kl(sid
     assert len(result["warnings"]) == 1 and "pg_loss is sent unaudited" in result["warnings"][0]
     for tensors, _, config, reported in (_decode(p) for p in result["batches"]):
         assert "pg_loss" not in reported and {"pg_clipfrac", "ppo_kl"} <= set(reported)
-        audit, _, _ = run_audit(config, tensors, reported)
+        audit = server_audit(config, tensors, reported).to_dict()
         assert audit["ok"], audit
 
 

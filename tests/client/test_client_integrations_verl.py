@@ -10,7 +10,7 @@ without them. ``rlvitals.client.integrations.verl`` is loaded the way verl loads
 (``VERL_USE_EXTERNAL_MODULES``). The tests below then check, in the project's environment:
 
 - the hooks change nothing in verl's training (metrics of every step and the final weights are identical);
-- every batch the client sent audits ok with ``rlvitals.analyzers`` and the server's ``run_audit``;
+- every batch the client sent audits ok with ``rlvitals.analyzers`` and the server's batch contract (``AuditBatch.validate`` + ``audit_batch``);
 - the sampler reaches later mini-batches and epochs, where ``old_log_prob != log_prob`` and verl clips;
 - ``rollout_log_probs`` travel from verl's batch to the upload; GRPO groups only when whole;
 - every loss in verl's ``POLICY_LOSS_REGISTRY`` returns unchanged through the registered ``rlvitals`` loss.
@@ -33,10 +33,10 @@ import httpx
 import pytest
 import torch
 from rlvitals.analyzers import LossConfig, audit, recompute
+from rlvitals.analyzers.batch import AuditBatch, audit_batch
 from rlvitals.client.integrations import _common
 from rlvitals.client.integrations import verl as rv
 from rlvitals.client.testing import FakeServer
-from rlvitals.service.audits import run_audit
 from safetensors.torch import load, save
 
 import rlvitals
@@ -47,6 +47,11 @@ pytestmark = pytest.mark.timeout(1200)  # a cold side env build + the verl runs,
 SCRIPT = Path(__file__).with_name("verl_side.py")
 CALLS_PER_STEP = 8  # 2 epochs x 2 mini-batches x 2 micro-batches (verl_side.py)
 LOSS_NAMES = ("log_prob", "old_log_prob", "advantages", "response_mask", "ref_log_prob", "entropy")
+
+
+def server_audit(config, tensors, reported):
+    """What the server does with an upload: the batch contract validates it, then audits it."""
+    return audit_batch(AuditBatch.validate(tensors, config=config, reported=reported))
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +117,7 @@ def test_set_loss_fn_batches_audit_ok_against_what_verl_reported(side):
         assert again["kl_loss"] == pytest.approx(reported["kl_loss"], rel=1e-5, abs=1e-6)
         assert again["entropy_loss"] == pytest.approx(reported["actor/entropy_loss"], rel=1e-5)
         assert config["batch_num_tokens"] > int(tensors["response_mask"].sum())  # the mini-batch's, from verl
-        result, _, _ = run_audit(config, tensors, reported)  # what the server does with the upload
+        result = server_audit(config, tensors, reported).to_dict()  # what the server does with the upload
         assert result["ok"], result
 
 
@@ -129,7 +134,7 @@ def test_every_loss_agg_mode_and_kl_estimator_audits_ok_on_the_real_update(side,
         again = _recomputed(tensors, config)
         assert again["policy_loss"] == pytest.approx(reported["policy_loss"], rel=1e-5, abs=1e-6)
         assert again["kl_loss"] == pytest.approx(reported["kl_loss"], rel=1e-5, abs=1e-6)
-        assert run_audit(config, tensors, reported)[0]["ok"]
+        assert server_audit(config, tensors, reported).ok
 
 
 def test_rollout_is_weights_travel_with_the_batch_and_the_weighted_loss_is_audited(side):
@@ -140,14 +145,14 @@ def test_rollout_is_weights_travel_with_the_batch_and_the_weighted_loss_is_audit
     for tensors, _, config, reported in batches:
         assert {"actor/pg_loss", "policy_loss", "actor/pg_clipfrac", "kl_loss"} <= set(reported)
         assert config["algorithm"]["rollout_correction"]["rollout_is"] == "token"
-        result, _, _ = run_audit(config, tensors, reported)
+        result = server_audit(config, tensors, reported).result
         assert result["ok"] and result["rollout"]["sent_weights"]["ok"], result["explanation"]
         assert result["verdicts"]["pg_loss"]["ok"]  # verl's weighted pg_loss, recomputed with the weights
         unweighted = {k: v for k, v in tensors.items() if k != "rollout_is_weights"}
         no_config = {k: v for k, v in config.items() if k != "algorithm"}
-        bad, _, _ = run_audit(
+        bad = server_audit(
             no_config, unweighted, reported
-        )  # weights applied, but neither sent nor configured
+        ).result  # weights applied, neither sent nor configured
         assert not bad["ok"] and not bad["verdicts"]["pg_loss"]["ok"]
 
 
@@ -199,7 +204,8 @@ def test_grpo_groups_are_sent_only_whole(side):
     assert len(whole) == 4  # 2 epochs x 2 mini-batches, one micro-batch each, all sampled
     for tensors, _, config, reported in whole:
         assert len(set(tensors["group_index"].tolist())) == 1
-        result, _, groups = run_audit(config, tensors, reported)
+        audited = server_audit(config, tensors, reported)
+        result, groups = audited.to_dict(), audited.groups
         assert result["ok"] and result["advantages"]["ok"], result
         assert groups is not None
 
@@ -232,7 +238,7 @@ def test_registered_loss_inside_verls_own_ppo_loss_changes_nothing_and_audits_ok
         assert again["pg_loss"] == pytest.approx(reported["actor/pg_loss"], rel=1e-5, abs=1e-6)
         assert again["pg_clipfrac"] == pytest.approx(reported["actor/pg_clipfrac"], abs=1e-6)
         assert again["ppo_kl"] == pytest.approx(reported["actor/ppo_kl"], rel=1e-5, abs=1e-6)
-        assert run_audit(config, tensors, reported)[0]["ok"]
+        assert server_audit(config, tensors, reported).ok
 
 
 def test_both_hooks_send_one_batch_per_micro_batch(side):
@@ -250,7 +256,7 @@ def test_every_registered_verl_loss_returns_unchanged_through_the_rlvitals_loss(
         if mode == "vanilla":
             [payload] = result["batches"]
             tensors, _, config, reported = _decode(payload)
-            assert run_audit(config, tensors, reported)[0]["ok"]
+            assert server_audit(config, tensors, reported).ok
         elif result["batches"]:  # analyzers that audit the mode: it travels as verl names it
             assert _decode(result["batches"][0])[2].get("loss_mode") == mode
         else:  # analyzers that cannot audit it yet refuse the batch, once, naming the mode
@@ -442,7 +448,7 @@ def test_a_micro_batch_weighted_with_other_weights_is_flagged(side):
     tensors, _, config, reported = _decode(payload)
     mask = tensors["response_mask"].bool()
     untruncated = (tensors["old_log_prob"] - tensors["rollout_log_probs"]).exp() * mask  # TIS forgotten
-    bad, _, _ = run_audit(config, {**tensors, "rollout_is_weights": untruncated}, reported)
+    bad = server_audit(config, {**tensors, "rollout_is_weights": untruncated}, reported).result
     assert bad["ok"] is False and "rollout_is_weights differ" in bad["explanation"]
 
 

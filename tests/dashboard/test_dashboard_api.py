@@ -1,4 +1,5 @@
-"""The dashboard's JSON routes, in process: series with a step range and wall times, batch histograms."""
+"""The API v1 routes the dashboard reads, in process: series with a step range and wall times, metric
+names, batch histograms."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import time
 
 import pytest
 import torch
-from rlvitals.service.dashboard.histograms import batch_histograms
+from rlvitals.analyzers.histograms import batch_histograms
 from rlvitals.service.settings import Settings
 from safetensors.torch import save
 
@@ -42,19 +43,22 @@ def _run_with_points(client, steps: int = 1000) -> int:
 def test_series_range_wall_times_and_kept_extremes(client):
     run = _run_with_points(client)
     body = client.get(
-        f"/dashboard-api/runs/{run}/series", params={"names": "a", "start": 100, "end": 149, "max_points": 0}
+        f"/api/v1/runs/{run}/metrics",
+        params={"names": "a", "start": 100, "end": 149, "max_points": 0, "wall_time": "true"},
     )
     a = body.json()["series"]["a"]
     assert a["step"] == list(range(100, 150))
     assert a["wall_time"] == [1000.0 + s for s in range(100, 150)]
 
-    overview = client.get(f"/dashboard-api/runs/{run}/series", params={"max_points": 100}).json()["series"]
+    overview = client.get(
+        f"/api/v1/runs/{run}/metrics", params={"max_points": 100, "wall_time": "true"}
+    ).json()["series"]
     assert set(overview) == {"a", "b"}
     a = overview["a"]
     assert len(a["step"]) <= 100
     assert 10.0 in a["value"] and "NaN" in a["value"]  # the spike and the NaN survive downsampling
     assert a["wall_time"] == [1000.0 + s for s in a["step"]]
-    # the same overview as API v1's query
+    # the same overview without wall times
     v1 = client.get(f"/api/v1/runs/{run}/metrics", params={"names": "a", "max_points": 100}).json()["series"][
         "a"
     ]
@@ -67,21 +71,21 @@ def test_series_range_wall_times_and_kept_extremes(client):
 )
 def test_series_rejects_bad_queries(client, params, status):
     run = _run_with_points(client, steps=10)
-    resp = client.get(f"/dashboard-api/runs/{run}/series", params=params)
+    resp = client.get(f"/api/v1/runs/{run}/metrics", params=params)
     assert resp.status_code == status
     assert set(resp.json()["error"]) == {"code", "message", "detail"}
 
 
 def test_names_lists_every_metric(client):
     run = _run_with_points(client, steps=10)
-    assert client.get(f"/dashboard-api/runs/{run}/names").json() == {"names": ["a", "b"]}
+    assert client.get(f"/api/v1/runs/{run}/metric-names").json() == {"names": ["a", "b"]}
 
 
 def test_unknown_run_and_audit_are_404(client):
     for path in (
-        "/dashboard-api/runs/999/series",
-        "/dashboard-api/runs/999/names",
-        "/dashboard-api/audits/999/histograms",
+        "/api/v1/runs/999/metrics",
+        "/api/v1/runs/999/metric-names",
+        "/api/v1/audits/999/histograms",
     ):
         resp = client.get(path)
         assert resp.status_code == 404
@@ -115,7 +119,7 @@ def test_histograms_of_an_audited_batch(client):
     audit = _upload_and_wait(client, tensors)
     # the worker stores the histograms just after the audit result is visible (settings.audit_histograms)
     for _ in range(200):
-        resp = client.get(f"/dashboard-api/audits/{audit}/histograms")
+        resp = client.get(f"/api/v1/audits/{audit}/histograms")
         if resp.status_code != 404:
             break
         time.sleep(0.05)
@@ -129,7 +133,7 @@ def test_without_stored_histograms_or_tensors_the_reply_says_why(tmp_path):
     )
     try:
         audit = _upload_and_wait(app, _tensors())
-        resp = app.get(f"/dashboard-api/audits/{audit}/histograms")
+        resp = app.get(f"/api/v1/audits/{audit}/histograms")
         assert resp.status_code == 404
         assert "RLVITALS_AUDIT_HISTOGRAMS" in resp.json()["error"]["message"]
     finally:

@@ -1,4 +1,4 @@
-"""The run page draws the health rules' own thresholds (served by /dashboard-api/runs/{id}/health),
+"""The run page draws the health rules' own thresholds (served by /api/v1/runs/{id}/health),
 shows info findings apart from warnings, the entropy forecast, and each alert's current value beside its
 onset value. Real server, real headless Chromium."""
 

@@ -90,7 +90,7 @@ def test_panels_come_in_health_order_with_band_and_alert_spans(tab, run_id):
 
 def test_smoothing_log_y_wall_time_and_zoom(tab, run_id):
     requests: list[str] = []
-    tab.page.on("request", lambda r: requests.append(r.url) if "/series" in r.url else None)
+    tab.page.on("request", lambda r: requests.append(r.url) if "/metrics?" in r.url else None)
     _open(tab, run_id)
 
     tab.page.fill("#smoothing", "0.9")
@@ -186,7 +186,7 @@ def test_points_and_alerts_arrive_live_without_reload(api, tab):
     assert latency < 1.0
 
     assert tab.js("window.__same_page") is True  # no reload
-    refetches = [u for u in requests if "/series" in u and "start=" not in u]
+    refetches = [u for u in requests if "/metrics?" in u and "start=" not in u]
     assert not refetches, f"full refetch during live updates: {refetches}"
     tab.assert_clean()
 
@@ -221,7 +221,7 @@ def test_a_saved_api_key_goes_with_every_request_and_the_live_stream(api, tab):
     tab.page.add_init_script("window.localStorage.setItem('rlvitals.apiKey', 'rlv_dashboard_test_key')")
     _open(tab, run_id)
     tab.wait("document.getElementById('live').textContent === 'live'")
-    for endpoint in ("series", "names", "alerts", "events"):
+    for endpoint in ("metrics", "metric-names", "alerts", "events"):
         assert headers.get(endpoint) == "Bearer rlv_dashboard_test_key", (endpoint, headers)
     # the stream with a key is read with fetch() (EventSource cannot send headers): still live
     api.log(run_id, [{"step": 20, "metrics": {"actor/ppo_kl": 0.25}}])

@@ -61,8 +61,8 @@ def test_reads_need_a_key_when_required(app_client, tmp_path):
     assert api.get("/api/v1/runs").status_code == 200  # no key exists: nothing to check against
     _, key = new_key(api)
     reads = ["/api/v1/runs", f"/api/v1/runs/{run_id}", f"/api/v1/runs/{run_id}/metrics", "/metrics",
-             "/api/v1/alerts", f"/api/v1/runs/{run_id}/audits", f"/dashboard-api/runs/{run_id}/names",
-             f"/dashboard-api/runs/{run_id}/series"]  # fmt: skip
+             "/api/v1/alerts", f"/api/v1/runs/{run_id}/audits", f"/api/v1/runs/{run_id}/metric-names",
+             f"/api/v1/runs/{run_id}/metrics?wall_time=true"]  # fmt: skip
     for path in reads:
         refused = api.get(path)
         assert refused.status_code == 401, (path, refused.status_code)

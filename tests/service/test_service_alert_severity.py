@@ -85,11 +85,11 @@ def test_health_snapshot_serves_marks_and_current_values(api):
         {"step": s, "metrics": {"actor/ppo_kl": 0.001 + s * 1e-5, "actor/entropy": 0.7}} for s in range(30)
     ]
     api.log(run_id, steps)
-    body = api.get(f"/dashboard-api/runs/{run_id}/health").json()
+    body = api.get(f"/api/v1/runs/{run_id}/health").json()
     marks = {(m["rule"], m["signal"], m.get("label")): m for m in body["marks"]}
     assert marks[("ppo_kl_drift", "ppo_kl", "ceiling")]["y"] == 0.05
     band = next(m for m in body["marks"] if m["rule"] == "pg_clipfrac_range")
     assert (band["low"], band["high"]) == (0.1, 0.3)
     assert body["signals"]["ppo_kl"] == pytest.approx(0.001 + 29e-5)
     assert body["step"] == 29
-    assert api.get("/dashboard-api/runs/999999/health").status_code == 404
+    assert api.get("/api/v1/runs/999999/health").status_code == 404

@@ -93,9 +93,9 @@ def read_routes(run_id: int, audit_id: int) -> list[str]:
         f"/runs/{run_id}/audits",
         "/alerts",
         "/compare",
-        f"/dashboard-api/runs/{run_id}/names",
-        f"/dashboard-api/runs/{run_id}/series",
-        f"/dashboard-api/audits/{audit_id}/histograms",
+        f"/api/v1/runs/{run_id}/metric-names",
+        f"/api/v1/runs/{run_id}/metrics?wall_time=true",
+        f"/api/v1/audits/{audit_id}/histograms",
     ]
 
 

@@ -159,7 +159,7 @@
     const note = RLV.$("hist-note");
     note.textContent = "";
     try {
-      const body = await RLV.api("/dashboard-api/audits/" + encodeURIComponent(a.id) + "/histograms");
+      const body = await RLV.api("/api/v1/audits/" + encodeURIComponent(a.id) + "/histograms");
       const lines = [];
       const clip = body.clip || {};
       if (typeof clip.low === "number") lines.push({ name: "clip-low", x: clip.low });

@@ -159,7 +159,8 @@
   };
   RLV.runPath = function (id) { return "/runs/" + encodeURIComponent(id); };
   RLV.apiRun = function (id) { return "/api/v1/runs/" + encodeURIComponent(id); };
-  // Metric series: API v1's shape plus wall_time, with a step range (start/end) for zooming.
+  // Metric series from API v1 (GET /api/v1/runs/{id}/metrics), with wall_time and a step range
+  // (start/end) for zooming; answers carry an ETag, so the browser's cache revalidates them.
   RLV.seriesUrl = function (id, params) {
     const q = [];
     for (const k of Object.keys(params)) {
@@ -167,7 +168,8 @@
       if (v === undefined || v === null) continue;
       q.push(k + "=" + (Array.isArray(v) ? v.map(encodeURIComponent).join(",") : encodeURIComponent(v)));
     }
-    return "/dashboard-api/runs/" + encodeURIComponent(id) + "/series" + (q.length ? "?" + q.join("&") : "");
+    q.push("wall_time=true");
+    return RLV.apiRun(id) + "/metrics?" + q.join("&");
   };
 
   // Points per series the server should send for an overview: about two per horizontal pixel of a
@@ -336,7 +338,7 @@
     // waits for the first: on a busy server they would only slow each other down
     RLV.pre.names = guard(
       RLV.pre.firstMetrics.catch(function () { return null; }).then(function () {
-        return RLV.api("/dashboard-api/runs/" + encodeURIComponent(id) + "/names");
+        return RLV.api(RLV.apiRun(id) + "/metric-names");
       })
     );
     RLV.pre.alerts = guard(RLV.api(base + "/alerts"));

@@ -1,4 +1,4 @@
-// rlvitals dashboard: the health rules' own thresholds on the charts (GET /dashboard-api/runs/{id}/health):
+// rlvitals dashboard: the health rules' own thresholds on the charts (GET /api/v1/runs/{id}/health):
 // lines (ppo_kl ceiling 0.05, kl_loss 0.5, ...), bands (pg_clipfrac 0.1-0.3) and the entropy forecast
 // (the step at which entropy reaches its floor at the current rate), plus each signal's current value.
 (function () {
@@ -7,7 +7,7 @@
   const M = (RLV.marks = {});
   const COLOR = { info: "#0e7490", warning: "#d97706", critical: "#dc2626" };
 
-  M.url = function (runId) { return "/dashboard-api/runs/" + encodeURIComponent(runId) + "/health"; };
+  M.url = function (runId) { return "/api/v1/runs/" + encodeURIComponent(runId) + "/health"; };
 
   // Shapes and annotations for the marks of one panel's signal; x() maps a step to the axis.
   M.decorate = function (health, signal, x, logy) {

@@ -1,9 +1,10 @@
-"""Histograms of one uploaded batch for the audits page: the importance ratio and the advantages.
+"""Histograms of one micro-batch for the audits page: the importance ratio and the advantages.
 
 The importance ratio is verl's ``exp(clamp(log_prob - old_log_prob, -20, 20))`` at the valid
 (``response_mask`` = 1) tokens; the clip bounds ``1 - clip_low``, ``1 + clip_high`` and the dual-clip
-bound ``clip_ratio_c`` come from the batch's ``LossConfig`` so the page can draw them over the bars.
-Pure torch; the result is JSON-safe.
+bound ``clip_ratio_c`` come from the batch's ``LossConfig`` (TRL: ``epsilon_low``/``epsilon_high``/``delta``)
+so the page can draw them over the bars. Pure torch; the result is JSON-safe. ``audit_batch``
+(``rlvitals.analyzers.batch``) computes them with the audit, from the batch's parsed config.
 """
 
 from __future__ import annotations
@@ -21,21 +22,28 @@ _QUANTILE_LIMIT = 1 << 24  # torch.quantile's input size limit
 _CLIP_FIELDS = ("clip_ratio", "clip_ratio_low", "clip_ratio_high", "clip_ratio_c")
 
 
-def _clip_bounds(config: Mapping[str, Any] | None) -> dict[str, float] | None:
-    """The ratio's clip bounds under ``config``; None when its clip fields are not valid (the audit
-    itself reports that), so the histograms still show."""
-    from rlvitals.analyzers import LossConfig
+def _clip_bounds(config: Any) -> dict[str, float] | None:
+    """The ratio's clip bounds under ``config`` (a parsed ``LossConfig`` / ``TrlLossConfig``, or a
+    mapping of their fields); None when a mapping's clip fields are not valid (the audit itself
+    reports that), so the histograms still show."""
+    from rlvitals.analyzers.config import LossConfig
+    from rlvitals.analyzers.trl import TrlLossConfig
 
-    if (config or {}).get(
-        "trainer"
-    ) == "trl":  # TRL: no dual clip (a big bound); delta caps the ratio instead
-        low, high, delta = (config.get(k) for k in ("epsilon_low", "epsilon_high", "delta"))
-        config = {"clip_ratio_low": low, "clip_ratio_high": high, "clip_ratio_c": delta or 1e30}
-    # only the clip fields: the rest of a batch's config (dp_size, token counts) does not matter here
-    try:
-        cfg = LossConfig(**{k: v for k, v in (config or {}).items() if k in _CLIP_FIELDS})
-    except (TypeError, ValueError):
-        return None
+    if isinstance(config, TrlLossConfig):  # TRL: no dual clip (a big bound); delta caps the ratio instead
+        low, high, delta = config.epsilon_low, config.epsilon_high, config.delta
+        return {"low": 1.0 - low, "high": 1.0 + high, "dual": float(delta or 1e30)}
+    if isinstance(config, LossConfig):
+        cfg = config
+    else:
+        config = config or {}
+        if config.get("trainer") == "trl":
+            low, high, delta = (config.get(k) for k in ("epsilon_low", "epsilon_high", "delta"))
+            config = {"clip_ratio_low": low, "clip_ratio_high": high, "clip_ratio_c": delta or 1e30}
+        # only the clip fields: the rest of a batch's config (dp_size, token counts) does not matter here
+        try:
+            cfg = LossConfig(**{k: v for k, v in config.items() if k in _CLIP_FIELDS})
+        except (TypeError, ValueError):
+            return None
     return {"low": 1.0 - cfg.clip_low, "high": 1.0 + cfg.clip_high, "dual": float(cfg.clip_ratio_c)}
 
 
@@ -75,12 +83,13 @@ def histogram(values: torch.Tensor, *, lo: float, hi: float, bins: int = DEFAULT
 
 
 def batch_histograms(
-    tensors: Mapping[str, torch.Tensor], *, config: Mapping[str, Any] | None = None, bins: int = DEFAULT_BINS
+    tensors: Mapping[str, torch.Tensor], *, config: Any = None, bins: int = DEFAULT_BINS
 ) -> dict[str, Any]:
     """Histograms of a batch's importance ratio and advantages over its valid tokens.
 
     ``tensors``: ``log_prob``, ``old_log_prob``, ``advantages``, ``response_mask``, each
-    ``(batch, response_len)``; ``config``: ``LossConfig`` fields (verl names), or None for defaults.
+    ``(batch, response_len)``; ``config``: a ``LossConfig`` / ``TrlLossConfig``, or a mapping of its
+    fields (verl names), or None for defaults.
     An all-zero mask gives zero ``tokens`` and empty counts. Non-finite values are left out and
     counted in ``non_finite``.
     """
