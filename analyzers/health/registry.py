@@ -59,6 +59,7 @@ class RuleId(str, Enum):
     GRAD_NORM_SPIKE = "grad_norm_spike"
     GRAD_NORM_ZERO = "grad_norm_zero"
     ROLLOUT_MISMATCH = "rollout_mismatch"
+    POLICY_COLLAPSE = "policy_collapse"
 
     def __str__(self) -> str:
         return self.value

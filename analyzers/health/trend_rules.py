@@ -106,19 +106,27 @@ class KlLossRunaway(Rule):
         }
         if not (self.growing or above_ceiling):
             return Check(active=False, value=x, evidence=evidence, message="kl_loss is creeping slowly again")
+        # the ceiling latch reads this step's raw value and releases below 0.8 × ceiling; growth reads the
+        # smoothed (EWMA) levels: the message says which value each part is about
         parts = []
-        if above_ceiling:
-            parts.append(f"is above the ceiling {s['ceiling']:g}")
+        if above_ceiling and x >= s["ceiling"]:
+            parts.append(f"kl_loss {x:.3g} (this step's value) is above the ceiling {s['ceiling']:g}")
+        elif above_ceiling:
+            parts.append(
+                f"kl_loss {x:.3g} (this step's value) has been above the ceiling {s['ceiling']:g} and is not "
+                f"yet back below {self.ceiling.off:.3g}, where the alert clears"
+            )
         if self.growing:
             parts.append(
-                f"is growing fast ({ratio:.0%} above its slow average, {speedup:.1f}× the run's average rate)"
+                f"kl_loss is growing fast: smoothed {fast:.3g} is {ratio:.0%} above its slow average "
+                f"{slow:.3g}, rising {speedup:.1f}× the run's average rate"
             )
         return Check(
             active=True,
             value=x,
             evidence=evidence,
             severity=Severity.CRITICAL if above_ceiling else Severity.WARNING,
-            message=f"kl_loss {x:.3g} " + " and ".join(parts),
+            message="; ".join(parts),
         )
 
     def chart_marks(self) -> list[dict[str, Any]]:
@@ -263,10 +271,15 @@ class EntropyCollapse(Rule):
         below_ratio = relative is not None and relative < s["ratio"]
         below_info = relative is not None and relative < s["info_ratio"]
         below_floor = level < s["floor"]
+        # a point below the floor is a (near-)deterministic policy; the monitor still wants a second
+        # such point before it fires, so one outlier never decides, but the median's lag does not delay it
+        point_below_floor = x < s["floor"]
         if self.collapsed:
-            self.collapsed = below_floor or (relative is not None and relative < s["release"])
+            self.collapsed = (
+                below_floor or point_below_floor or (relative is not None and relative < s["release"])
+            )
         else:
-            self.collapsed = below_info or below_floor
+            self.collapsed = below_info or below_floor or point_below_floor
         slope, when = self.forecast() if self.collapsed else (None, None)  # the marks forecast live
         evidence = {
             "level": level,
@@ -283,6 +296,9 @@ class EntropyCollapse(Rule):
         share = f"{relative:.0%} of its early level {early:.3g}" if relative is not None else "near 0"
         if below_floor:
             outlook = f", below the floor {s['floor']:g}"
+        elif point_below_floor and not below_info:
+            share = f"{x:.3g} on the latest point (the median of the last {s['window']} is still {level:.3g})"
+            outlook = f", below the floor {s['floor']:g}"
         elif when is not None:
             outlook = f"; at the current rate ({slope * 100:+.1%} per 100 steps) it reaches the floor {s['floor']:g} at step ~{when}"
         else:
@@ -293,8 +309,12 @@ class EntropyCollapse(Rule):
             evidence=evidence,
             severity=Severity.CRITICAL
             if below_floor
-            else (Severity.WARNING if below_ratio else Severity.INFO),
-            message=f"entropy {level:.3g} (median of the last {s['window']} points) has fallen to {share}{outlook}",
+            else (Severity.WARNING if below_ratio or point_below_floor else Severity.INFO),
+            message=(
+                f"entropy has fallen to {share}{outlook}"
+                if point_below_floor and not below_info and not below_floor
+                else f"entropy {level:.3g} (median of the last {s['window']} points) has fallen to {share}{outlook}"
+            ),
         )
 
     def state_dict(self) -> dict[str, Any]:

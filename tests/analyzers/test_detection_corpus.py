@@ -45,6 +45,32 @@ def test_every_labelled_incident_is_caught(scores):
     assert missed == {}
 
 
+# The first warning+ alert of the earliest peer on the incidents where one was earlier than our rules
+# before (bench/detection.py with the peers, docs/detection.md): ours must be no later. (run, kind, onset)
+# -> the peer's delay in steps.
+EARLIEST_PEER = {
+    ("trl_qwen3.5-9b_grpo_gsm8k_exp1a_rho1.00_seed42", "entropy_explosion", 40): 0,  # rldoctor
+    ("trl_qwen3.5-9b_grpo_gsm8k_exp1a_rho1.00_seed42", "truncation", 40): 0,  # rldoctor
+    ("trl_qwen3.5-9b_grpo_gsm8k_exp1a_rho1.00_seed42", "reward_collapse", 40): 0,  # rldoctor
+    ("trl_qwen3.5-9b_grpo_gsm8k_exp1a_rho1.00_seed42", "reward_collapse", 135): 0,  # rlwatch
+    ("trl_qwen3.5-9b_grpo_gsm8k_exp1a_rho1.00_seed42", "entropy_explosion", 140): -5,  # rlwatch
+    ("trl_qwen3.5-9b_grpo_gsm8k_exp1a_rho1.00_seed42", "truncation", 145): -10,  # rlwatch
+    ("trl_qwen3.5-9b_grpo_gsm8k_exp1a_rho0.30_seed42", "entropy_collapse", 115): 5,  # rldoctor
+}
+
+
+@needs_corpus
+def test_no_later_than_the_earliest_peer_where_a_peer_was_earlier(scores):
+    ours = {
+        (s.run_id, r.incident.kind, r.incident.onset): r.delay
+        for s in scores
+        for r in s.incidents
+        if r.caught
+    }
+    late = {key: (ours.get(key), peer) for key, peer in EARLIEST_PEER.items() if ours.get(key, 10**9) > peer}
+    assert late == {}
+
+
 @needs_corpus
 def test_no_false_alert_outside_incident_windows_on_unhealthy_runs(scores):
     false = {s.run_id: [(a.rule, a.step) for a in s.false_alerts] for s in scores if not s.healthy}
