@@ -268,6 +268,8 @@ class AuditMismatch(Rule):
             return None
         verdicts = report.get("verdicts") or {}
         explanation = str(report.get("explanation") or "")
+        # the alert says it in one sentence (the report's summary); the full explanation stays in evidence
+        summary = str(report.get("summary") or "") or _first_sentence(explanation)
         if report.get("ok"):
             return Check(
                 active=False, message="audits agree with recomputation again", evidence={"step": step}
@@ -304,5 +306,13 @@ class AuditMismatch(Rule):
                 "explanation": explanation,
                 "on_policy_gap": report.get("on_policy_gap"),
             },
-            message=message + (f": {explanation}" if explanation else ""),
+            message=message + (f": {summary}" if summary and summary != message else ""),
         )
+
+
+def _first_sentence(text: str, limit: int = 240) -> str:
+    """The first sentence of ``text`` (at most ``limit`` characters), for a report without a summary."""
+    head = text.strip().split("\n", 1)[0]
+    cut = head.find(". ")
+    head = head if cut < 0 else head[: cut + 1]
+    return head if len(head) <= limit else head[: limit - 1].rstrip() + "…"

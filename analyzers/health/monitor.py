@@ -146,7 +146,8 @@ class HealthMonitor:
 
     def observe_audit(self, step: int, report: Any) -> list[Finding]:
         """An audit of one micro-batch: an ``AuditReport`` or its ``to_dict()`` (``ok``, ``verdicts``,
-        ``explanation``, optionally ``empty``, ``reported``, ``recomputed``, ``on_policy_gap``)."""
+        ``explanation``, optionally ``summary`` (the one sentence the alert carries), ``empty``, ``reported``,
+        ``recomputed``, ``on_policy_gap``)."""
         step = _step(step)
         as_dict = _report_dict(report)
         return self._dispatch(step, lambda rule: rule.observe_audit(step, as_dict))
@@ -348,7 +349,16 @@ def _report_dict(report: Any) -> dict[str, Any]:
     elif hasattr(report, "ok"):
         data = {
             name: getattr(report, name)
-            for name in ("ok", "empty", "verdicts", "explanation", "reported", "recomputed", "on_policy_gap")
+            for name in (
+                "ok",
+                "empty",
+                "verdicts",
+                "explanation",
+                "summary",
+                "reported",
+                "recomputed",
+                "on_policy_gap",
+            )
             if hasattr(report, name)
         }
     else:
