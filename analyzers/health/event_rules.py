@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from .detectors import Ewma, Hysteresis
-from .findings import Check, Severity
+from .findings import IDLE, Check, Severity
 from .registry import Rule, RuleId, register_rule, require
 from .signals import Signal, signal_of
 
@@ -49,6 +49,8 @@ class NonFinite(Rule):
             return None
         bad = {name: value for name, value in metrics.items() if not math.isfinite(value)}
         if not bad:
+            if self.idle:
+                return IDLE
             return Check(
                 active=False, message="all metrics are finite again", evidence={"checked": len(metrics)}
             )
@@ -126,6 +128,7 @@ class ZeroAdvantageGroups(Rule):
     """
 
     signal = Signal.ZERO_STD_FRAC.value
+    inputs = (signal,)
     summary = "too many zero-variance (all-solved / all-failed) GRPO groups"
     defaults: ClassVar[Mapping[str, Any]] = {
         "threshold": 0.5,
@@ -181,6 +184,8 @@ class ZeroAdvantageGroups(Rule):
         if all_min is not None:
             self.failed.update(all_min, weight)
         active = self.latch.update(m)
+        if not active and self.idle:
+            return IDLE
         solved, failed = self.solved.value, self.failed.value
         if solved is None or failed is None:
             cause, advice = "unknown", ""

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from .detectors import MAD_TO_SIGMA, Ewma, Hysteresis, Window, _median
-from .findings import Check, Severity
+from .findings import IDLE, Check, Severity
 from .registry import Rule, RuleId, register_rule, require
 from .signals import Signal
 
@@ -66,6 +66,7 @@ class ResponseLengthCollapse(Rule):
     reward, or a collapse that goes with entropy collapse). Critical below ``critical_tokens`` tokens."""
 
     signal = Signal.RESPONSE_LENGTH.value
+    inputs = (signal,)
     summary = "mean response length collapsing far below where the run started"
     defaults: ClassVar[Mapping[str, Any]] = {
         "seed_points": 3,
@@ -113,6 +114,8 @@ class ResponseLengthCollapse(Rule):
         early = self.series.early
         relative = level / early
         active = self.latch.update(relative)
+        if not active and self.idle:
+            return IDLE
         evidence = {"level": level, "early_level": early, "relative": relative, "ratio": s["ratio"]}
         if not active:
             return Check(active=False, value=x, evidence=evidence, message="response length has recovered")
@@ -139,6 +142,7 @@ class ResponseLengthExplosion(Rule):
     ``fast_ratio`` × the level of ``fast_steps`` steps ago (repetition loops and rambling grow like this)."""
 
     signal = Signal.RESPONSE_LENGTH.value
+    inputs = (signal,)
     summary = "mean response length growing far beyond where the run started (fast growth: warning)"
     severity = Severity.INFO
     defaults: ClassVar[Mapping[str, Any]] = {
@@ -199,6 +203,8 @@ class ResponseLengthExplosion(Rule):
         early = self.series.early
         relative = level / early
         active = self.latch.update(relative)
+        if not active and self.idle:
+            return IDLE
         past = self._past_level(step)
         fast = past is not None and past > 0 and level / past >= s["fast_ratio"]
         evidence = {
@@ -241,6 +247,7 @@ class TruncationHigh(Rule):
     usually gets no reward and teaches the policy nothing but noise."""
 
     signal = Signal.RESPONSE_CLIP_RATIO.value
+    inputs = (signal,)
     summary = "too many responses truncated at the max response length"
     defaults: ClassVar[Mapping[str, Any]] = {"window": 5, "threshold": 0.3, "release": 0.15, "critical": 0.8}
     fire_after = 5
@@ -283,6 +290,8 @@ class TruncationHigh(Rule):
         s = self.settings
         level = self.level.update(x)
         active = self.latch.update(level)
+        if not active and self.idle:
+            return IDLE
         evidence = {"level": level, "threshold": s["threshold"], "critical": s["critical"]}
         if not active:
             return Check(active=False, value=x, evidence=evidence, message="truncation share is back down")
@@ -309,6 +318,7 @@ class RewardStagnation(Rule):
     task is solved, or learnt as far as this model can), so this is ``info``: worth a look, never a page."""
 
     signal = Signal.REWARD.value
+    inputs = (signal,)
     summary = "reward has not improved for a long stretch (info)"
     severity = Severity.INFO
     defaults: ClassVar[Mapping[str, Any]] = {
@@ -361,6 +371,8 @@ class RewardStagnation(Rule):
         if step - self.first_step < s["warmup"]:
             return None
         since = step - (self.best_step if self.best_step is not None else step)
+        if since < s["patience"] and self.idle:
+            return IDLE
         evidence = {"level": level, "best": self.best, "best_step": self.best_step, "steps_since_best": since}
         if since < s["patience"]:
             return Check(active=False, value=x, evidence=evidence, message="reward is improving again")
@@ -457,6 +469,8 @@ class RewardStdCollapse(Rule):
             self.collapsed = relative < s["release"] and level < 2 * s["abs_floor"]
         else:
             self.collapsed = relative < s["ratio"] and level < s["abs_floor"]
+        if not self.collapsed and self.idle:
+            return IDLE
         evidence = {"level": level, "early_level": early, "relative": relative, "abs_floor": s["abs_floor"]}
         if not self.collapsed:
             return Check(active=False, value=x, evidence=evidence, message="rewards vary again")
@@ -490,6 +504,7 @@ class PolicyCollapse(Rule):
     ``critical_entropy_ratio`` × their levels. Inactive while the reward level is not positive."""
 
     signal = Signal.REWARD.value
+    inputs = (signal,)
     summary = "reward falling by half while entropy rises by half on the same step (the policy degenerating)"
     defaults: ClassVar[Mapping[str, Any]] = {
         "window": 10,
@@ -551,11 +566,16 @@ class PolicyCollapse(Rule):
             self.reward.update(r)
             self.entropy.update(e)
             return None
+        r_rel, e_rel = r / r_level, e / e_level
+        active = r_rel <= s["reward_ratio"] and e_rel >= s["entropy_ratio"]
+        if not active and self.idle:
+            self.reward.update(r)
+            self.entropy.update(e)
+            return IDLE
         spread = MAD_TO_SIGMA * _median([abs(v - r_level) for v in self.reward.values])
         spread = max(spread, 0.05 * r_level)
         z = (r_level - r) / spread
-        r_rel, e_rel = r / r_level, e / e_level
-        active = r_rel <= s["reward_ratio"] and z >= s["min_z"] and e_rel >= s["entropy_ratio"]
+        active = active and z >= s["min_z"]
         evidence = {
             "reward": r,
             "reward_level": r_level,

@@ -94,10 +94,17 @@ class Rule:
     # run-config keys (flattened, dotted; a trailing "." means the whole section) the rule reads; the
     # monitor persists those with its state so a restored rule sees the same config
     config_keys: ClassVar[tuple[str, ...]] = ()
+    # canonical signals ``observe`` needs at least one of: on a step that carries none of them the monitor
+    # does not call it (it would return None). None (the default): called on every step
+    inputs: ClassVar[tuple[str, ...] | None] = None
 
     def __init__(self, settings: Mapping[str, Any], run_config: Mapping[str, Any]) -> None:
         self.settings = settings
         self.run_config = run_config
+        # set and kept by the monitor: True while this rule has no open episode there, when the evidence and
+        # message of an inactive check are never used (a rule may then return the shared IDLE check
+        # instead of building them; the findings are the same). False outside a monitor: full checks
+        self.idle = False
 
     @classmethod
     def validate(cls, settings: Mapping[str, Any]) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from .detectors import DETECTORS, MEAN_ABS_TO_SIGMA, Ewma, Hysteresis, RobustBaseline, Window, make_detector
-from .findings import Check, Severity
+from .findings import IDLE, Check, Severity
 from .registry import Rule, RuleId, register_rule, require
 from .runconfig import CONFIG_KEYS, LOSS_MODE_KEYS, loss_mode, updates_per_batch
 from .signals import Signal
@@ -52,6 +52,7 @@ class PgClipfracRange(Rule):
     """
 
     signal = Signal.PG_CLIPFRAC.value
+    inputs = (signal,)
     summary = (
         "pg_clipfrac outside [0.1, 0.3] (above: warning, below: info); non-zero with one update per batch"
     )
@@ -157,6 +158,8 @@ class PgClipfracRange(Rule):
             )
         self.all_zero = self.all_zero and x == 0.0
         if self.all_zero and self.updates is None:
+            if self.idle:
+                return IDLE
             return Check(
                 active=False,
                 value=x,
@@ -176,6 +179,8 @@ class PgClipfracRange(Rule):
             self.side = None
         if self.side is None:
             self.side = "high" if m > high else ("low" if m < low else None)
+        if self.side is None and self.idle:
+            return IDLE
         evidence = {
             **base,
             "mode": self.loss_mode,
@@ -248,6 +253,7 @@ class PpoKlDrift(Rule):
     """
 
     signal = Signal.PPO_KL.value
+    inputs = (signal,)
     summary = "ppo_kl drifting up from its own baseline, above a ceiling, or persistently negative"
     defaults: ClassVar[Mapping[str, Any]] = {
         "warmup": 20,
@@ -350,6 +356,11 @@ class PpoKlDrift(Rule):
         else:
             drifting = False
         self.drift_points = self.drift_points + 1 if drifting else 0
+        if self.idle and not (drifting or above_ceiling or negative):
+            # nothing to report and no episode to close: what the branches below do, without the evidence
+            # (not drifting, so drift_points is 0 and no rebaseline is due)
+            self.baseline.update(x)
+            return IDLE
         evidence = {
             "baseline": self.baseline.center if self.baseline.ready else None,
             "scale_up": self.baseline.scale_up if self.baseline.ready else None,
@@ -444,6 +455,7 @@ class PgClipfracLowerHigh(Rule):
     above ``threshold``; the episode closes once it stays below ``release`` × threshold."""
 
     signal = Signal.PG_CLIPFRAC_LOWER.value
+    inputs = (signal,)
     summary = "dual-clip share pg_clipfrac_lower above ~0 (default 0.01)"
     defaults: ClassVar[Mapping[str, Any]] = {"threshold": 0.01, "release": 0.5}
     fire_after = 3

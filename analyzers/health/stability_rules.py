@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from .detectors import Hysteresis, Window
-from .findings import Check, Severity
+from .findings import IDLE, Check, Severity
 from .registry import Rule, RuleId, register_rule, require
 from .signals import Signal
 
@@ -26,6 +26,7 @@ class GradNormSpike(Rule):
     median, so a burst of spikes stays measured against the calm level."""
 
     signal = Signal.GRAD_NORM.value
+    inputs = (signal,)
     summary = "gradient norm spiking far above its recent median"
     defaults: ClassVar[Mapping[str, Any]] = {
         "window": 50,
@@ -77,6 +78,8 @@ class GradNormSpike(Rule):
         active = relative >= s["ratio"]
         if not active:
             self.calm.update(x)
+            if self.idle:
+                return IDLE
         evidence = {"median": median, "relative": relative, "ratio": s["ratio"]}
         if not active:
             return Check(
@@ -104,6 +107,7 @@ class GradNormZero(Rule):
     Critical when the share reaches ``critical_share``."""
 
     signal = Signal.GRAD_NORM.value
+    inputs = (signal,)
     summary = "gradient norm exactly 0 on most recent steps (nothing is being learnt)"
     defaults: ClassVar[Mapping[str, Any]] = {
         "window": 10,
@@ -145,6 +149,8 @@ class GradNormZero(Rule):
         del self.zeros[: max(0, len(self.zeros) - s["window"])]
         share = sum(self.zeros) / len(self.zeros)
         active = self.latch.update(share) and len(self.zeros) >= min(3, s["window"])
+        if not active and self.idle:
+            return IDLE
         evidence = {"zero_share": share, "window": len(self.zeros), "share": s["share"]}
         if not active:
             return Check(active=False, value=x, evidence=evidence, message="gradients are non-zero again")
@@ -280,6 +286,8 @@ class RolloutMismatch(Rule):
                 failing[signal] = level
         if not seen:
             return None
+        if not failing and self.idle:
+            return IDLE
         evidence = {"levels": levels, "failing": sorted(failing)}
         if not failing:
             return Check(

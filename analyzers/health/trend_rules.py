@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from .detectors import Ewma, Hysteresis, Window
-from .findings import Check, Severity
+from .findings import IDLE, Check, Severity
 from .registry import Rule, RuleId, register_rule, require
 from .signals import Signal
 
@@ -35,6 +35,7 @@ class KlLossRunaway(Rule):
     """
 
     signal = Signal.KL_LOSS.value
+    inputs = (signal,)
     summary = "kl_loss growing much faster than its slow creep, or above a ceiling"
     defaults: ClassVar[Mapping[str, Any]] = {
         "fast_alpha": 0.1,
@@ -93,6 +94,8 @@ class KlLossRunaway(Rule):
                 and ratio > s["growth"]
                 and speedup > s["slope_ratio"]
             )
+        if self.idle and not (self.growing or above_ceiling):
+            return IDLE
         evidence = {
             "fast": fast,
             "slow": slow,
@@ -166,6 +169,7 @@ class EntropyCollapse(Rule):
     """
 
     signal = Signal.ENTROPY.value
+    inputs = (signal,)
     summary = (
         "entropy collapsing toward 0 relative to where the run started; forecasts when it hits the floor"
     )
@@ -263,6 +267,8 @@ class EntropyCollapse(Rule):
             self.fit.append([float(step), math.log(x)])
             del self.fit[: max(0, len(self.fit) - s["fit_points"])]
         if not self.seed.full:
+            if self.idle:
+                return IDLE
             return Check(
                 active=False, value=x, evidence={"level": level}, message="entropy: seeding its early level"
             )
@@ -280,6 +286,8 @@ class EntropyCollapse(Rule):
             )
         else:
             self.collapsed = below_info or below_floor or point_below_floor
+        if self.idle and not self.collapsed:
+            return IDLE
         slope, when = self.forecast() if self.collapsed else (None, None)  # the marks forecast live
         evidence = {
             "level": level,
@@ -340,6 +348,7 @@ class EntropyExplosion(Rule):
     too high or an off-policy mismatch; critical above ``critical_ratio`` × early."""
 
     signal = Signal.ENTROPY.value
+    inputs = (signal,)
     summary = "entropy rising far above where the run started (the policy drifting toward noise)"
     defaults: ClassVar[Mapping[str, Any]] = {
         "seed_points": 3,
@@ -399,6 +408,8 @@ class EntropyExplosion(Rule):
         early = self.seed.median
         relative = level / early if early > 0 else math.inf
         active = self.latch.update(relative) and level - early >= s["min_rise"]
+        if not active and self.idle:
+            return IDLE
         evidence = {
             "level": level,
             "early_level": early,
