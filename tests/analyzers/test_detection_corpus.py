@@ -105,3 +105,38 @@ def test_tally_counts_per_rule_catches_and_delays():
     overall, per_rule = tally([scored])
     assert (overall.caught, overall.missed, overall.median_delay) == (2, 0, 3.5)  # delays 2 and 5
     assert per_rule["x"].caught == 2 and per_rule["x"].delays == [2, 6]
+
+
+def test_corpus_builder_trims_a_verl_log_to_what_the_importer_reads(tmp_path):
+    from rlvitals.client.importers.console import read_verl_console
+
+    from bench.build_corpus import trim_verl
+
+    tag, other = "\x1b[36m(main_task pid=7)\x1b[0m ", "\x1b[36m(WorkerDict pid=9)\x1b[0m "
+    log = "\n".join(
+        [
+            "commit:",
+            "50ac725",
+            "command:",
+            "python3 -m verl.trainer.main_ppo data.train_batch_size=256 actor_rollout_ref.actor.ppo_epochs=1",
+            "2024-12-10 15:05:25,198\tINFO worker.py:1792 -- Started a local Ray instance.",
+            tag + "{'actor_rollout_ref': {'actor': {'ppo_mini_batch_size': 64,",
+            other + "Flash Attention 2.0 only supports torch.float16",
+            tag + "                                  'ppo_epochs': 1}},",
+            tag + " 'data': {'train_batch_size': 256}}",
+            tag + "validation generation end",
+            tag
+            + "step:0 - timing/gen:20.2 - actor/pg_clipfrac:0.001 - timing/ref:4.5 - critic/score/mean:0.004",
+            other + "NCCL INFO comm 0x55 rank 0 nranks 2",
+            tag + "step:1 - timing/gen:23.1 - actor/pg_clipfrac:0.002 - critic/score/mean:0.01",
+        ]
+    )
+    trimmed = trim_verl(log)
+    assert "timing/" not in trimmed and "NCCL" not in trimmed and "Flash" not in trimmed
+    assert "validation generation end" not in trimmed and trimmed.startswith("commit:\n50ac725\n")
+    (tmp_path / "raw.log").write_text(log)
+    (tmp_path / "trimmed.log").write_text(trimmed)
+    raw, cut = read_verl_console(tmp_path / "raw.log"), read_verl_console(tmp_path / "trimmed.log")
+    assert cut.config == raw.config and cut.config["actor_rollout_ref.actor.ppo_mini_batch_size"] == 64
+    strip = [(s, {k: v for k, v in m.items() if not k.startswith("timing/")}) for s, m in raw.points]
+    assert cut.points == strip and [s for s, _ in cut.points] == [0, 1]
