@@ -129,6 +129,7 @@ class ZeroAdvantageGroups(Rule):
 
     signal = Signal.ZERO_STD_FRAC.value
     inputs = (signal,)
+    state_components = ("share", "solved", "failed", "latch", "groups_step")
     summary = "too many zero-variance (all-solved / all-failed) GRPO groups"
     defaults: ClassVar[Mapping[str, Any]] = {
         "threshold": 0.5,
@@ -226,22 +227,6 @@ class ZeroAdvantageGroups(Rule):
 
     def chart_marks(self) -> list[dict[str, Any]]:
         return [{"kind": "line", "y": self.settings["threshold"], "label": "threshold"}]
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "share": self.share.state_dict(),
-            "solved": self.solved.state_dict(),
-            "failed": self.failed.state_dict(),
-            "latch": self.latch.state_dict(),
-            "groups_step": self.groups_step,
-        }
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        for name in ("share", "solved", "failed", "latch"):
-            target = getattr(self, name)
-            if state.get(name):
-                target.load_state_dict(state[name])
-        self.groups_step = state.get("groups_step")
 
 
 def _get(obj: Any, key: str, default: Any = None) -> Any:

@@ -67,6 +67,7 @@ class ResponseLengthCollapse(Rule):
 
     signal = Signal.RESPONSE_LENGTH.value
     inputs = (signal,)
+    state_components = ("series", "latch")
     summary = "mean response length collapsing far below where the run started"
     defaults: ClassVar[Mapping[str, Any]] = {
         "seed_points": 3,
@@ -127,13 +128,6 @@ class ResponseLengthCollapse(Rule):
             message=f"mean response length {level:.3g} tokens is {relative:.0%} of its early level {early:.3g}",
         )
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"series": self.series.state_dict(), "latch": self.latch.state_dict()}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        _load(self.series, state.get("series"))
-        _load(self.latch, state.get("latch"))
-
 
 @register_rule(RuleId.RESPONSE_LENGTH_EXPLOSION)
 class ResponseLengthExplosion(Rule):
@@ -143,6 +137,7 @@ class ResponseLengthExplosion(Rule):
 
     signal = Signal.RESPONSE_LENGTH.value
     inputs = (signal,)
+    state_components = ("series", "latch", "history")
     summary = "mean response length growing far beyond where the run started (fast growth: warning)"
     severity = Severity.INFO
     defaults: ClassVar[Mapping[str, Any]] = {
@@ -226,18 +221,6 @@ class ResponseLengthExplosion(Rule):
             + (f", {level / past:.1f}× in the last {s['fast_steps']} steps" if fast and past else ""),
         )
 
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "series": self.series.state_dict(),
-            "latch": self.latch.state_dict(),
-            "history": [list(p) for p in self.history],
-        }
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        _load(self.series, state.get("series"))
-        _load(self.latch, state.get("latch"))
-        self.history = [list(p) for p in state.get("history") or []]
-
 
 @register_rule(RuleId.TRUNCATION_HIGH)
 class TruncationHigh(Rule):
@@ -248,6 +231,7 @@ class TruncationHigh(Rule):
 
     signal = Signal.RESPONSE_CLIP_RATIO.value
     inputs = (signal,)
+    state_components = ("level", "latch")
     summary = "too many responses truncated at the max response length"
     defaults: ClassVar[Mapping[str, Any]] = {"window": 5, "threshold": 0.3, "release": 0.15, "critical": 0.8}
     fire_after = 5
@@ -303,13 +287,6 @@ class TruncationHigh(Rule):
             message=f"{level:.0%} of responses are cut at the max length",
         )
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"level": self.level.state_dict(), "latch": self.latch.state_dict()}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        _load(self.level, state.get("level"))
-        _load(self.latch, state.get("latch"))
-
 
 @register_rule(RuleId.REWARD_STAGNATION)
 class RewardStagnation(Rule):
@@ -319,6 +296,7 @@ class RewardStagnation(Rule):
 
     signal = Signal.REWARD.value
     inputs = (signal,)
+    state_components = ("level", "smooth", "first_step", "best", "best_step", "low")
     summary = "reward has not improved for a long stretch (info)"
     severity = Severity.INFO
     defaults: ClassVar[Mapping[str, Any]] = {
@@ -384,22 +362,6 @@ class RewardStagnation(Rule):
             f"for {since} steps",
         )
 
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "level": self.level.state_dict(),
-            "smooth": self.smooth.state_dict(),
-            "first_step": self.first_step,
-            "best": self.best,
-            "best_step": self.best_step,
-            "low": self.low,
-        }
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        _load(self.level, state.get("level"))
-        _load(self.smooth, state.get("smooth"))
-        for name in ("first_step", "best", "best_step", "low"):
-            setattr(self, name, state.get(name))
-
 
 @register_rule(RuleId.REWARD_STD_COLLAPSE)
 class RewardStdCollapse(Rule):
@@ -410,6 +372,7 @@ class RewardStdCollapse(Rule):
     gradient, the run is idling."""
 
     signal = Signal.REWARD_STD.value
+    state_components = ("seed", "recent", "collapsed")
     summary = "reward spread dying (all samples scored the same: no GRPO signal)"
     defaults: ClassVar[Mapping[str, Any]] = {
         "seed_points": 3,
@@ -482,14 +445,6 @@ class RewardStdCollapse(Rule):
             "samples all score the same, advantages are 0",
         )
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"seed": self.seed.state_dict(), "recent": list(self.recent), "collapsed": self.collapsed}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        _load(self.seed, state.get("seed"))
-        self.recent = [float(v) for v in state.get("recent") or []]
-        self.collapsed = bool(state.get("collapsed", False))
-
 
 @register_rule(RuleId.POLICY_COLLAPSE)
 class PolicyCollapse(Rule):
@@ -505,6 +460,7 @@ class PolicyCollapse(Rule):
 
     signal = Signal.REWARD.value
     inputs = (signal,)
+    state_components = ("reward", "entropy")
     summary = "reward falling by half while entropy rises by half on the same step (the policy degenerating)"
     defaults: ClassVar[Mapping[str, Any]] = {
         "window": 10,
@@ -601,10 +557,3 @@ class PolicyCollapse(Rule):
             f"{e:.3g} rose to {e_rel:.1f}× its recent level {e_level:.3g} on the same step: the policy is "
             "degenerating",
         )
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"reward": self.reward.state_dict(), "entropy": self.entropy.state_dict()}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        _load(self.reward, state.get("reward"))
-        _load(self.entropy, state.get("entropy"))

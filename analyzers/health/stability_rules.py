@@ -27,6 +27,7 @@ class GradNormSpike(Rule):
 
     signal = Signal.GRAD_NORM.value
     inputs = (signal,)
+    state_components = ("calm",)
     summary = "gradient norm spiking far above its recent median"
     defaults: ClassVar[Mapping[str, Any]] = {
         "window": 50,
@@ -93,12 +94,6 @@ class GradNormSpike(Rule):
             message=f"grad_norm {x:.3g} is {relative:.0f}× its recent median {median:.3g}",
         )
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"calm": self.calm.state_dict()}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        _load(self.calm, state.get("calm"))
-
 
 @register_rule(RuleId.GRAD_NORM_ZERO)
 class GradNormZero(Rule):
@@ -108,6 +103,7 @@ class GradNormZero(Rule):
 
     signal = Signal.GRAD_NORM.value
     inputs = (signal,)
+    state_components = ("zeros", "latch")
     summary = "gradient norm exactly 0 on most recent steps (nothing is being learnt)"
     defaults: ClassVar[Mapping[str, Any]] = {
         "window": 10,
@@ -161,13 +157,6 @@ class GradNormZero(Rule):
             severity=Severity.CRITICAL if share >= s["critical_share"] else Severity.WARNING,
             message=f"grad_norm is 0 on {share:.0%} of the last {len(self.zeros)} points: nothing is being learnt",
         )
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"zeros": list(self.zeros), "latch": self.latch.state_dict()}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.zeros = [int(v) for v in state.get("zeros") or []]
-        _load(self.latch, state.get("latch"))
 
 
 # (signal, kind, threshold setting): "above" fires when the level is above the setting, "below" below it,

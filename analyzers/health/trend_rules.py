@@ -17,11 +17,6 @@ from .registry import Rule, RuleId, register_rule, require
 from .signals import Signal
 
 
-def _load(target: Any, state: Mapping[str, Any] | None) -> None:
-    if state:
-        target.load_state_dict(state)
-
-
 @register_rule(RuleId.KL_LOSS_RUNAWAY)
 class KlLossRunaway(Rule):
     """kl_loss (policy vs the frozen reference) growing faster than its slow healthy creep, or above a ceiling.
@@ -36,6 +31,7 @@ class KlLossRunaway(Rule):
 
     signal = Signal.KL_LOSS.value
     inputs = (signal,)
+    state_components = ("first_step", "fast", "slow", "ceiling", "growing")
     summary = "kl_loss growing much faster than its slow creep, or above a ceiling"
     defaults: ClassVar[Mapping[str, Any]] = {
         "fast_alpha": 0.1,
@@ -135,21 +131,6 @@ class KlLossRunaway(Rule):
     def chart_marks(self) -> list[dict[str, Any]]:
         return [{"kind": "line", "y": self.settings["ceiling"], "label": "ceiling", "severity": "critical"}]
 
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "first_step": self.first_step,
-            "fast": self.fast.state_dict(),
-            "slow": self.slow.state_dict(),
-            "ceiling": self.ceiling.state_dict(),
-            "growing": self.growing,
-        }
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        for name in ("fast", "slow", "ceiling"):
-            _load(getattr(self, name), state.get(name))
-        self.growing = bool(state.get("growing", False))
-        self.first_step = state.get("first_step")
-
 
 @register_rule(RuleId.ENTROPY_COLLAPSE)
 class EntropyCollapse(Rule):
@@ -170,6 +151,7 @@ class EntropyCollapse(Rule):
 
     signal = Signal.ENTROPY.value
     inputs = (signal,)
+    state_components = ("seed", "level", "fit", "collapsed")
     summary = (
         "entropy collapsing toward 0 relative to where the run started; forecasts when it hits the floor"
     )
@@ -325,20 +307,6 @@ class EntropyCollapse(Rule):
             ),
         )
 
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "seed": self.seed.state_dict(),
-            "level": self.level.state_dict(),
-            "fit": [list(p) for p in self.fit],
-            "collapsed": self.collapsed,
-        }
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        _load(self.seed, state.get("seed"))
-        _load(self.level, state.get("level"))
-        self.fit = [list(p) for p in state.get("fit") or []]
-        self.collapsed = bool(state.get("collapsed", False))
-
 
 @register_rule(RuleId.ENTROPY_EXPLOSION)
 class EntropyExplosion(Rule):
@@ -349,6 +317,7 @@ class EntropyExplosion(Rule):
 
     signal = Signal.ENTROPY.value
     inputs = (signal,)
+    state_components = ("seed", "level", "latch")
     summary = "entropy rising far above where the run started (the policy drifting toward noise)"
     defaults: ClassVar[Mapping[str, Any]] = {
         "seed_points": 3,
@@ -428,14 +397,3 @@ class EntropyExplosion(Rule):
             severity=Severity.CRITICAL if relative >= s["critical_ratio"] else Severity.WARNING,
             message=f"entropy {level:.3g} is {relative:.1f}× its early level {early:.3g}",
         )
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "seed": self.seed.state_dict(),
-            "level": self.level.state_dict(),
-            "latch": self.latch.state_dict(),
-        }
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        for name in ("seed", "level", "latch"):
-            _load(getattr(self, name), state.get(name))

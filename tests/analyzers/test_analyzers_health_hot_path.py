@@ -7,6 +7,7 @@ the rules of an older commit.)"""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from rlvitals.analyzers import HealthMonitor
@@ -96,3 +97,41 @@ def test_window_median_matches_a_sort_and_survives_a_restore():
             assert set(state) == {"values"}  # the persisted format: the values only
             window = Window(size=7)
             window.load_state_dict(state)
+
+
+STATE_FIXTURE = Path(__file__).resolve().parents[1] / "data" / "health_state" / "state_9ca4140.json"
+
+
+def _perturbed_points(scenario, seed, steps):
+    import random
+
+    from bench._synthetic import ONSET
+
+    points = list(grpo_stream(seed, single_update=scenario.single_update, steps=steps))
+    rng = random.Random(10_000 + seed)
+    for point in points:
+        if scenario.perturb is not None and ONSET <= point.step < ONSET + scenario.length:
+            scenario.perturb(point, rng, point.step - ONSET)
+    return points
+
+
+@pytest.mark.parametrize("index", range(3))
+def test_a_state_saved_by_the_hand_written_state_dicts_restores_and_continues_identically(index):
+    # written by the rules of 9ca4140, whose rules spelled out state_dict/load_state_dict one by one;
+    # today's Rule.state_components must read it, write it back byte for byte, and continue the same
+    saved = json.loads(STATE_FIXTURE.read_text())["streams"][index]
+    scenario = SCENARIOS[saved["scenario"]]
+    monitor = HealthMonitor.from_state(
+        saved["state"], settings=scenario.settings or None, run_config=scenario.run_config or None
+    )
+    assert json.dumps(monitor.state_dict()) == json.dumps(saved["state"])
+    found = []
+    for point in _perturbed_points(scenario, saved["seed"], saved["steps"]):
+        if point.step < saved["split"]:
+            continue
+        found += monitor.observe(point.step, point.metrics)
+        found += monitor.observe_groups(point.step, point.groups)
+        if point.audit is not None:
+            found += monitor.observe_audit(point.step, point.audit)
+    assert [json.loads(json.dumps(f.to_dict(), default=str)) for f in found] == saved["findings_after"]
+    assert json.dumps(monitor.state_dict()) == json.dumps(saved["final_state"])
