@@ -3,7 +3,7 @@
 stdin: ``{"peer": "rldoctor"|"rlwatch"|"rlprobe", "runs": [{"id", "format", "algorithm", "config",
 "points": [[step, {name: value}], ...]}]}``; stdout: ``{run id: [[rule, step, severity], ...]}`` with
 severities spelled ``info``/``warning``/``critical`` (with ``"timing": true`` in the request, also
-``"__seconds__": {run id: seconds of its live loop}``, for bench/health_rules.py). Each peer is driven through the path it documents
+``"__seconds__": {run id: CPU seconds of its live loop}``, for bench/health_rules.py). Each peer is driven through the path it documents
 for a live run, fed the points one at a time in step order, as its trainer integration would:
 
 - rldoctor 0.2.0: ``rl_doctor.live.LiveMonitor.log(metrics, step)``; it announces findings that are new
@@ -133,7 +133,7 @@ def main() -> None:
     seconds: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(sys.stderr):
         for run in request["runs"]:
-            started = time.perf_counter()
+            started = time.process_time()
             if request["peer"] == "rldoctor":
                 out[run["id"]] = run_rldoctor(run)
             elif request["peer"] == "rlwatch":
@@ -142,7 +142,7 @@ def main() -> None:
                 out[run["id"]] = run_rlprobe(run)
             else:
                 raise SystemExit(f"unknown peer {request['peer']!r}")
-            seconds[run["id"]] = time.perf_counter() - started
+            seconds[run["id"]] = time.process_time() - started
     if request.get("timing"):  # bench/health_rules.py: the time of each run's live loop
         out["__seconds__"] = seconds
     json.dump(out, sys.stdout)

@@ -5,8 +5,10 @@ The workload is one verl GRPO run's scalar stream: 12 metrics a step (the names 
 fraction, ppo_kl, kl_loss, entropy, grad norm, score, reward std's spread, response length and its clip
 ratio, pg_loss, the lower clip fraction, a rollout-vs-training probs diff), healthy noise from a fixed
 seed, generated before the clock starts. Each version gets a fresh monitor per repeat and is fed the same
-points in step order; the table reports the median over repeats of the time per step, and a digest of
-the findings each version produced (versions whose rules are the same must agree).
+points in step order; the table reports the median over repeats of the time per step — CPU time of the
+process (``time.process_time``), so a shared, oversubscribed machine does not charge one version for
+another process's turn — and a digest of the findings each version produced (versions whose rules are
+the same must agree).
 
 Our versions are loaded from git: ``--ref REV`` extracts ``analyzers/health/`` at REV (a self-contained
 package) into a temporary folder and imports it under its own name, so one process times them all, in
@@ -15,7 +17,8 @@ checkout.
 
 The peers (rldoctor 0.2.0, rlwatch 0.5.1, rlprobe 0.1.0, in their side environment, see
 tests/support/sideenv.py; RLVITALS_SIDEENV_DIR shares one) are fed the same points through the live
-path each documents (bench/_peer_driver.py) and timed inside the driver around that loop. rldoctor and
+path each documents (bench/_peer_driver.py) and timed inside the driver around that loop (CPU time of
+the driver's process, all its threads, like ours). rldoctor and
 rlprobe re-diagnose the whole history at every step, so their per-step cost grows with the run: they
 run on the first ``--peer-steps`` points only and the table says so.
 
@@ -104,12 +107,12 @@ def run_once(monitor_cls, points) -> tuple[float, list]:
     monitor = monitor_cls()
     observe = monitor.observe
     findings = []
-    started = time.perf_counter()
+    started = time.process_time()
     for step, metrics in points:
         out = observe(step, metrics)
         if out:
             findings.extend(out)
-    elapsed = time.perf_counter() - started
+    elapsed = time.process_time() - started
     return elapsed, findings
 
 
@@ -238,7 +241,9 @@ def main(argv: list[str] | None = None) -> int:
         f"median of {args.repeats} repeats, one process, alternating order"
     )
     print()
-    print("| version | µs / step (median) | min–max | steps / s | ratio to worktree | findings | digest |")
+    print(
+        "| version | CPU µs / step (median) | min–max | steps / s | ratio to worktree | findings | digest |"
+    )
     print("|---|--:|--:|--:|--:|--:|---|")
     for ref in refs:
         med = statistics.median(times[ref])
@@ -253,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print(f"Peers, on the first {len(short):,} steps (their cost per step grows with the run)")
         print()
-        print("| detector | µs / step | ratio to rlvitals (worktree) |")
+        print("| detector | CPU µs / step | ratio to rlvitals (worktree) |")
         print("|---|--:|--:|")
         print(f"| rlvitals (worktree) | {ours / len(short) * 1e6:.1f} | 1.00× |")
         for peer, seconds in time_peers(peers, short).items():

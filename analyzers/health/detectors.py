@@ -173,13 +173,18 @@ class Window(_State):
         self._sorted = sorted(self.values)
 
     def update(self, x: float) -> float:
-        if math.isfinite(x):
-            values, ordered = self.values, self._sorted
+        ordered = self._sorted
+        if x - x == 0.0:  # finite (inf - inf and nan - nan are nan)
+            values = self.values
             values.append(x)
             insort(ordered, x)
             while len(values) > self.size:
                 del ordered[bisect_left(ordered, values.pop(0))]
-        return self.median
+        n = len(ordered)
+        if not n:
+            return math.nan
+        mid = n // 2
+        return ordered[mid] if n % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         super().load_state_dict(state)

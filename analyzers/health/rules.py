@@ -456,6 +456,8 @@ class PgClipfracLowerHigh(Rule):
         if x is None:
             return None
         active = self.latch.update(x)
+        if not active and self.idle:
+            return IDLE
         threshold = self.settings["threshold"]
         return Check(
             active=active,
