@@ -456,11 +456,13 @@ class PolicyCollapse(Rule):
     on single healthy steps, entropy wobbles — but both moving the wrong way on the same step is a policy
     turning to noise, so this rule needs no second point: the second signal is the corroboration.
     Critical when the reward is below ``critical_reward_ratio`` × and entropy above
-    ``critical_entropy_ratio`` × their levels. Inactive while the reward level is not positive."""
+    ``critical_entropy_ratio`` × their levels. Once it fires, the references stay frozen and the episode
+    stays open until the reward is back to ``release`` × its level before the collapse (a run that stays
+    collapsed stays alerted). Inactive while the reward level is not positive."""
 
     signal = Signal.REWARD.value
     inputs = (signal,)
-    state_components = ("reward", "entropy")
+    state_components = ("reward", "entropy", "collapsed")
     summary = "reward falling by half while entropy rises by half on the same step (the policy degenerating)"
     defaults: ClassVar[Mapping[str, Any]] = {
         "window": 10,
@@ -470,6 +472,7 @@ class PolicyCollapse(Rule):
         "min_z": 3.0,
         "critical_reward_ratio": 0.25,
         "critical_entropy_ratio": 3.0,
+        "release": 0.8,
     }
     fire_after = 1
     resolve_after = 20
@@ -501,11 +504,13 @@ class PolicyCollapse(Rule):
             "need 1 < entropy_ratio <= critical_entropy_ratio",
         )
         require(s["min_z"] >= 0.0, rid, "min_z must be >= 0")
+        require(s["reward_ratio"] < s["release"] <= 1.0, rid, "need reward_ratio < release <= 1")
 
     def __init__(self, settings: Mapping[str, Any], run_config: Mapping[str, Any]) -> None:
         super().__init__(settings, run_config)
         self.reward = Window(size=settings["window"])
         self.entropy = Window(size=settings["window"])
+        self.collapsed = False
 
     def observe(self, step: int, signals: Mapping[str, float], metrics: Mapping[str, float]) -> Check | None:
         r = signals.get(self.signal)
@@ -523,15 +528,21 @@ class PolicyCollapse(Rule):
             self.entropy.update(e)
             return None
         r_rel, e_rel = r / r_level, e / e_level
-        active = r_rel <= s["reward_ratio"] and e_rel >= s["entropy_ratio"]
-        if not active and self.idle:
-            self.reward.update(r)
-            self.entropy.update(e)
-            return IDLE
-        spread = MAD_TO_SIGMA * _median([abs(v - r_level) for v in self.reward.values])
-        spread = max(spread, 0.05 * r_level)
-        z = (r_level - r) / spread
-        active = active and z >= s["min_z"]
+        if self.collapsed:
+            # the references stay frozen until the reward is back to `release` × its level
+            self.collapsed = r_rel < s["release"]
+            active = self.collapsed
+            z = None
+        else:
+            active = r_rel <= s["reward_ratio"] and e_rel >= s["entropy_ratio"]
+            if not active and self.idle:
+                self.reward.update(r)
+                self.entropy.update(e)
+                return IDLE
+            spread = MAD_TO_SIGMA * _median([abs(v - r_level) for v in self.reward.values])
+            spread = max(spread, 0.05 * r_level)
+            z = (r_level - r) / spread
+            active = self.collapsed = active and z >= s["min_z"]
         evidence = {
             "reward": r,
             "reward_level": r_level,
@@ -553,7 +564,10 @@ class PolicyCollapse(Rule):
             value=r,
             evidence=evidence,
             severity=Severity.CRITICAL if critical else Severity.WARNING,
-            message=f"reward {r:.3g} fell to {r_rel:.0%} of its recent level {r_level:.3g} while entropy "
+            message=f"reward {r:.3g} is at {r_rel:.0%} of its level {r_level:.3g} before the collapse, entropy "
+            f"{e:.3g} at {e_rel:.1f}× its level {e_level:.3g}: the policy is degenerating"
+            if z is None
+            else f"reward {r:.3g} fell to {r_rel:.0%} of its recent level {r_level:.3g} while entropy "
             f"{e:.3g} rose to {e_rel:.1f}× its recent level {e_level:.3g} on the same step: the policy is "
             "degenerating",
         )
