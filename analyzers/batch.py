@@ -309,6 +309,12 @@ def audit_batch(
         if rollout["ok"] is False:
             extra.append(rollout["explanation"])
     if extra:
+        # the summary (what the audit_mismatch alert says) names these findings too
+        summary = str(result.get("summary") or "") if result["ok"] is False else ""
+        summary = " ".join(part for part in (summary, extra[0]) if part)
+        if len(extra) > 1:
+            summary += f" (and {len(extra) - 1} more finding(s): see the explanation)"
+        result["summary"] = summary
         result["ok"] = False
         result["explanation"] = " ".join([result["explanation"], *extra]).strip()
     if histograms:

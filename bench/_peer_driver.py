@@ -2,7 +2,8 @@
 
 stdin: ``{"peer": "rldoctor"|"rlwatch"|"rlprobe", "runs": [{"id", "format", "algorithm", "config",
 "points": [[step, {name: value}], ...]}]}``; stdout: ``{run id: [[rule, step, severity], ...]}`` with
-severities spelled ``info``/``warning``/``critical``. Each peer is driven through the path it documents
+severities spelled ``info``/``warning``/``critical`` (with ``"timing": true`` in the request, also
+``"__seconds__": {run id: CPU seconds of its live loop}``, for bench/health_rules.py). Each peer is driven through the path it documents
 for a live run, fed the points one at a time in step order, as its trainer integration would:
 
 - rldoctor 0.2.0: ``rl_doctor.live.LiveMonitor.log(metrics, step)``; it announces findings that are new
@@ -26,6 +27,7 @@ import json
 import logging
 import sys
 import tempfile
+import time
 import types
 from pathlib import Path
 from typing import Any
@@ -127,9 +129,11 @@ def run_rlprobe(run: dict) -> list[list]:
 def main() -> None:
     request = json.load(sys.stdin)
     logging.disable(logging.CRITICAL)
-    out: dict[str, list] = {}
+    out: dict[str, Any] = {}
+    seconds: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(sys.stderr):
         for run in request["runs"]:
+            started = time.process_time()
             if request["peer"] == "rldoctor":
                 out[run["id"]] = run_rldoctor(run)
             elif request["peer"] == "rlwatch":
@@ -138,6 +142,9 @@ def main() -> None:
                 out[run["id"]] = run_rlprobe(run)
             else:
                 raise SystemExit(f"unknown peer {request['peer']!r}")
+            seconds[run["id"]] = time.process_time() - started
+    if request.get("timing"):  # bench/health_rules.py: the time of each run's live loop
+        out["__seconds__"] = seconds
     json.dump(out, sys.stdout)
 
 

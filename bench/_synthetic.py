@@ -193,6 +193,12 @@ def length_collapse(point: Point, rng: random.Random, since: int) -> None:
     point.metrics["response_length/mean"] *= max(0.04, 1 - since / 20)
 
 
+def policy_collapse(point: Point, rng: random.Random, since: int) -> None:
+    # the degenerating policy of exp1a rho1.00 at step 135: reward to ~40 % while entropy doubles
+    point.metrics["critic/score/mean"] *= 0.4
+    point.metrics["actor/entropy"] *= 2.0
+
+
 def grad_spike(point: Point, rng: random.Random, since: int) -> None:
     if since == 0:
         point.metrics["actor/grad_norm"] = 30.0
@@ -332,6 +338,7 @@ INCIDENTS: dict[str, Scenario] = {
         Scenario(
             "grad_norm_zero", "grad_norm_zero", set_to("actor/grad_norm", 0.0, 0.0), 10, 30, Severity.CRITICAL
         ),
+        Scenario("policy_collapse", "policy_collapse", policy_collapse, 1, 30),
         Scenario("rollout_kl_high", "rollout_mismatch", set_to("rollout_corr/kl", 0.3, 0.05), 10, 30),
         Scenario(
             "rollout_is_mean_low",

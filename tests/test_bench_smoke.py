@@ -89,3 +89,8 @@ def test_detection_bench_scores_the_synthetic_corpus_without_the_real_one(tmp_pa
     ), out
     assert "| rlvitals | `pg_clipfrac_range` | 0 | — | 0 | 0 | 0 | 3 |" in out, out  # info by design
     assert "| non_finite/seed0 | non_finite | 1000–1002 | +0 |" in out and "- rlvitals: none" in out, out
+
+
+def test_health_rules_bench_prints_its_table():
+    out = _run("bench/health_rules.py", "--ref", "HEAD", "--steps", "300", "--repeats", "1")
+    assert "| worktree |" in out and "µs / step" in out

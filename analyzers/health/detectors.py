@@ -21,6 +21,7 @@ so a rule can take the detector's name as a setting. Every detector has ``state_
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, insort
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
@@ -163,17 +164,40 @@ class Window(_State):
 
     PARAMS: ClassVar[tuple[str, ...]] = ("size",)
     size: int = 5
-    values: list[float] = field(default_factory=list)
+    values: list[float] = field(default_factory=list)  # the state: the last values, oldest first
+
+    def __post_init__(self) -> None:
+        # the same values kept sorted (not state: rebuilt from ``values``), so the median is a lookup and
+        # an update is two bisections instead of a sort; equal values keep their arrival order, as a
+        # stable sort of ``values`` would, so the median is the very float the sort would pick
+        self._sorted = sorted(self.values)
 
     def update(self, x: float) -> float:
-        if math.isfinite(x):
-            self.values.append(x)
-            del self.values[: max(0, len(self.values) - self.size)]
-        return self.median
+        ordered = self._sorted
+        if x - x == 0.0:  # finite (inf - inf and nan - nan are nan)
+            values = self.values
+            values.append(x)
+            insort(ordered, x)
+            while len(values) > self.size:
+                del ordered[bisect_left(ordered, values.pop(0))]
+        n = len(ordered)
+        if not n:
+            return math.nan
+        mid = n // 2
+        return ordered[mid] if n % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        super().load_state_dict(state)
+        self._sorted = sorted(self.values)
 
     @property
     def median(self) -> float:
-        return _median(self.values) if self.values else math.nan
+        ordered = self._sorted
+        n = len(ordered)
+        if not n:
+            return math.nan
+        mid = n // 2
+        return ordered[mid] if n % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
 
     @property
     def full(self) -> bool:

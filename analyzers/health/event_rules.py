@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from .detectors import Ewma, Hysteresis
-from .findings import Check, Severity
+from .findings import IDLE, Check, Severity
 from .registry import Rule, RuleId, register_rule, require
 from .signals import Signal, signal_of
 
@@ -49,6 +49,8 @@ class NonFinite(Rule):
             return None
         bad = {name: value for name, value in metrics.items() if not math.isfinite(value)}
         if not bad:
+            if self.idle:
+                return IDLE
             return Check(
                 active=False, message="all metrics are finite again", evidence={"checked": len(metrics)}
             )
@@ -126,6 +128,8 @@ class ZeroAdvantageGroups(Rule):
     """
 
     signal = Signal.ZERO_STD_FRAC.value
+    inputs = (signal,)
+    state_components = ("share", "solved", "failed", "latch", "groups_step")
     summary = "too many zero-variance (all-solved / all-failed) GRPO groups"
     defaults: ClassVar[Mapping[str, Any]] = {
         "threshold": 0.5,
@@ -181,6 +185,8 @@ class ZeroAdvantageGroups(Rule):
         if all_min is not None:
             self.failed.update(all_min, weight)
         active = self.latch.update(m)
+        if not active and self.idle:
+            return IDLE
         solved, failed = self.solved.value, self.failed.value
         if solved is None or failed is None:
             cause, advice = "unknown", ""
@@ -222,22 +228,6 @@ class ZeroAdvantageGroups(Rule):
     def chart_marks(self) -> list[dict[str, Any]]:
         return [{"kind": "line", "y": self.settings["threshold"], "label": "threshold"}]
 
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "share": self.share.state_dict(),
-            "solved": self.solved.state_dict(),
-            "failed": self.failed.state_dict(),
-            "latch": self.latch.state_dict(),
-            "groups_step": self.groups_step,
-        }
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        for name in ("share", "solved", "failed", "latch"):
-            target = getattr(self, name)
-            if state.get(name):
-                target.load_state_dict(state[name])
-        self.groups_step = state.get("groups_step")
-
 
 def _get(obj: Any, key: str, default: Any = None) -> Any:
     if isinstance(obj, Mapping):
@@ -268,6 +258,8 @@ class AuditMismatch(Rule):
             return None
         verdicts = report.get("verdicts") or {}
         explanation = str(report.get("explanation") or "")
+        # the alert says it in one sentence (the report's summary); the full explanation stays in evidence
+        summary = str(report.get("summary") or "") or _first_sentence(explanation)
         if report.get("ok"):
             return Check(
                 active=False, message="audits agree with recomputation again", evidence={"step": step}
@@ -304,5 +296,13 @@ class AuditMismatch(Rule):
                 "explanation": explanation,
                 "on_policy_gap": report.get("on_policy_gap"),
             },
-            message=message + (f": {explanation}" if explanation else ""),
+            message=message + (f": {summary}" if summary and summary != message else ""),
         )
+
+
+def _first_sentence(text: str, limit: int = 240) -> str:
+    """The first sentence of ``text`` (at most ``limit`` characters), for a report without a summary."""
+    head = text.strip().split("\n", 1)[0]
+    cut = head.find(". ")
+    head = head if cut < 0 else head[: cut + 1]
+    return head if len(head) <= limit else head[: limit - 1].rstrip() + "…"

@@ -85,6 +85,11 @@ class Check:
     signal: str | None = None
 
 
+# An inactive check with nothing in it: what a rule may return while its episode is closed (``Rule.idle``),
+# where the monitor reads only ``active`` (read-only by convention: the monitor never changes a check)
+IDLE = Check(active=False)
+
+
 @dataclass(frozen=True)
 class Finding:
     """One transition of one rule's episode: ``state`` is ``"firing"`` (episode opened) or ``"resolved"``.

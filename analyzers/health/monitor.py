@@ -108,8 +108,22 @@ class HealthMonitor:
         for rule_id, values in merged.items():
             if not values["enabled"]:
                 continue
-            self._rules[rule_id] = RULES[rule_id](settings=values, run_config=self._config)
+            self._rules[rule_id] = rule = RULES[rule_id](settings=values, run_config=self._config)
             self._episodes[rule_id] = _Episode()
+            rule.idle = True  # no episode open yet
+        # the hot path (observe, once per step): only the rules that override the hook, with the signals
+        # they declare they need (Rule.inputs) as a frozenset, and whether they count steps
+        self._observers = [
+            (
+                rule_id,
+                rule,
+                rule.observe,
+                None if rule.inputs is None else frozenset(rule.inputs),
+                rule.persistence == "steps",
+            )
+            for rule_id, rule in self._rules.items()
+            if type(rule).observe is not Rule.observe
+        ]
         self.last_step: int | None = None
 
     @property
@@ -130,7 +144,30 @@ class HealthMonitor:
                     continue
             raw[name] = value
         signals = {name: value for name, value in canonical_signals(raw).items() if math.isfinite(value)}
-        return self._dispatch(step, lambda rule: rule.observe(step, signals, raw))
+        present = signals.keys()
+        findings: list[Finding] = []
+        episodes = self._episodes
+        for rule_id, rule, observe, inputs, steps in self._observers:
+            if inputs is not None and present.isdisjoint(inputs):
+                continue  # none of its signals on this step: it has nothing to say (observe returns None)
+            check = observe(step, signals, raw)
+            if check is None:
+                continue
+            episode = episodes[rule_id]
+            if not check.active and episode.open is None:
+                # the common case, healthy and quiet: what _advance does for it, without the call
+                if steps:
+                    prev = episode.prev_step
+                    episode.prev_step = step if prev is None or step > prev else prev
+                episode.active_streak = episode.active_steps = 0
+                episode.streak_onset = None
+                continue
+            finding = self._advance(rule_id, rule, step, check)
+            rule.idle = episode.open is None
+            if finding is not None:
+                findings.append(finding)
+        self.last_step = step if self.last_step is None or step > self.last_step else self.last_step
+        return findings
 
     def observe_groups(self, step: int, diagnostics: Mapping[str, Any]) -> list[Finding]:
         """GRPO group diagnostics of one batch (``zero_std_frac``, ``all_max_frac``, ``all_min_frac``,
@@ -146,7 +183,8 @@ class HealthMonitor:
 
     def observe_audit(self, step: int, report: Any) -> list[Finding]:
         """An audit of one micro-batch: an ``AuditReport`` or its ``to_dict()`` (``ok``, ``verdicts``,
-        ``explanation``, optionally ``empty``, ``reported``, ``recomputed``, ``on_policy_gap``)."""
+        ``explanation``, optionally ``summary`` (the one sentence the alert carries), ``empty``, ``reported``,
+        ``recomputed``, ``on_policy_gap``)."""
         step = _step(step)
         as_dict = _report_dict(report)
         return self._dispatch(step, lambda rule: rule.observe_audit(step, as_dict))
@@ -210,6 +248,7 @@ class HealthMonitor:
                 continue
             rule.load_state_dict(saved.get("rule") or {})
             monitor._episodes[rule_id] = _Episode.from_state(saved.get("episode") or {})
+            rule.idle = monitor._episodes[rule_id].open is None
         return monitor
 
     # ------------------------------------------------------------------ internals
@@ -227,6 +266,7 @@ class HealthMonitor:
             if check is None:
                 continue
             finding = self._advance(rule_id, rule, step, check)
+            rule.idle = self._episodes[rule_id].open is None
             if finding is not None:
                 findings.append(finding)
         self.last_step = step if self.last_step is None else max(self.last_step, step)
@@ -348,7 +388,16 @@ def _report_dict(report: Any) -> dict[str, Any]:
     elif hasattr(report, "ok"):
         data = {
             name: getattr(report, name)
-            for name in ("ok", "empty", "verdicts", "explanation", "reported", "recomputed", "on_policy_gap")
+            for name in (
+                "ok",
+                "empty",
+                "verdicts",
+                "explanation",
+                "summary",
+                "reported",
+                "recomputed",
+                "on_policy_gap",
+            )
             if hasattr(report, name)
         }
     else:

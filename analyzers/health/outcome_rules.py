@@ -13,8 +13,8 @@ import math
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from .detectors import Ewma, Hysteresis, Window
-from .findings import Check, Severity
+from .detectors import MAD_TO_SIGMA, Ewma, Hysteresis, Window, _median
+from .findings import IDLE, Check, Severity
 from .registry import Rule, RuleId, register_rule, require
 from .signals import Signal
 
@@ -66,6 +66,8 @@ class ResponseLengthCollapse(Rule):
     reward, or a collapse that goes with entropy collapse). Critical below ``critical_tokens`` tokens."""
 
     signal = Signal.RESPONSE_LENGTH.value
+    inputs = (signal,)
+    state_components = ("series", "latch")
     summary = "mean response length collapsing far below where the run started"
     defaults: ClassVar[Mapping[str, Any]] = {
         "seed_points": 3,
@@ -113,6 +115,8 @@ class ResponseLengthCollapse(Rule):
         early = self.series.early
         relative = level / early
         active = self.latch.update(relative)
+        if not active and self.idle:
+            return IDLE
         evidence = {"level": level, "early_level": early, "relative": relative, "ratio": s["ratio"]}
         if not active:
             return Check(active=False, value=x, evidence=evidence, message="response length has recovered")
@@ -124,13 +128,6 @@ class ResponseLengthCollapse(Rule):
             message=f"mean response length {level:.3g} tokens is {relative:.0%} of its early level {early:.3g}",
         )
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"series": self.series.state_dict(), "latch": self.latch.state_dict()}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        _load(self.series, state.get("series"))
-        _load(self.latch, state.get("latch"))
-
 
 @register_rule(RuleId.RESPONSE_LENGTH_EXPLOSION)
 class ResponseLengthExplosion(Rule):
@@ -139,6 +136,8 @@ class ResponseLengthExplosion(Rule):
     ``fast_ratio`` × the level of ``fast_steps`` steps ago (repetition loops and rambling grow like this)."""
 
     signal = Signal.RESPONSE_LENGTH.value
+    inputs = (signal,)
+    state_components = ("series", "latch", "history")
     summary = "mean response length growing far beyond where the run started (fast growth: warning)"
     severity = Severity.INFO
     defaults: ClassVar[Mapping[str, Any]] = {
@@ -199,6 +198,8 @@ class ResponseLengthExplosion(Rule):
         early = self.series.early
         relative = level / early
         active = self.latch.update(relative)
+        if not active and self.idle:
+            return IDLE
         past = self._past_level(step)
         fast = past is not None and past > 0 and level / past >= s["fast_ratio"]
         evidence = {
@@ -220,18 +221,6 @@ class ResponseLengthExplosion(Rule):
             + (f", {level / past:.1f}× in the last {s['fast_steps']} steps" if fast and past else ""),
         )
 
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "series": self.series.state_dict(),
-            "latch": self.latch.state_dict(),
-            "history": [list(p) for p in self.history],
-        }
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        _load(self.series, state.get("series"))
-        _load(self.latch, state.get("latch"))
-        self.history = [list(p) for p in state.get("history") or []]
-
 
 @register_rule(RuleId.TRUNCATION_HIGH)
 class TruncationHigh(Rule):
@@ -241,6 +230,8 @@ class TruncationHigh(Rule):
     usually gets no reward and teaches the policy nothing but noise."""
 
     signal = Signal.RESPONSE_CLIP_RATIO.value
+    inputs = (signal,)
+    state_components = ("level", "latch")
     summary = "too many responses truncated at the max response length"
     defaults: ClassVar[Mapping[str, Any]] = {"window": 5, "threshold": 0.3, "release": 0.15, "critical": 0.8}
     fire_after = 5
@@ -283,6 +274,8 @@ class TruncationHigh(Rule):
         s = self.settings
         level = self.level.update(x)
         active = self.latch.update(level)
+        if not active and self.idle:
+            return IDLE
         evidence = {"level": level, "threshold": s["threshold"], "critical": s["critical"]}
         if not active:
             return Check(active=False, value=x, evidence=evidence, message="truncation share is back down")
@@ -294,13 +287,6 @@ class TruncationHigh(Rule):
             message=f"{level:.0%} of responses are cut at the max length",
         )
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"level": self.level.state_dict(), "latch": self.latch.state_dict()}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        _load(self.level, state.get("level"))
-        _load(self.latch, state.get("latch"))
-
 
 @register_rule(RuleId.REWARD_STAGNATION)
 class RewardStagnation(Rule):
@@ -309,6 +295,8 @@ class RewardStagnation(Rule):
     task is solved, or learnt as far as this model can), so this is ``info``: worth a look, never a page."""
 
     signal = Signal.REWARD.value
+    inputs = (signal,)
+    state_components = ("level", "smooth", "first_step", "best", "best_step", "low")
     summary = "reward has not improved for a long stretch (info)"
     severity = Severity.INFO
     defaults: ClassVar[Mapping[str, Any]] = {
@@ -361,6 +349,8 @@ class RewardStagnation(Rule):
         if step - self.first_step < s["warmup"]:
             return None
         since = step - (self.best_step if self.best_step is not None else step)
+        if since < s["patience"] and self.idle:
+            return IDLE
         evidence = {"level": level, "best": self.best, "best_step": self.best_step, "steps_since_best": since}
         if since < s["patience"]:
             return Check(active=False, value=x, evidence=evidence, message="reward is improving again")
@@ -372,22 +362,6 @@ class RewardStagnation(Rule):
             f"for {since} steps",
         )
 
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "level": self.level.state_dict(),
-            "smooth": self.smooth.state_dict(),
-            "first_step": self.first_step,
-            "best": self.best,
-            "best_step": self.best_step,
-            "low": self.low,
-        }
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        _load(self.level, state.get("level"))
-        _load(self.smooth, state.get("smooth"))
-        for name in ("first_step", "best", "best_step", "low"):
-            setattr(self, name, state.get(name))
-
 
 @register_rule(RuleId.REWARD_STD_COLLAPSE)
 class RewardStdCollapse(Rule):
@@ -398,6 +372,7 @@ class RewardStdCollapse(Rule):
     gradient, the run is idling."""
 
     signal = Signal.REWARD_STD.value
+    state_components = ("seed", "recent", "collapsed")
     summary = "reward spread dying (all samples scored the same: no GRPO signal)"
     defaults: ClassVar[Mapping[str, Any]] = {
         "seed_points": 3,
@@ -457,6 +432,8 @@ class RewardStdCollapse(Rule):
             self.collapsed = relative < s["release"] and level < 2 * s["abs_floor"]
         else:
             self.collapsed = relative < s["ratio"] and level < s["abs_floor"]
+        if not self.collapsed and self.idle:
+            return IDLE
         evidence = {"level": level, "early_level": early, "relative": relative, "abs_floor": s["abs_floor"]}
         if not self.collapsed:
             return Check(active=False, value=x, evidence=evidence, message="rewards vary again")
@@ -468,10 +445,129 @@ class RewardStdCollapse(Rule):
             "samples all score the same, advantages are 0",
         )
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"seed": self.seed.state_dict(), "recent": list(self.recent), "collapsed": self.collapsed}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        _load(self.seed, state.get("seed"))
-        self.recent = [float(v) for v in state.get("recent") or []]
-        self.collapsed = bool(state.get("collapsed", False))
+@register_rule(RuleId.POLICY_COLLAPSE)
+class PolicyCollapse(Rule):
+    """The signature of a policy degenerating, on one point: the reward falls to ``reward_ratio`` × its
+    recent level (and ``min_z`` robust standard deviations below it) *while* token entropy rises to
+    ``entropy_ratio`` × its recent level. Recent levels are the medians of the last ``window`` points that
+    were not part of such an excursion (the reference freezes while the rule is active, so one collapse is
+    one episode). Either signal alone is noise on real runs — with 8 completions a step the reward halves
+    on single healthy steps, entropy wobbles — but both moving the wrong way on the same step is a policy
+    turning to noise, so this rule needs no second point: the second signal is the corroboration.
+    Critical when the reward is below ``critical_reward_ratio`` × and entropy above
+    ``critical_entropy_ratio`` × their levels. Once it fires, the references stay frozen and the episode
+    stays open until the reward is back to ``release`` × its level before the collapse (a run that stays
+    collapsed stays alerted). Inactive while the reward level is not positive."""
+
+    signal = Signal.REWARD.value
+    inputs = (signal,)
+    state_components = ("reward", "entropy", "collapsed")
+    summary = "reward falling by half while entropy rises by half on the same step (the policy degenerating)"
+    defaults: ClassVar[Mapping[str, Any]] = {
+        "window": 10,
+        "min_points": 5,
+        "reward_ratio": 0.5,
+        "entropy_ratio": 1.5,
+        "min_z": 3.0,
+        "critical_reward_ratio": 0.25,
+        "critical_entropy_ratio": 3.0,
+        "release": 0.8,
+    }
+    fire_after = 1
+    resolve_after = 20
+    evidence_note = (
+        "Qwen3.5-9B GRPO (exp1a rho1.00): reward 0.85 → 0.075 with entropy 0.16 → 1.14 at step 40, and "
+        "reward 0.85 → 0.375 with entropy 0.06 → 0.12 at step 135, one logged point before the blow-up "
+        "(entropy 5, every completion truncated, reward 0): the single-signal rules needed a second point"
+    )
+    advice = (
+        "The policy is degenerating (rising entropy, falling reward: gibberish, language mixing, rambling "
+        "into the length cap). Lower the learning rate, check the rollout-vs-training mismatch "
+        "(rollout_mismatch), read a few recent completions, and keep a checkpoint from before this step."
+    )
+
+    @classmethod
+    def validate(cls, s: Mapping[str, Any]) -> None:
+        rid = cls.id
+        require(
+            s["window"] >= 1 and 1 <= s["min_points"] <= s["window"], rid, "need 1 <= min_points <= window"
+        )
+        require(
+            0.0 < s["critical_reward_ratio"] <= s["reward_ratio"] < 1.0,
+            rid,
+            "need 0 < critical_reward_ratio <= reward_ratio < 1",
+        )
+        require(
+            1.0 < s["entropy_ratio"] <= s["critical_entropy_ratio"],
+            rid,
+            "need 1 < entropy_ratio <= critical_entropy_ratio",
+        )
+        require(s["min_z"] >= 0.0, rid, "min_z must be >= 0")
+        require(s["reward_ratio"] < s["release"] <= 1.0, rid, "need reward_ratio < release <= 1")
+
+    def __init__(self, settings: Mapping[str, Any], run_config: Mapping[str, Any]) -> None:
+        super().__init__(settings, run_config)
+        self.reward = Window(size=settings["window"])
+        self.entropy = Window(size=settings["window"])
+        self.collapsed = False
+
+    def observe(self, step: int, signals: Mapping[str, float], metrics: Mapping[str, float]) -> Check | None:
+        r = signals.get(self.signal)
+        e = signals.get(Signal.ENTROPY.value)
+        if r is None or e is None:
+            return None
+        s = self.settings
+        if len(self.reward.values) < s["min_points"]:
+            self.reward.update(r)
+            self.entropy.update(e)
+            return None
+        r_level, e_level = self.reward.median, self.entropy.median
+        if r_level <= 0.0 or e_level <= 0.0:
+            self.reward.update(r)
+            self.entropy.update(e)
+            return None
+        r_rel, e_rel = r / r_level, e / e_level
+        if self.collapsed:
+            # the references stay frozen until the reward is back to `release` × its level
+            self.collapsed = r_rel < s["release"]
+            active = self.collapsed
+            z = None
+        else:
+            active = r_rel <= s["reward_ratio"] and e_rel >= s["entropy_ratio"]
+            if not active and self.idle:
+                self.reward.update(r)
+                self.entropy.update(e)
+                return IDLE
+            spread = MAD_TO_SIGMA * _median([abs(v - r_level) for v in self.reward.values])
+            spread = max(spread, 0.05 * r_level)
+            z = (r_level - r) / spread
+            active = self.collapsed = active and z >= s["min_z"]
+        evidence = {
+            "reward": r,
+            "reward_level": r_level,
+            "reward_relative": r_rel,
+            "reward_z": z,
+            "entropy": e,
+            "entropy_level": e_level,
+            "entropy_relative": e_rel,
+        }
+        if not active:
+            self.reward.update(r)
+            self.entropy.update(e)
+            return Check(
+                active=False, value=r, evidence=evidence, message="reward and entropy are back in line"
+            )
+        critical = r_rel <= s["critical_reward_ratio"] and e_rel >= s["critical_entropy_ratio"]
+        return Check(
+            active=True,
+            value=r,
+            evidence=evidence,
+            severity=Severity.CRITICAL if critical else Severity.WARNING,
+            message=f"reward {r:.3g} is at {r_rel:.0%} of its level {r_level:.3g} before the collapse, entropy "
+            f"{e:.3g} at {e_rel:.1f}× its level {e_level:.3g}: the policy is degenerating"
+            if z is None
+            else f"reward {r:.3g} fell to {r_rel:.0%} of its recent level {r_level:.3g} while entropy "
+            f"{e:.3g} rose to {e_rel:.1f}× its recent level {e_level:.3g} on the same step: the policy is "
+            "degenerating",
+        )

@@ -59,6 +59,7 @@ class RuleId(str, Enum):
     GRAD_NORM_SPIKE = "grad_norm_spike"
     GRAD_NORM_ZERO = "grad_norm_zero"
     ROLLOUT_MISMATCH = "rollout_mismatch"
+    POLICY_COLLAPSE = "policy_collapse"
 
     def __str__(self) -> str:
         return self.value
@@ -74,8 +75,9 @@ class Rule:
 
     A rule instance belongs to one monitor (one run). Hooks return a :class:`Check` or ``None``
     (the point says nothing to this rule). ``signals`` holds only *finite* canonical values;
-    ``metrics`` is the raw mapping as floats (may hold NaN/Inf). Rules with state implement
-    ``state_dict``/``load_state_dict`` with plain JSON types so a restored rule behaves identically.
+    ``metrics`` is the raw mapping as floats (may hold NaN/Inf). Rules with state name its attributes in
+    ``state_components`` (or override ``state_dict``/``load_state_dict``), with plain JSON types, so a
+    restored rule behaves identically.
     """
 
     id: ClassVar[str] = ""  # set by register_rule
@@ -93,10 +95,20 @@ class Rule:
     # run-config keys (flattened, dotted; a trailing "." means the whole section) the rule reads; the
     # monitor persists those with its state so a restored rule sees the same config
     config_keys: ClassVar[tuple[str, ...]] = ()
+    # the instance attributes that make up the rule's state, persisted in this order by the default
+    # state_dict/load_state_dict (detectors, lists of plain values or pairs, plain JSON values)
+    state_components: ClassVar[tuple[str, ...]] = ()
+    # canonical signals ``observe`` needs at least one of: on a step that carries none of them the monitor
+    # does not call it (it would return None). None (the default): called on every step
+    inputs: ClassVar[tuple[str, ...] | None] = None
 
     def __init__(self, settings: Mapping[str, Any], run_config: Mapping[str, Any]) -> None:
         self.settings = settings
         self.run_config = run_config
+        # set and kept by the monitor: True while this rule has no open episode there, when the evidence and
+        # message of an inactive check are never used (a rule may then return the shared IDLE check
+        # instead of building them; the findings are the same). False outside a monitor: full checks
+        self.idle = False
 
     @classmethod
     def validate(cls, settings: Mapping[str, Any]) -> None:
@@ -119,10 +131,37 @@ class Rule:
         return []
 
     def state_dict(self) -> dict[str, Any]:
-        return {}
+        """The attributes named in ``state_components``, in that order: a detector (anything with
+        ``state_dict``) as its own state, a list copied (its list items too), anything else as it is."""
+        out: dict[str, Any] = {}
+        for name in self.state_components:
+            value = getattr(self, name)
+            if hasattr(value, "state_dict"):
+                out[name] = value.state_dict()
+            elif isinstance(value, list):
+                out[name] = [list(v) if isinstance(v, list) else v for v in value]
+            else:
+                out[name] = value
+        return out
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        return None
+        """Restore ``state_components`` from :meth:`state_dict`'s output. A missing or empty detector state
+        leaves the detector as constructed; a missing bool or int keeps its constructed value; a missing
+        list restores as empty; any other missing value as None."""
+        for name in self.state_components:
+            current = getattr(self, name)
+            saved = state.get(name)
+            if hasattr(current, "load_state_dict"):
+                if saved:
+                    current.load_state_dict(saved)
+            elif isinstance(current, list):
+                setattr(self, name, [list(v) if isinstance(v, list) else v for v in saved or []])
+            elif isinstance(current, bool):
+                setattr(self, name, bool(saved) if name in state else current)
+            elif isinstance(current, int):
+                setattr(self, name, int(saved) if name in state else current)
+            else:
+                setattr(self, name, saved)
 
 
 class _Registry(dict):

@@ -14,15 +14,10 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from .detectors import DETECTORS, MEAN_ABS_TO_SIGMA, Ewma, Hysteresis, RobustBaseline, Window, make_detector
-from .findings import Check, Severity
+from .findings import IDLE, Check, Severity
 from .registry import Rule, RuleId, register_rule, require
 from .runconfig import CONFIG_KEYS, LOSS_MODE_KEYS, loss_mode, updates_per_batch
 from .signals import Signal
-
-
-def _load(target: Any, state: Mapping[str, Any] | None) -> None:
-    if state:
-        target.load_state_dict(state)
 
 
 @register_rule(RuleId.PG_CLIPFRAC_RANGE)
@@ -52,6 +47,8 @@ class PgClipfracRange(Rule):
     """
 
     signal = Signal.PG_CLIPFRAC.value
+    inputs = (signal,)
+    state_components = ("ewma", "noise", "side", "all_zero")
     summary = (
         "pg_clipfrac outside [0.1, 0.3] (above: warning, below: info); non-zero with one update per batch"
     )
@@ -157,6 +154,8 @@ class PgClipfracRange(Rule):
             )
         self.all_zero = self.all_zero and x == 0.0
         if self.all_zero and self.updates is None:
+            if self.idle:
+                return IDLE
             return Check(
                 active=False,
                 value=x,
@@ -176,6 +175,8 @@ class PgClipfracRange(Rule):
             self.side = None
         if self.side is None:
             self.side = "high" if m > high else ("low" if m < low else None)
+        if self.side is None and self.idle:
+            return IDLE
         evidence = {
             **base,
             "mode": self.loss_mode,
@@ -215,20 +216,6 @@ class PgClipfracRange(Rule):
             message=f"pg_clipfrac (smoothed {m:.3f}) is back in band",
         )
 
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "ewma": self.ewma.state_dict(),
-            "noise": self.noise.state_dict(),
-            "side": self.side,
-            "all_zero": self.all_zero,
-        }
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        _load(self.ewma, state.get("ewma"))
-        _load(self.noise, state.get("noise"))
-        self.side = state.get("side")
-        self.all_zero = bool(state.get("all_zero", True))
-
 
 @register_rule(RuleId.PPO_KL_DRIFT)
 class PpoKlDrift(Rule):
@@ -248,6 +235,18 @@ class PpoKlDrift(Rule):
     """
 
     signal = Signal.PPO_KL.value
+    inputs = (signal,)
+    state_components = (
+        "baseline",
+        "detector",
+        "drift",
+        "ceiling",
+        "smoothed",
+        "negative",
+        "drift_points",
+        "rebaselined_at",
+        "first_step",
+    )
     summary = "ppo_kl drifting up from its own baseline, above a ceiling, or persistently negative"
     defaults: ClassVar[Mapping[str, Any]] = {
         "warmup": 20,
@@ -350,6 +349,11 @@ class PpoKlDrift(Rule):
         else:
             drifting = False
         self.drift_points = self.drift_points + 1 if drifting else 0
+        if self.idle and not (drifting or above_ceiling or negative):
+            # nothing to report and no episode to close: what the branches below do, without the evidence
+            # (not drifting, so drift_points is 0 and no rebaseline is due)
+            self.baseline.update(x)
+            return IDLE
         evidence = {
             "baseline": self.baseline.center if self.baseline.ready else None,
             "scale_up": self.baseline.scale_up if self.baseline.ready else None,
@@ -411,31 +415,11 @@ class PpoKlDrift(Rule):
             message=f"ppo_kl {x:.3g} " + " and ".join(parts),
         )
 
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "baseline": self.baseline.state_dict(),
-            "detector": self.detector.state_dict(),
-            "drift": self.drift.state_dict(),
-            "ceiling": self.ceiling.state_dict(),
-            "smoothed": self.smoothed.state_dict(),
-            "negative": self.negative.state_dict(),
-            "drift_points": self.drift_points,
-            "rebaselined_at": self.rebaselined_at,
-            "first_step": self.first_step,
-        }
-
     def chart_marks(self) -> list[dict[str, Any]]:
         marks = [{"kind": "line", "y": self.settings["ceiling"], "label": "ceiling", "severity": "critical"}]
         if self.baseline.ready:
             marks.append({"kind": "line", "y": self.baseline.center, "label": "baseline", "severity": "info"})
         return marks
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        for name in ("baseline", "detector", "drift", "ceiling", "smoothed", "negative"):
-            _load(getattr(self, name), state.get(name))
-        self.drift_points = int(state.get("drift_points", 0))
-        self.rebaselined_at = state.get("rebaselined_at")
-        self.first_step = state.get("first_step")
 
 
 @register_rule(RuleId.PG_CLIPFRAC_LOWER_HIGH)
@@ -444,6 +428,8 @@ class PgClipfracLowerHigh(Rule):
     above ``threshold``; the episode closes once it stays below ``release`` × threshold."""
 
     signal = Signal.PG_CLIPFRAC_LOWER.value
+    inputs = (signal,)
+    state_components = ("latch",)
     summary = "dual-clip share pg_clipfrac_lower above ~0 (default 0.01)"
     defaults: ClassVar[Mapping[str, Any]] = {"threshold": 0.01, "release": 0.5}
     fire_after = 3
@@ -470,6 +456,8 @@ class PgClipfracLowerHigh(Rule):
         if x is None:
             return None
         active = self.latch.update(x)
+        if not active and self.idle:
+            return IDLE
         threshold = self.settings["threshold"]
         return Check(
             active=active,
@@ -485,9 +473,3 @@ class PgClipfracLowerHigh(Rule):
 
     def chart_marks(self) -> list[dict[str, Any]]:
         return [{"kind": "line", "y": self.settings["threshold"], "label": "threshold"}]
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"latch": self.latch.state_dict()}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        _load(self.latch, state.get("latch"))

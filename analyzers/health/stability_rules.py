@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from .detectors import Hysteresis, Window
-from .findings import Check, Severity
+from .findings import IDLE, Check, Severity
 from .registry import Rule, RuleId, register_rule, require
 from .signals import Signal
 
@@ -26,6 +26,8 @@ class GradNormSpike(Rule):
     median, so a burst of spikes stays measured against the calm level."""
 
     signal = Signal.GRAD_NORM.value
+    inputs = (signal,)
+    state_components = ("calm",)
     summary = "gradient norm spiking far above its recent median"
     defaults: ClassVar[Mapping[str, Any]] = {
         "window": 50,
@@ -77,6 +79,8 @@ class GradNormSpike(Rule):
         active = relative >= s["ratio"]
         if not active:
             self.calm.update(x)
+            if self.idle:
+                return IDLE
         evidence = {"median": median, "relative": relative, "ratio": s["ratio"]}
         if not active:
             return Check(
@@ -90,12 +94,6 @@ class GradNormSpike(Rule):
             message=f"grad_norm {x:.3g} is {relative:.0f}× its recent median {median:.3g}",
         )
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"calm": self.calm.state_dict()}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        _load(self.calm, state.get("calm"))
-
 
 @register_rule(RuleId.GRAD_NORM_ZERO)
 class GradNormZero(Rule):
@@ -104,6 +102,8 @@ class GradNormZero(Rule):
     Critical when the share reaches ``critical_share``."""
 
     signal = Signal.GRAD_NORM.value
+    inputs = (signal,)
+    state_components = ("zeros", "latch")
     summary = "gradient norm exactly 0 on most recent steps (nothing is being learnt)"
     defaults: ClassVar[Mapping[str, Any]] = {
         "window": 10,
@@ -145,6 +145,8 @@ class GradNormZero(Rule):
         del self.zeros[: max(0, len(self.zeros) - s["window"])]
         share = sum(self.zeros) / len(self.zeros)
         active = self.latch.update(share) and len(self.zeros) >= min(3, s["window"])
+        if not active and self.idle:
+            return IDLE
         evidence = {"zero_share": share, "window": len(self.zeros), "share": s["share"]}
         if not active:
             return Check(active=False, value=x, evidence=evidence, message="gradients are non-zero again")
@@ -155,13 +157,6 @@ class GradNormZero(Rule):
             severity=Severity.CRITICAL if share >= s["critical_share"] else Severity.WARNING,
             message=f"grad_norm is 0 on {share:.0%} of the last {len(self.zeros)} points: nothing is being learnt",
         )
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"zeros": list(self.zeros), "latch": self.latch.state_dict()}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.zeros = [int(v) for v in state.get("zeros") or []]
-        _load(self.latch, state.get("latch"))
 
 
 # (signal, kind, threshold setting): "above" fires when the level is above the setting, "below" below it,
@@ -280,6 +275,8 @@ class RolloutMismatch(Rule):
                 failing[signal] = level
         if not seen:
             return None
+        if not failing and self.idle:
+            return IDLE
         evidence = {"levels": levels, "failing": sorted(failing)}
         if not failing:
             return Check(

@@ -12,14 +12,9 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from .detectors import Ewma, Hysteresis, Window
-from .findings import Check, Severity
+from .findings import IDLE, Check, Severity
 from .registry import Rule, RuleId, register_rule, require
 from .signals import Signal
-
-
-def _load(target: Any, state: Mapping[str, Any] | None) -> None:
-    if state:
-        target.load_state_dict(state)
 
 
 @register_rule(RuleId.KL_LOSS_RUNAWAY)
@@ -35,6 +30,8 @@ class KlLossRunaway(Rule):
     """
 
     signal = Signal.KL_LOSS.value
+    inputs = (signal,)
+    state_components = ("first_step", "fast", "slow", "ceiling", "growing")
     summary = "kl_loss growing much faster than its slow creep, or above a ceiling"
     defaults: ClassVar[Mapping[str, Any]] = {
         "fast_alpha": 0.1,
@@ -93,6 +90,8 @@ class KlLossRunaway(Rule):
                 and ratio > s["growth"]
                 and speedup > s["slope_ratio"]
             )
+        if self.idle and not (self.growing or above_ceiling):
+            return IDLE
         evidence = {
             "fast": fast,
             "slow": slow,
@@ -106,38 +105,31 @@ class KlLossRunaway(Rule):
         }
         if not (self.growing or above_ceiling):
             return Check(active=False, value=x, evidence=evidence, message="kl_loss is creeping slowly again")
+        # the ceiling latch reads this step's raw value and releases below 0.8 × ceiling; growth reads the
+        # smoothed (EWMA) levels: the message says which value each part is about
         parts = []
-        if above_ceiling:
-            parts.append(f"is above the ceiling {s['ceiling']:g}")
+        if above_ceiling and x >= s["ceiling"]:
+            parts.append(f"kl_loss {x:.3g} (this step's value) is above the ceiling {s['ceiling']:g}")
+        elif above_ceiling:
+            parts.append(
+                f"kl_loss {x:.3g} (this step's value) has been above the ceiling {s['ceiling']:g} and is not "
+                f"yet back below {self.ceiling.off:.3g}, where the alert clears"
+            )
         if self.growing:
             parts.append(
-                f"is growing fast ({ratio:.0%} above its slow average, {speedup:.1f}× the run's average rate)"
+                f"kl_loss is growing fast: smoothed {fast:.3g} is {ratio:.0%} above its slow average "
+                f"{slow:.3g}, rising {speedup:.1f}× the run's average rate"
             )
         return Check(
             active=True,
             value=x,
             evidence=evidence,
             severity=Severity.CRITICAL if above_ceiling else Severity.WARNING,
-            message=f"kl_loss {x:.3g} " + " and ".join(parts),
+            message="; ".join(parts),
         )
 
     def chart_marks(self) -> list[dict[str, Any]]:
         return [{"kind": "line", "y": self.settings["ceiling"], "label": "ceiling", "severity": "critical"}]
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "first_step": self.first_step,
-            "fast": self.fast.state_dict(),
-            "slow": self.slow.state_dict(),
-            "ceiling": self.ceiling.state_dict(),
-            "growing": self.growing,
-        }
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        for name in ("fast", "slow", "ceiling"):
-            _load(getattr(self, name), state.get(name))
-        self.growing = bool(state.get("growing", False))
-        self.first_step = state.get("first_step")
 
 
 @register_rule(RuleId.ENTROPY_COLLAPSE)
@@ -158,6 +150,8 @@ class EntropyCollapse(Rule):
     """
 
     signal = Signal.ENTROPY.value
+    inputs = (signal,)
+    state_components = ("seed", "level", "fit", "collapsed")
     summary = (
         "entropy collapsing toward 0 relative to where the run started; forecasts when it hits the floor"
     )
@@ -255,6 +249,8 @@ class EntropyCollapse(Rule):
             self.fit.append([float(step), math.log(x)])
             del self.fit[: max(0, len(self.fit) - s["fit_points"])]
         if not self.seed.full:
+            if self.idle:
+                return IDLE
             return Check(
                 active=False, value=x, evidence={"level": level}, message="entropy: seeding its early level"
             )
@@ -263,10 +259,17 @@ class EntropyCollapse(Rule):
         below_ratio = relative is not None and relative < s["ratio"]
         below_info = relative is not None and relative < s["info_ratio"]
         below_floor = level < s["floor"]
+        # a point below the floor is a (near-)deterministic policy; the monitor still wants a second
+        # such point before it fires, so one outlier never decides, but the median's lag does not delay it
+        point_below_floor = x < s["floor"]
         if self.collapsed:
-            self.collapsed = below_floor or (relative is not None and relative < s["release"])
+            self.collapsed = (
+                below_floor or point_below_floor or (relative is not None and relative < s["release"])
+            )
         else:
-            self.collapsed = below_info or below_floor
+            self.collapsed = below_info or below_floor or point_below_floor
+        if self.idle and not self.collapsed:
+            return IDLE
         slope, when = self.forecast() if self.collapsed else (None, None)  # the marks forecast live
         evidence = {
             "level": level,
@@ -283,6 +286,9 @@ class EntropyCollapse(Rule):
         share = f"{relative:.0%} of its early level {early:.3g}" if relative is not None else "near 0"
         if below_floor:
             outlook = f", below the floor {s['floor']:g}"
+        elif point_below_floor and not below_info:
+            share = f"{x:.3g} on the latest point (the median of the last {s['window']} is still {level:.3g})"
+            outlook = f", below the floor {s['floor']:g}"
         elif when is not None:
             outlook = f"; at the current rate ({slope * 100:+.1%} per 100 steps) it reaches the floor {s['floor']:g} at step ~{when}"
         else:
@@ -293,23 +299,13 @@ class EntropyCollapse(Rule):
             evidence=evidence,
             severity=Severity.CRITICAL
             if below_floor
-            else (Severity.WARNING if below_ratio else Severity.INFO),
-            message=f"entropy {level:.3g} (median of the last {s['window']} points) has fallen to {share}{outlook}",
+            else (Severity.WARNING if below_ratio or point_below_floor else Severity.INFO),
+            message=(
+                f"entropy has fallen to {share}{outlook}"
+                if point_below_floor and not below_info and not below_floor
+                else f"entropy {level:.3g} (median of the last {s['window']} points) has fallen to {share}{outlook}"
+            ),
         )
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "seed": self.seed.state_dict(),
-            "level": self.level.state_dict(),
-            "fit": [list(p) for p in self.fit],
-            "collapsed": self.collapsed,
-        }
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        _load(self.seed, state.get("seed"))
-        _load(self.level, state.get("level"))
-        self.fit = [list(p) for p in state.get("fit") or []]
-        self.collapsed = bool(state.get("collapsed", False))
 
 
 @register_rule(RuleId.ENTROPY_EXPLOSION)
@@ -320,6 +316,8 @@ class EntropyExplosion(Rule):
     too high or an off-policy mismatch; critical above ``critical_ratio`` × early."""
 
     signal = Signal.ENTROPY.value
+    inputs = (signal,)
+    state_components = ("seed", "level", "latch")
     summary = "entropy rising far above where the run started (the policy drifting toward noise)"
     defaults: ClassVar[Mapping[str, Any]] = {
         "seed_points": 3,
@@ -379,6 +377,8 @@ class EntropyExplosion(Rule):
         early = self.seed.median
         relative = level / early if early > 0 else math.inf
         active = self.latch.update(relative) and level - early >= s["min_rise"]
+        if not active and self.idle:
+            return IDLE
         evidence = {
             "level": level,
             "early_level": early,
@@ -397,14 +397,3 @@ class EntropyExplosion(Rule):
             severity=Severity.CRITICAL if relative >= s["critical_ratio"] else Severity.WARNING,
             message=f"entropy {level:.3g} is {relative:.1f}× its early level {early:.3g}",
         )
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "seed": self.seed.state_dict(),
-            "level": self.level.state_dict(),
-            "latch": self.latch.state_dict(),
-        }
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        for name in ("seed", "level", "latch"):
-            _load(getattr(self, name), state.get(name))

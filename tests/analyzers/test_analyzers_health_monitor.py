@@ -37,6 +37,7 @@ BUILTINS = {
     "grad_norm_spike",
     "grad_norm_zero",
     "rollout_mismatch",
+    "policy_collapse",
 }
 
 

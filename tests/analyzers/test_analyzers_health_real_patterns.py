@@ -156,3 +156,51 @@ def test_chart_marks_name_the_thresholds_of_every_rule_panel():
     assert by[("rollout_mismatch", "rollout_kl", "max KL")]["y"] == 0.1
     assert by[("truncation_high", "response_clip_ratio", "threshold")]["y"] == 0.3
     assert all(m["severity"] in ("info", "warning", "critical") for m in marks)
+
+
+def _grpo_rows(n, every=5, *, reward=0.85, entropy=0.16, seed=0):
+    # a Qwen3.5-9B-like GRPO log: reward mean of 40 completions (0.025 steps), entropy around 0.16
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        r = min(1.0, max(0.0, round(rng.gauss(reward, 0.06) * 40) / 40))
+        rows.append(((i + 1) * every, {"reward": r, "entropy": entropy * rng.uniform(0.8, 1.2)}))
+    return rows
+
+
+def _policy_collapse(rows):
+    return [f for f in _feed(HealthMonitor(), rows) if f.rule == "policy_collapse" and f.state == "firing"]
+
+
+def test_policy_collapse_fires_on_one_point_where_reward_falls_and_entropy_rises_together():
+    # exp1a rho1.00 at step 135: reward 0.85 -> 0.375 while entropy 0.06 -> 0.12, one point before the
+    # blow-up; each single-signal rule needs a second point
+    rows = _grpo_rows(26)
+    rows.append((135, {"reward": 0.375, "entropy": 0.3}))
+    rows += [(s, {"reward": 0.0, "entropy": 2.0}) for s in range(140, 200, 5)]
+    firing = _policy_collapse(rows)
+    assert firing[0].step == 135 and firing[0].onset_step == 135
+    assert "fell to 44%" in firing[0].message and firing[0].evidence["entropy_relative"] >= 1.5
+    assert {f.onset_step for f in firing} == {135}  # the reference froze: one episode (escalated)
+    assert firing[-1].severity is Severity.CRITICAL
+
+
+def test_policy_collapse_needs_both_signals():
+    reward_only = [*_grpo_rows(26), (135, {"reward": 0.1, "entropy": 0.16})]
+    entropy_only = [*_grpo_rows(26), (135, {"reward": 0.85, "entropy": 1.0})]
+    assert _policy_collapse(reward_only) == [] and _policy_collapse(entropy_only) == []
+    # 8 completions a step: the reward halves on healthy steps; entropy alone wobbles
+    noisy = [(s, {"reward": (0.0, 0.25, 0.5, 0.625)[s % 4], "entropy": 0.2}) for s in range(200)]
+    assert _policy_collapse(noisy) == []
+
+
+def test_entropy_at_zero_on_two_points_fires_without_waiting_for_the_median():
+    # exp1a rho0.30: entropy 1.0 -> 0.69 -> 4e-8 from step 115 on; the median of 5 points lagged 2 points
+    rows = [(s, {"entropy": 1.0 - 0.003 * s}) for s in range(5, 115, 5)]
+    rows += [(s, {"entropy": 4e-8}) for s in range(115, 150, 5)]
+    firing = [f for f in _feed(HealthMonitor(), rows) if f.rule == "entropy_collapse" and f.state == "firing"]
+    assert (firing[0].step, firing[0].onset_step) == (120, 115)
+    assert firing[0].severity is Severity.WARNING and "latest point" in firing[0].message
+    # one point at 0 between healthy ones is an outlier
+    blip = [(s, {"entropy": 4e-8 if s == 100 else 0.8}) for s in range(5, 200, 5)]
+    assert [f for f in _feed(HealthMonitor(), blip) if f.rule == "entropy_collapse"] == []

@@ -57,8 +57,8 @@ def test_synthetic_corpus_scores_every_incident_caught_and_no_false_alert(corpus
     overall, per_rule = tally(scores)
     due = sum(len(r.labels.incidents) for r in corpus.values())
     assert due == sum(len(s.seeds) for s in INCIDENTS.values() if not s.healthy)
-    # 25 warning-or-worse scenarios (19 of them on 3 seeds) and 2 info-by-design ones
-    assert (len(INCIDENTS), due) == (27, 63)
+    # 26 warning-or-worse scenarios (20 of them on 3 seeds) and 2 info-by-design ones
+    assert (len(INCIDENTS), due) == (28, 66)
     assert (overall.caught, overall.missed) == (due, 0)
     assert (overall.false_alerts, overall.false_on_healthy) == (0, 0)
     # every rule a scenario targets catches it, and no other rule raises a warning anywhere
@@ -326,3 +326,39 @@ def test_failed_audit_without_failing_verdicts_still_fires():
     monitor = HealthMonitor()
     (fired,) = monitor.observe_audit(0, {"ok": False, "verdicts": {}, "explanation": "on-policy gap 0.3"})
     assert fired.message == "the audit failed: on-policy gap 0.3" and fired.signal == "audit"
+
+
+def test_audit_alert_carries_the_report_summary_not_the_whole_explanation():
+    long = "Reported pg_loss 2.1 vs recomputed 2.0. " + "The per-token terms were compared one by one. " * 15
+    report = {
+        "ok": False,
+        "verdicts": {"pg_loss": {"ok": False, "abs_err": 0.1, "rel_err": 0.05}},
+        "explanation": long,
+        "summary": "1 of 3 reported metrics disagree (pg_loss): loss_agg_mode='seq-mean-token-sum' reproduces it.",
+    }
+    (fired,) = HealthMonitor().observe_audit(3, report)
+    assert fired.message == (
+        "reported pg_loss disagrees with recomputation: 1 of 3 reported metrics disagree (pg_loss): "
+        "loss_agg_mode='seq-mean-token-sum' reproduces it."
+    )
+    assert fired.evidence["explanation"] == long and len(fired.message) < 200
+    # without a summary, the explanation's first sentence
+    (fired,) = HealthMonitor().observe_audit(3, {**report, "summary": ""})
+    assert (
+        fired.message
+        == "reported pg_loss disagrees with recomputation: Reported pg_loss 2.1 vs recomputed 2.0."
+    )
+
+
+def test_kl_loss_ceiling_message_says_which_value_it_reads():
+    monitor = HealthMonitor()
+    rows = [(s, {"actor/kl_loss": 0.6 if s < 3 else 0.485}) for s in range(6)]
+    findings = [f for s, m in rows for f in monitor.observe(s, m) if f.rule == "kl_loss_runaway"]
+    assert findings[0].message == "kl_loss 0.6 (this step's value) is above the ceiling 0.5"
+    (still,) = [f for f in monitor.firing() if f.rule == "kl_loss_runaway"]
+    assert still.message == "kl_loss 0.6 (this step's value) is above the ceiling 0.5"  # severity unchanged
+    check = monitor._rules["kl_loss_runaway"].observe(6, {"kl_loss": 0.485}, {})
+    assert check.message == (
+        "kl_loss 0.485 (this step's value) has been above the ceiling 0.5 and is not yet back below 0.4, "
+        "where the alert clears"
+    )

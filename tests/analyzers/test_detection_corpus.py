@@ -45,6 +45,32 @@ def test_every_labelled_incident_is_caught(scores):
     assert missed == {}
 
 
+# The first warning+ alert of the earliest peer on the incidents where one was earlier than our rules
+# before (bench/detection.py with the peers, docs/detection.md): ours must be no later. (run, kind, onset)
+# -> the peer's delay in steps.
+EARLIEST_PEER = {
+    ("trl_qwen3.5-9b_grpo_gsm8k_exp1a_rho1.00_seed42", "entropy_explosion", 40): 0,  # rldoctor
+    ("trl_qwen3.5-9b_grpo_gsm8k_exp1a_rho1.00_seed42", "truncation", 40): 0,  # rldoctor
+    ("trl_qwen3.5-9b_grpo_gsm8k_exp1a_rho1.00_seed42", "reward_collapse", 40): 0,  # rldoctor
+    ("trl_qwen3.5-9b_grpo_gsm8k_exp1a_rho1.00_seed42", "reward_collapse", 135): 0,  # rlwatch
+    ("trl_qwen3.5-9b_grpo_gsm8k_exp1a_rho1.00_seed42", "entropy_explosion", 140): -5,  # rlwatch
+    ("trl_qwen3.5-9b_grpo_gsm8k_exp1a_rho1.00_seed42", "truncation", 145): -10,  # rlwatch
+    ("trl_qwen3.5-9b_grpo_gsm8k_exp1a_rho0.30_seed42", "entropy_collapse", 115): 5,  # rldoctor
+}
+
+
+@needs_corpus
+def test_no_later_than_the_earliest_peer_where_a_peer_was_earlier(scores):
+    ours = {
+        (s.run_id, r.incident.kind, r.incident.onset): r.delay
+        for s in scores
+        for r in s.incidents
+        if r.caught
+    }
+    late = {key: (ours.get(key), peer) for key, peer in EARLIEST_PEER.items() if ours.get(key, 10**9) > peer}
+    assert late == {}
+
+
 @needs_corpus
 def test_no_false_alert_outside_incident_windows_on_unhealthy_runs(scores):
     false = {s.run_id: [(a.rule, a.step) for a in s.false_alerts] for s in scores if not s.healthy}
@@ -79,3 +105,38 @@ def test_tally_counts_per_rule_catches_and_delays():
     overall, per_rule = tally([scored])
     assert (overall.caught, overall.missed, overall.median_delay) == (2, 0, 3.5)  # delays 2 and 5
     assert per_rule["x"].caught == 2 and per_rule["x"].delays == [2, 6]
+
+
+def test_corpus_builder_trims_a_verl_log_to_what_the_importer_reads(tmp_path):
+    from rlvitals.client.importers.console import read_verl_console
+
+    from bench.build_corpus import trim_verl
+
+    tag, other = "\x1b[36m(main_task pid=7)\x1b[0m ", "\x1b[36m(WorkerDict pid=9)\x1b[0m "
+    log = "\n".join(
+        [
+            "commit:",
+            "50ac725",
+            "command:",
+            "python3 -m verl.trainer.main_ppo data.train_batch_size=256 actor_rollout_ref.actor.ppo_epochs=1",
+            "2024-12-10 15:05:25,198\tINFO worker.py:1792 -- Started a local Ray instance.",
+            tag + "{'actor_rollout_ref': {'actor': {'ppo_mini_batch_size': 64,",
+            other + "Flash Attention 2.0 only supports torch.float16",
+            tag + "                                  'ppo_epochs': 1}},",
+            tag + " 'data': {'train_batch_size': 256}}",
+            tag + "validation generation end",
+            tag
+            + "step:0 - timing/gen:20.2 - actor/pg_clipfrac:0.001 - timing/ref:4.5 - critic/score/mean:0.004",
+            other + "NCCL INFO comm 0x55 rank 0 nranks 2",
+            tag + "step:1 - timing/gen:23.1 - actor/pg_clipfrac:0.002 - critic/score/mean:0.01",
+        ]
+    )
+    trimmed = trim_verl(log)
+    assert "timing/" not in trimmed and "NCCL" not in trimmed and "Flash" not in trimmed
+    assert "validation generation end" not in trimmed and trimmed.startswith("commit:\n50ac725\n")
+    (tmp_path / "raw.log").write_text(log)
+    (tmp_path / "trimmed.log").write_text(trimmed)
+    raw, cut = read_verl_console(tmp_path / "raw.log"), read_verl_console(tmp_path / "trimmed.log")
+    assert cut.config == raw.config and cut.config["actor_rollout_ref.actor.ppo_mini_batch_size"] == 64
+    strip = [(s, {k: v for k, v in m.items() if not k.startswith("timing/")}) for s, m in raw.points]
+    assert cut.points == strip and [s for s, _ in cut.points] == [0, 1]

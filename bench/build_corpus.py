@@ -1,0 +1,126 @@
+"""Rebuild the real-log corpus (docs/detection.md) from its sources, outside this repository.
+
+The log files are public data from other repositories and are never committed here; the manifest
+(tests/data/real_logs/manifest.json) names, per run, the repository, the commit, the path and how the
+file was trimmed. This script takes each file at its pinned commit from a git clone of its repository,
+trims it as the manifest's ``trimmed`` field says, and writes it under the manifest's ``file`` name:
+
+- verl console logs: the header (commit, command, the override lines before the first Ray line), the
+  printed config (the pprinted dict of the process that printed it) and the ``step:N - …`` lines, with
+  their ``timing/*`` entries dropped; Ray/NCCL/vLLM chatter, validation samples and warnings dropped;
+- every other file as it is; files whose name ends in ``.gz`` are gzipped (mtime 0, so reproducible).
+
+    python bench/build_corpus.py OUT_DIR --clones DIR   # DIR/<owner>+<name>/ (bare or not), else
+                                                        # DIR/<owner>/<name>/; missing ones are cloned
+                                                        # from GitHub into DIR/<owner>+<name>
+    export RLVITALS_CORPUS_DIR=OUT_DIR                  # where bench/detection.py and the tests look
+
+The clones may be bare mirrors (``git --git-dir``). Exit status 1 if a run's file cannot be extracted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MANIFEST = ROOT / "tests" / "data" / "real_logs" / "manifest.json"
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_TAG = re.compile(r"^\s*\((?P<tag>[^()]*?pid=\d+[^()]*)\)\s?")
+_STEP = re.compile(r"(?:^|\s)step:\d+\s+-\s+")
+_CONFIG_ROW = re.compile(r"\s*(\{'|')")
+_HEADER_END = ("libgomp", "[I", "20")  # the first Ray/c10d/logging line ends the header
+
+
+def trim_verl(text: str) -> str:
+    """What the manifest keeps of a verl console log (see the module docstring)."""
+    lines = text.splitlines()
+    out: list[str] = []
+    i = 0
+    while i < len(lines) and not lines[i].startswith(_HEADER_END) and not _TAG.match(_ANSI.sub("", lines[i])):
+        out.append(lines[i])
+        i += 1
+    config_tag, in_config = None, False
+    for line in lines[i:]:
+        clean = _ANSI.sub("", line)
+        tag = _TAG.match(clean)
+        body = clean[tag.end() :] if tag else clean
+        if config_tag is None and tag and body.lstrip().startswith("{'"):
+            config_tag, in_config = tag.group("tag"), True
+        if in_config:
+            if tag is None or tag.group("tag") != config_tag:
+                continue  # another process interleaved with the printed config
+            if _CONFIG_ROW.match(body) and not _STEP.search(body):
+                out.append(line)
+                continue
+            in_config = False
+        if _STEP.search(body):
+            out.append(
+                " - ".join(item for item in line.split(" - ") if not item.strip().startswith("timing/"))
+            )
+    return "\n".join(out) + "\n"
+
+
+def git_dir(clones: Path, repository: str) -> Path:
+    owner, name = repository.split("/")
+    for candidate in (clones / f"{owner}+{name}", clones / f"{owner}+{name}" / "repo", clones / owner / name):
+        if (candidate / "HEAD").is_file():
+            return candidate
+        if (candidate / ".git").exists():
+            return candidate / ".git"
+    target = clones / f"{owner}+{name}"
+    subprocess.run(["git", "clone", "--bare", f"https://github.com/{repository}", str(target)], check=True)
+    return target
+
+
+def build(out: Path, clones: Path) -> list[str]:
+    out.mkdir(parents=True, exist_ok=True)
+    problems = []
+    for run in json.loads(MANIFEST.read_text())["runs"]:
+        source = run["source"]
+        done = subprocess.run(
+            [
+                "git",
+                f"--git-dir={git_dir(clones, source['repository'])}",
+                "show",
+                f"{source['commit']}:{source['path']}",
+            ],
+            capture_output=True,
+        )
+        if done.returncode != 0:
+            problems.append(f"{run['id']}: {done.stderr.decode(errors='replace').strip()}")
+            continue
+        data = done.stdout
+        if run["format"] == "verl-console":
+            data = trim_verl(data.decode("utf-8", "replace")).encode()
+        target = out / run["file"]
+        if run["file"].endswith(".gz"):
+            with gzip.GzipFile(target, "wb", mtime=0) as f:
+                f.write(data)
+        else:
+            target.write_bytes(data)
+        print(f"{run['id']}: {target} ({target.stat().st_size:,} bytes)")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("out", type=Path, help="folder to write the corpus files into (outside the repo)")
+    parser.add_argument("--clones", type=Path, required=True, help="folder of git clones of the sources")
+    args = parser.parse_args(argv)
+    problems = build(args.out, args.clones)
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,147 @@
+"""The per-step shortcuts of the monitor's hot path change nothing: skipping a rule on steps without its
+signals (``Rule.inputs``) and the shared ``IDLE`` check a rule returns while its episode is closed
+(``Rule.idle``) give the same findings and the same persisted state as calling every rule on every step
+for a full check. (bench/health_rules.py times them and, with ``--identical-to REV``, compares against
+the rules of an older commit.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from rlvitals.analyzers import HealthMonitor
+from rlvitals.analyzers.health.detectors import Window
+
+from bench._synthetic import SCENARIOS, grpo_stream, run
+
+
+class FullChecks(HealthMonitor):
+    """Every rule called on every step, and never told its episode is closed: full checks throughout."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._observers = [
+            (rid, rule, observe, None, steps) for rid, rule, observe, _, steps in self._observers
+        ]
+        self._full()
+
+    def _full(self):
+        for rule in self._rules.values():
+            rule.idle = False
+
+    def observe(self, step, metrics):
+        out = super().observe(step, metrics)
+        self._full()
+        return out
+
+    def observe_groups(self, step, diagnostics):
+        out = super().observe_groups(step, diagnostics)
+        self._full()
+        return out
+
+    def observe_audit(self, step, report):
+        out = super().observe_audit(step, report)
+        self._full()
+        return out
+
+
+def _replay(cls, scenario, seed):
+    monitor = cls(settings=scenario.settings or None, run_config=scenario.run_config or None)
+    stream = grpo_stream(seed, single_update=scenario.single_update, steps=1400)
+    found = run(stream, perturb=scenario.perturb, seed=seed, length=scenario.length, monitor=monitor)
+    return (
+        [f.to_dict() for f in found],
+        [f.to_dict() for f in monitor.firing()],
+        json.dumps(monitor.state_dict(), sort_keys=True),
+    )
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_shortcuts_give_the_findings_and_state_of_full_checks(name):
+    scenario = SCENARIOS[name]
+    seed = scenario.seeds[0]
+    fast, full = _replay(HealthMonitor, scenario, seed), _replay(FullChecks, scenario, seed)
+    assert fast[0] == full[0] and fast[1] == full[1] and fast[2] == full[2]
+
+
+def test_idle_is_restored_with_the_episode():
+    monitor = HealthMonitor()
+    for step in range(40):
+        monitor.observe(step, {"actor/ppo_kl": 0.2})  # above the ceiling: an open episode
+    assert not monitor._rules["ppo_kl_drift"].idle
+    restored = HealthMonitor.from_state(json.loads(json.dumps(monitor.state_dict())))
+    assert not restored._rules["ppo_kl_drift"].idle and restored._rules["entropy_collapse"].idle
+    # outside a monitor a rule gives full checks
+    rule = type(monitor._rules["truncation_high"])(monitor._settings["truncation_high"], {})
+    assert rule.observe(0, {"response_clip_ratio": 0.0}, {}).message == "truncation share is back down"
+
+
+def test_window_median_matches_a_sort_and_survives_a_restore():
+    import random
+
+    rng = random.Random(1)
+    window = Window(size=7)
+    seen = []
+    for i in range(500):
+        x = rng.choice((0.0, -0.0, 1.0, rng.random(), float("nan")))
+        window.update(x)
+        if x == x:
+            seen = [*seen, x][-7:]
+        ordered = sorted(seen)
+        n = len(ordered)
+        expected = ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
+        assert window.median == expected and str(window.median) == str(expected)
+        if i % 50 == 0:
+            state = json.loads(json.dumps(window.state_dict()))
+            assert set(state) == {"values"}  # the persisted format: the values only
+            window = Window(size=7)
+            window.load_state_dict(state)
+
+
+STATE_FIXTURE = Path(__file__).resolve().parents[1] / "data" / "health_state" / "state_9ca4140.json"
+# state components a rule gained after the fixture's commit, with the value a restore gives them; the rest
+# of the state must come back byte for byte
+ADDED_SINCE = {"policy_collapse": {"collapsed": False}}
+
+
+def _with_added(state):
+    state = json.loads(json.dumps(state))
+    for rule_id, extra in ADDED_SINCE.items():
+        state["rules"][rule_id]["rule"].update(extra)
+    return state
+
+
+def _perturbed_points(scenario, seed, steps):
+    import random
+
+    from bench._synthetic import ONSET
+
+    points = list(grpo_stream(seed, single_update=scenario.single_update, steps=steps))
+    rng = random.Random(10_000 + seed)
+    for point in points:
+        if scenario.perturb is not None and ONSET <= point.step < ONSET + scenario.length:
+            scenario.perturb(point, rng, point.step - ONSET)
+    return points
+
+
+@pytest.mark.parametrize("index", range(3))
+def test_a_state_saved_by_the_hand_written_state_dicts_restores_and_continues_identically(index):
+    # written by the rules of 9ca4140, whose rules spelled out state_dict/load_state_dict one by one;
+    # today's Rule.state_components must read it, write it back byte for byte, and continue the same
+    saved = json.loads(STATE_FIXTURE.read_text())["streams"][index]
+    scenario = SCENARIOS[saved["scenario"]]
+    monitor = HealthMonitor.from_state(
+        saved["state"], settings=scenario.settings or None, run_config=scenario.run_config or None
+    )
+    assert json.dumps(monitor.state_dict()) == json.dumps(_with_added(saved["state"]))
+    found = []
+    for point in _perturbed_points(scenario, saved["seed"], saved["steps"]):
+        if point.step < saved["split"]:
+            continue
+        found += monitor.observe(point.step, point.metrics)
+        found += monitor.observe_groups(point.step, point.groups)
+        if point.audit is not None:
+            found += monitor.observe_audit(point.step, point.audit)
+    assert [json.loads(json.dumps(f.to_dict(), default=str)) for f in found] == saved["findings_after"]
+    assert json.dumps(monitor.state_dict()) == json.dumps(_with_added(saved["final_state"]))
