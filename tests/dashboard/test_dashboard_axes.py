@@ -45,6 +45,10 @@ def test_axes_have_titles_and_a_series_spanning_decades_goes_log_by_itself(tab, 
     assert clip["x"] == "step" and clip["y"] == "pg_clipfrac" and clip["type"] == "linear"
     kl = _axes(tab, "actor/kl_loss")
     assert kl["type"] == "log" and kl["y"] == "kl_loss (log, auto)"
+    low, high = tab.js(
+        "() => document.querySelector('[data-metric=\"actor/kl_loss\"] .plot')._fullLayout.yaxis.range"
+    )
+    assert -4.5 < low < -3.9 and -1.0 < high < 0.0, (low, high)  # 1e-4 .. 0.1 (the ceiling 0.5 if drawn)
     assert _axes(tab, "signed/pg_loss")["type"] == "linear"
     assert (
         _axes(tab, "underflow/ppo_kl")["type"] == "linear"
@@ -76,6 +80,14 @@ def test_live_points_that_change_the_span_change_the_scale(api, tab):
     tab.wait("document.querySelector('[data-metric=\"actor/ppo_kl\"] .plot').data[0].x.includes(31)")
     assert _axes(tab, "actor/ppo_kl")["type"] == "linear"
     assert _axes(tab, "actor/entropy")["type"] == "linear"
+    # and the other way: a linear panel whose new points span decades goes log, its range fitted to the
+    # data and the marks' lines (plotly's own autorange, padding for the lines' labels, reached 1e-40)
+    api.log(run, [{"step": 32, "metrics": {"actor/ppo_kl": 0.01, "actor/entropy": 1e-3}}])
+    entropy = "document.querySelector('[data-metric=\"actor/entropy\"] .plot')"
+    tab.wait(f"{entropy}.layout.yaxis.type === 'log'")
+    # log10 of 1e-3 .. 1.3 (and the entropy marks' lines, up to the explosion line at ~2.5), padded
+    low, high = tab.js(f"() => {entropy}._fullLayout.yaxis.range")
+    assert -3.5 < low < -2.9 and 0.0 < high < 1.0, (low, high)
     tab.assert_clean()
 
 

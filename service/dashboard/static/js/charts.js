@@ -312,6 +312,21 @@
       standoff: 4, font: { size: 11, color: "#6b7280" },
     };
     layout.yaxis.type = log ? "log" : "linear";
+    if (log && st.n > 0 && st.min !== st.max) {
+      // A log axis gets its range from the data and the threshold lines (in log units, as plotly wants
+      // them on a log axis): plotly's autorange pads for the lines' labels in a way that, on a log axis,
+      // reached 1e-40 for data spanning 1e-3..1.3. A band reaching 0 (drawn from 1e-12) does not count.
+      let lo = Math.log10(st.min), hi = Math.log10(st.max);
+      for (const s of layout.shapes || []) {
+        if (s.yref !== "y") continue;
+        for (const v of [s.y0, s.y1]) {
+          if (Number.isFinite(v) && v > -12) { lo = Math.min(lo, v); hi = Math.max(hi, v); }
+        }
+      }
+      const pad = (hi - lo) * 0.05;
+      layout.yaxis.range = [lo - pad, hi + pad];
+      layout.yaxis.autorange = false;
+    }
     if (st.n > 0 && st.min === st.max) {
       const v = st.min;
       if (log) layout.yaxis.range = [Math.log10(v) - 0.5, Math.log10(v) + 0.5];
