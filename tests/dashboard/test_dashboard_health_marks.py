@@ -80,3 +80,29 @@ def test_rule_thresholds_forecast_and_current_values_on_the_run_page(tab, run_id
     assert 880 <= int(live["forecast"]) <= 960 and "floor" in live["text"]
     tab.shot("run-page-health-marks", full_page=False)
     tab.assert_clean()
+
+
+def test_a_far_forecast_is_named_at_the_edge_not_drawn_across_the_axis(api, tab):
+    """A forecast many run lengths ahead (the demo: step ~1508 on a 60-step run) would stretch the x axis
+    until the run is a sliver; it is written at the panel's right edge instead."""
+    run = api.create_run("marks-far-forecast", project="dash", config=CONFIG)
+    # a collapse that levels off: 0.8 -> ~0.1 (an eighth of its early level), now falling ~1e-5 per step
+    slow = {k: v for k, v in _metrics(0).items() if k != "actor/entropy"}
+    api.log_series(run, lambda s: {**slow, "actor/entropy": 0.1 + 0.7 * math.exp(-0.02 * s)}, range(STEPS))
+    api.wait_alert(run, "entropy_collapse")
+    tab.open(f"/runs/{run}", ready="window.RLV && RLV.timing.allCharts && RLV.state.health")
+    forecasts = tab.js("() => RLV.marks.forecasts(RLV.state.health).map(m => m.step)")
+    assert forecasts and min(forecasts) > STEPS * 3, forecasts  # far beyond twice the run's length ahead
+    panel = "[...document.querySelectorAll('.panel')].find(p => p.dataset.metric === 'actor/entropy')"
+    tab.wait(
+        f"{panel}.querySelector('.plot').layout.annotations.some(a => String(a.name).includes(':forecast:'))"
+    )
+    assert not [s for s in _shapes(tab, "actor/entropy") if ":forecast:" in str(s["name"])]
+    (note,) = tab.js(
+        f"() => {panel}.querySelector('.plot').layout.annotations.filter(a => String(a.name).includes(':forecast:'))"
+        ".map(a => [a.xref, a.x, a.text])"
+    )
+    assert note[0] == "paper" and note[1] == 1 and note[2].endswith("→")
+    low, high = tab.js(f"() => {panel}.querySelector('.plot')._fullLayout.xaxis.range")
+    assert high < STEPS * 1.2, (low, high)  # the axis ends with the run
+    tab.assert_clean()

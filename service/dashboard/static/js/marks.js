@@ -9,8 +9,13 @@
 
   M.url = function (runId) { return "/api/v1/runs/" + encodeURIComponent(runId) + "/health"; };
 
-  // Shapes and annotations for the marks of one panel's signal; x() maps a step to the axis.
-  M.decorate = function (health, signal, x, logy) {
+  // A forecast further ahead than this many run lengths is named at the panel's edge, not drawn: its line
+  // would stretch the x axis until the run is a sliver at the left (step ~1508 on a 60-step run).
+  M.FORECAST_AHEAD = 2;
+
+  // Shapes and annotations for the marks of one panel's signal; x() maps a step to the axis; first and
+  // last are the run's first and latest steps (a far forecast is then written at the edge).
+  M.decorate = function (health, signal, x, logy, first, last) {
     const shapes = [];
     const annotations = [];
     if (!health || !signal) return { shapes: shapes, annotations: annotations };
@@ -33,6 +38,12 @@
         annotations.push({
           name: tag, x: 1, xref: "paper", xanchor: "right", y: y(m.y), yref: "y", yanchor: "bottom", showarrow: false,
           text: RLV.ptext(m.label + " " + RLV.fmtNum(m.y)), font: { size: 9, color: color },
+        });
+      } else if (m.kind === "forecast" && Number.isFinite(m.step) && Number.isFinite(last) &&
+                 m.step > last + M.FORECAST_AHEAD * Math.max(1, last - (Number.isFinite(first) ? first : 0))) {
+        annotations.push({
+          name: tag, x: 1, xref: "paper", xanchor: "right", y: 0.5, yref: "paper", showarrow: false,
+          text: RLV.ptext("floor at step ~" + m.step + " →"), font: { size: 10, color: COLOR.critical },
         });
       } else if (m.kind === "forecast" && Number.isFinite(m.step)) {
         shapes.push({

@@ -99,7 +99,9 @@
     const shapes = [];
     const annotations = [];
     const x = stepToX(p.name);
-    const marked = RLV.marks.decorate(state.health, p.signal, x, panelLog(p));
+    const series = state.overview.get(p.name);
+    const first = series && series.step.length ? series.step[0] : NaN;
+    const marked = RLV.marks.decorate(state.health, p.signal, x, panelLog(p), first, state.latestStep);
     if (marked.shapes.length) Array.prototype.push.apply(shapes, marked.shapes);
     else if (p.signal === C.BAND.signal) shapes.push(C.bandShape(panelLog(p)));
     Array.prototype.push.apply(annotations, marked.annotations);
@@ -107,7 +109,6 @@
       for (const s of C.alertShapes(a, x, state.latestStep)) shapes.push(s);
       annotations.push(C.alertAnnotation(a, x));
     }
-    const series = state.overview.get(p.name);
     if (series && series.bad.length) {
       for (const step of series.bad.slice(-100)) {
         shapes.push({
