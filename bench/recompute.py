@@ -153,11 +153,79 @@ def block_timings(fn, repeats: int) -> list[float]:
     return out
 
 
+def scattered_batch(batch: int, length: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    """The plain timing's batch: 80 % of the tokens valid, scattered, per-row advantages, no entropy."""
+    t = make_batch(batch, length, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    t["response_mask"] = torch.rand(batch, length, generator=g) < 0.8
+    del t["entropy"]
+    return t
+
+
+def verl_plain(core_algos, actor, t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
+    """The plain timing's verl side: compute_policy_loss_vanilla + kl_penalty + agg_loss, tensors out."""
+    mask = t["response_mask"]
+    pg_loss, metrics = core_algos.compute_policy_loss_vanilla(
+        old_log_prob=t["old_log_prob"],
+        log_prob=t["log_prob"],
+        advantages=t["advantages"],
+        response_mask=mask,
+        loss_agg_mode="token-mean",
+        config=actor,
+    )
+    kld = core_algos.kl_penalty(t["log_prob"], t["ref_log_prob"], "low_var_kl")
+    return pg_loss + 0.001 * core_algos.agg_loss(kld, mask, "token-mean", **actor.global_batch_info), metrics
+
+
+def explain(verl, n: int) -> None:
+    """From the plain timing's setting to the benchmark's, one change at a time, vanilla 64x4096."""
+    from rlvitals.analyzers import recompute
+
+    config, actor = our_config("vanilla"), verl_actor("vanilla")
+    core = verl[0]
+    plain, bench = scattered_batch(64, 4096), make_batch(64, 4096)
+    no_entropy = {k: v for k, v in bench.items() if k != "entropy"}
+    steps = [
+        (
+            "plain: 80 % scattered mask, no entropy, verl's tensors not read, each side alone",
+            plain,
+            "plain",
+            False,
+        ),
+        ("+ verl's metrics read as floats (.item())", plain, "floats", False),
+        ("+ the benchmark's mask (valid prefix, ~62 % valid)", no_entropy, "floats", False),
+        ("+ the entropy term on both sides", bench, "bench", False),
+        ("+ calls alternating (the benchmark)", bench, "bench", True),
+    ]
+    print()
+    print("What the benchmark adds to a plain timing (vanilla, (64, 4096), medians, same run):")
+    print("| setting | rlvitals ms | verl ms | speed-up |")
+    print("|---|---:|---:|---:|")
+    for label, t, side, alternate in steps:
+        ours = lambda t=t: recompute(config, **t)  # noqa: E731
+        if side == "plain":
+            theirs = lambda t=t: verl_plain(core, actor, t)  # noqa: E731
+        elif side == "floats":
+            theirs = lambda t=t: {k: float(v) for k, v in verl_plain(core, actor, t)[1].items()}  # noqa: E731
+        else:
+            theirs = lambda t=t: verl_step(core, actor, t)  # noqa: E731
+        if alternate:
+            a, b = (statistics.median(x) for x in interleaved_timings([ours, theirs], n))
+        else:
+            a, b = statistics.median(block_timings(ours, n)), statistics.median(block_timings(theirs, n))
+        print(f"| {label} | {a * 1e3:.2f} | {b * 1e3:.2f} | {b / a:.2f}× |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds; the median over all runs")
     parser.add_argument("--modes", default="all", help="comma-separated loss modes (default: every one)")
+    parser.add_argument(
+        "--explain",
+        action="store_true",
+        help="also time the plain timing's setting step by step (needs verl)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
 
@@ -245,6 +313,8 @@ def main() -> None:
     print()
     for line in notes:
         print(line)
+    if args.explain and verl is not None:
+        explain(verl, n)
 
 
 if __name__ == "__main__":
