@@ -43,20 +43,27 @@ PREFIX = "rollout_corr/"
 
 # -- verl's masked reductions (verl.utils.torch_functional), exactly ---------------------------------------
 class _Mask:
-    """A response mask with its bool view and per-axis counts computed once per call (verl recomputes
-    them in every ``masked_mean``; at 64x4096 that is most of the time)."""
+    """A response mask with its bool view, per-axis counts and float copies computed once per call
+    (verl recomputes them in every ``masked_mean``; at 64x4096 that is most of the time)."""
 
     __slots__ = ("_counts", "tensor", "valid")
 
     def __init__(self, tensor: Tensor) -> None:
         self.tensor = tensor
         self.valid = tensor.bool()
-        self._counts: dict[object, Tensor] = {}  # per-axis counts, and zeros per dtype
+        self._counts: dict[object, Tensor] = {}  # per-axis counts, zeros and factors per dtype
 
     def zero(self, dtype: torch.dtype) -> Tensor:
         key = ("zero", dtype)
         if key not in self._counts:
             self._counts[key] = torch.zeros((), dtype=dtype, device=self.tensor.device)
+        return self._counts[key]
+
+    def factor(self, dtype: torch.dtype) -> Tensor:
+        """The mask as a multiplier in the dtype of ``values * mask`` (verl's product's dtype)."""
+        key = ("factor", dtype)
+        if key not in self._counts:
+            self._counts[key] = self.tensor.to(torch.promote_types(dtype, self.tensor.dtype))
         return self._counts[key]
 
     def count(self, axis: int | None) -> Tensor:
@@ -66,6 +73,14 @@ class _Mask:
 
 
 def _masked_sum(values: Tensor, mask: _Mask, axis: int | None = None) -> Tensor:
+    """verl's ``(where(mask, values, 0) * mask).sum(axis)``. For finite values that is ``values * mask``
+    value for value (x * 1 = x, x * 0 = 0), so one multiply gives the same sum at a fraction of
+    ``where``'s cost; a non-finite sum (NaN/inf under the mask, which ``where`` drops) redoes it
+    verl's way."""
+    if values.dtype.is_floating_point:
+        total = (values * mask.factor(values.dtype)).sum(axis=axis)
+        if bool(torch.isfinite(total).all()):
+            return total
     # a 0-dim zero of values' dtype: the same result as verl's Python 0.0, about twice as fast
     kept = torch.where(mask.valid, values, mask.zero(values.dtype))
     if torch.promote_types(kept.dtype, mask.tensor.dtype) != kept.dtype:
@@ -97,7 +112,7 @@ def _check(old_log_prob: Tensor, rollout_log_prob: Tensor, response_mask: Tensor
             f"log_prob shape {tuple(old_log_prob.shape)} does not match response_mask shape "
             f"{tuple(response_mask.shape)}"
         )
-    if not bool(response_mask.any()):
+    if not bool(torch.count_nonzero(response_mask)):  # .any() on an int64 mask is ~30x slower
         raise ValueError("response_mask must contain at least one valid token (1)")
 
 
