@@ -1,17 +1,19 @@
 """Throughput of ``rlvitals.analyzers.recompute`` vs verl 0.9.1's own loss functions, CPU, one thread.
 
-Both sides compute the same numbers from the same float32 tensors in the same process: the policy
-loss of each ``loss_mode`` with its metrics, the entropy term and the low_var_kl KL term, token-mean,
-ending in python floats. verl's side is its registered policy loss function + ``agg_loss`` +
-``kl_penalty`` exactly as its ``ppo_loss`` calls them. Calls alternate (ours, verl's, verl's, ours,
-...) so both see the same machine load; the table reports medians. For vanilla it also times each
-side in a block of its own ("alone"): alternating with verl costs rlvitals its cache state, which is
-most of the gap between this benchmark and a plain timing. Also times a full ``audit`` (with
-counterfactuals) and a memory copy of the batch's bytes (the bandwidth bound).
+Both sides compute the same numbers from the same float32 tensors in the same process (asserted, rtol
+1e-5 / atol 1e-6, before timing): the policy loss of each ``loss_mode`` with its metrics, the entropy term
+and the low_var_kl KL term, token-mean, ending in python floats. verl's side is its registered policy loss
+function + ``agg_loss`` + ``kl_penalty`` exactly as its ``ppo_loss`` calls them. Calls alternate (ours,
+verl's, verl's, ours, ...) so both see the same machine load; times are the thread's CPU time (wall time
+on a shared machine also counts other processes' time slices); the table reports medians. For vanilla it
+also times each side in a block of its own ("alone") and a full ``audit`` (with counterfactuals). The
+machine's one-thread memory bandwidth comes from a 256 MiB tensor copy; "bandwidth used" is the input
+bytes read once / ``recompute``'s time / that bandwidth. ``--explain`` walks, one change at a time, from a
+plain timing (vanilla alone, scattered 80 % mask, no entropy) to this benchmark's setting.
 
     .venv/bin/python bench/recompute.py                     # rlvitals only
-    PYTHONPATH=.sidenv-src .sidenv/verl/bin/python bench/recompute.py   # side by side (the verl side
-        # env of tests/support/sideenv.py; .sidenv-src maps this checkout onto rlvitals)
+    PYTHONPATH=.sidenv-src <sidenv>/verl/bin/python bench/recompute.py --explain   # side by side (the
+        # verl side env of tests/support/sideenv.py; .sidenv-src maps this checkout onto rlvitals)
 """
 
 from __future__ import annotations
