@@ -25,7 +25,6 @@ from __future__ import annotations
 import math
 import operator
 import threading
-import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -193,142 +192,117 @@ class TokenBatch:
         return self.n_tokens == 0
 
     # -- fast path -------------------------------------------------------------------------------
+    # Every fused pass walks the batch in blocks of whole rows small enough that the block's inputs
+    # and a dozen same-sized scratch buffers stay in the core's L2 cache (a full 64x4096 float32
+    # tensor is 1 MiB: three of them already spill to L3, and an elementwise op then costs ~10x
+    # more). The per-token values are the same floats whatever the blocking (elementwise ops), and
+    # row sums reduce the same contiguous rows, so blocking changes no result.
     def _t(self, name: str) -> Tensor:
         value = self.tensors[name]
         return value if value.dtype == self.dtype else value.to(self.dtype)
 
-    def _buffer(self) -> Tensor:
-        return _take(self.shape, self.dtype, self.mask.device)
-
     def _prepare(self) -> None:
-        """The float 0/1 mask and the per-row counts (every fused quantity is a dot with the mask)."""
-        m = self._buffer()
-        weakref.finalize(self, _give, m)
-        m.copy_(self.mask)
-        # valid tokens per row; a float sum of 0/1 is exact below 2^24 (and skips bool -> int64 copies)
-        self._count(m.sum(dim=-1).to(torch.int64) if self.width < 2**24 else self.mask.sum(dim=-1))
-        self._m = m
+        """The per-row counts, from the mask's bytes (a bool -> float copy costs ~6x a uint8 one)."""
+        self._mask_u8 = self.mask.view(torch.uint8)
+        self._count(self._mask_u8.sum(dim=-1, dtype=torch.int32).to(torch.int64))
         self.finite = True  # until a fused sum says otherwise
-        self._ratio: Tensor | None = None
+        self.ppo_kl: float | None = None
 
-    def _prepare_advantages(self) -> None:
-        """``A m`` and its positive and negative parts ``A+ = max(A m, 0)``, ``A- = A+ - A m``."""
-        if getattr(self, "_adv_m", None) is not None:
-            return
-        adv_m, a_pos, a_neg = (self._buffer() for _ in range(3))
-        weakref.finalize(self, _give, adv_m, a_pos, a_neg)
-        torch.mul(self._t("advantages"), self._m, out=adv_m)  # A on valid tokens, 0 elsewhere
-        torch.clamp(adv_m, min=0.0, out=a_pos)  # A+  (A > 0)
-        torch.sub(a_pos, adv_m, out=a_neg)  # -A  (A < 0), exactly: A+ - A is 0 or -A
-        self._adv_m, self._a_pos, self._a_neg = adv_m, a_pos, a_neg
+    def _pass(self, n_rows: int) -> _Pass:
+        return _Pass(self, n_rows)
 
-    def _prepare_policy(self) -> None:
-        """Mask-folded advantages, the ratio and ppo_kl: the shared first half of the clipped-loss pass
-        (made on first use: the losses that need no ratio skip it)."""
-        if self._ratio is not None:
-            return
-        self._prepare_advantages()
-        m = self._m
-        ratio = self._buffer()
-        weakref.finalize(self, _give, ratio)
-        # log-ratio, clamped to +-20 as verl does before exp; ppo_kl = masked mean of (old - new)
-        torch.sub(self._t("log_prob"), self._t("old_log_prob"), out=ratio).clamp_(-20.0, 20.0)
-        kl_sum = float(torch.dot(ratio.view(-1), m.view(-1)))
-        ratio.exp_()
-        self._ratio = ratio
-        self.ppo_kl = -kl_sum / _eps_count(self.n_tokens)
-        self.finite = self.finite and math.isfinite(kl_sum)
-
-    def _row_sums(self, values: Tensor) -> RowSums:
-        """Row sums, summed in the token dtype (float32 cascade sums are good to ~1e-7 relative;
-        converting first would cost a float64 copy of the batch); the totals over rows are exact
-        (``math.fsum`` in python: one list per batch beats several tiny tensor ops)."""
-        rows = tuple(values.sum(dim=-1).tolist())
+    def _row_sums(self, rows: list[float]) -> RowSums:
+        """Row sums (summed in the token dtype per row: float32 cascade sums are good to ~1e-7
+        relative); the totals over rows are exact (``math.fsum``)."""
         if self._lengths is None:
             self._lengths = (self.n_row.to(torch.float32) + 1e-8).tolist()
+        rows = tuple(rows)
         return RowSums(rows, _total(rows), _total(list(map(operator.truediv, rows, self._lengths))))
 
-    def policy(self, low: float, high: float, c: float) -> PolicyStats:
+    def _aux_plan(self, config: LossConfig | None) -> tuple[bool, str | None, bool]:
+        """What a pass for ``config`` should compute on the side, not cached yet: the entropy row
+        sums, the KL estimator's row sums (its base name) and the straight-through finiteness check."""
+        if config is None:
+            return False, None, False
+        entropy = "entropy" in self.tensors and "entropy" not in self._cache
+        kl, check = None, False
+        if "ref_log_prob" in self.tensors and isinstance(config.kl_loss_type, KLType):
+            kind = KLType(config.kl_loss_type)
+            kl = kind.base if ("kl", kind.base) not in self._cache else None
+            check = kind.straight_through and "k2_finite" not in self._cache
+        return entropy, kl, check
+
+    def policy(self, low: float, high: float, c: float, *, config: LossConfig | None = None) -> PolicyStats:
         """Row sums of the clipped per-token loss and the clip counts for ratio bounds
-        ``[1 - low, 1 + high]`` and dual-clip bound ``c`` (cached per setting)."""
+        ``[1 - low, 1 + high]`` and dual-clip bound ``c`` (cached per setting). ``config``: also
+        compute its entropy and KL row sums in the same pass."""
         key = ("pg", low, high, c)
         hit = self._cache.get(key)
         if hit is not None:
             return hit
-        self._prepare_policy()
         lo, hi = 1 - low, 1 + high  # python floats, rounded to the tensor dtype like verl's clamp
-        r = self._ratio
-        loss, work = self._buffer(), self._buffer()
-        # l = (-A) clamp(r, lo, c) for A < 0,  -(A min(r, hi)) for A > 0   (one of the terms is 0)
-        torch.clamp(r, lo, c, out=loss).mul_(self._a_neg)
-        # one of the two terms is exactly 0 per token, so a fused multiply-add rounds like verl
-        loss.addcmul_(torch.clamp(r, max=hi, out=work), self._a_pos, value=-1.0)
-        rows = self._row_sums(loss)
-        # z = A r + l:  z > 0 <=> verl's pg_losses2 > pg_losses1 (clipped, either side);
-        #               z < 0 <=> A < 0 and (-A) r > (-A) c (dual clip), compared on the rounded products
-        z = torch.mul(self._adv_m, r, out=work).add_(loss).sign_()
-        # sign sums are exact small integers: (n+ - n-) and (n+ + n-)
-        if z.numel() < 2**24:  # float32 accumulation is exact for these integer counts
-            balance = int(z.sum())
-            flat = z.view(-1)
-            nonzero = int(torch.dot(flat, flat))  # sign^2 is 1 exactly where z != 0
-        else:
-            balance = int(z.sum(dtype=torch.float64))
-            nonzero = int(z.abs_().sum(dtype=torch.float64))
-        _give(loss, work)
-        n_clipped = (nonzero + balance) // 2
-        stats = PolicyStats(rows=rows, n_clipped=n_clipped, n_dual_clipped=nonzero - n_clipped)
+        need_kl = self.ppo_kl is None
+        with self._pass(1) as p:
+            p.aux(config)
+            kl_sum = bal = nonzero = 0.0
+            for m in p.blocks():
+                lp, old, adv = p.x("log_prob"), p.x("old_log_prob"), p.x("advantages")
+                # log-ratio, clamped to +-20 as verl does before exp; ppo_kl = masked mean of (old - new)
+                r = torch.sub(lp, old, out=p.buf("r")).clamp_(-20.0, 20.0)
+                if need_kl:
+                    kl_sum += float(torch.dot(r.view(-1), m.view(-1)))
+                r.exp_()
+                # signs folded once: A m, A+ = max(A m, 0), A- = A+ - A m (exactly -A or 0)
+                a = torch.mul(adv, m, out=p.buf("a"))
+                a_pos = torch.clamp(a, min=0.0, out=p.buf("a+"))
+                a_neg = torch.sub(a_pos, a, out=p.buf("a-"))
+                # l = (-A) clamp(r, lo, c) for A < 0,  -(A min(r, hi)) for A > 0   (one term is 0, so
+                # the fused multiply-add rounds like verl's separate ops)
+                loss = torch.clamp(r, lo, c, out=p.buf("l")).mul_(a_neg)
+                loss.addcmul_(torch.clamp(r, max=hi, out=p.buf("w")), a_pos, value=-1.0)
+                p.row_sum(loss, 0)
+                # z = A r + l:  z > 0 <=> verl's pg_losses2 > pg_losses1 (clipped, either side);
+                #               z < 0 <=> A < 0 and (-A) r > (-A) c (dual clip), on the rounded products
+                z = torch.mul(a, r, out=p.buf("w")).add_(loss).sign_().view(-1)
+                bal += float(z.sum())  # exact small integers: (n+ - n-) and (n+ + n-)
+                nonzero += float(torch.dot(z, z))
+                p.aux_block(m)
+            rows = p.rows()
+        if need_kl:
+            self.ppo_kl = -kl_sum / _eps_count(self.n_tokens)
+            self.finite = self.finite and math.isfinite(kl_sum)
+        n_clipped = (int(nonzero) + int(bal)) // 2
+        stats = PolicyStats(
+            rows=self._row_sums(rows[0]), n_clipped=n_clipped, n_dual_clipped=int(nonzero) - n_clipped
+        )
         self._cache[key] = stats
         return stats
 
     def kl_rows(self, kind: KLType | str) -> RowSums:
-        """Row sums ``(batch,)`` float64 of the forward value of a KL estimator (``+`` has k's value)."""
+        """Row sums ``(batch,)`` of the forward value of a KL estimator (``+`` has k's value)."""
         kind = KLType(kind)
-        if kind.straight_through and not self._k2_finite():
+        if ("kl", kind.base) not in self._cache or (kind.straight_through and "k2_finite" not in self._cache):
+            with self._pass(0) as p:
+                p.plan(
+                    False, kind.base if ("kl", kind.base) not in self._cache else None, kind.straight_through
+                )
+                for m in p.blocks():
+                    p.aux_block(m)
+                p.rows()
+        if kind.straight_through and not self._cache["k2_finite"]:
             # verl's k2 - k2.detach() + f.detach() is NaN wherever k2 is not finite, even where the
             # clamped forward estimator is: NaN rows send the batch to the reference path
             return RowSums((math.nan,) * self.shape[0], math.nan, math.nan)
-        base = kind.base
-        key = ("kl", base)
-        hit = self._cache.get(key)
-        if hit is not None:
-            return hit
-        lp, ref = self._t("log_prob"), self._t("ref_log_prob")
-        value = self._buffer()
-        if base == "k3":
-            # delta = clamp(ref - logp, +-20); k3 = clamp(e^delta - delta - 1, +-10)
-            delta = torch.sub(ref, lp, out=self._buffer()).clamp_(-20.0, 20.0)
-            torch.exp(delta, out=value).sub_(delta).sub_(1.0).clamp_(-10.0, 10.0)
-            _give(delta)
-        else:
-            torch.sub(lp, ref, out=value)
-            if base == "abs":
-                value.abs_()
-            elif base == "k2":
-                value.square_().mul_(0.5)
-        rows = self._row_sums(value.mul_(self._m))
-        _give(value)
-        self._cache[key] = rows
-        return rows
-
-    def _k2_finite(self) -> bool:
-        hit = self._cache.get("k2_finite")
-        if hit is None:
-            diff = torch.sub(self._t("log_prob"), self._t("ref_log_prob"), out=self._buffer())
-            flat = diff.view(-1)
-            hit = math.isfinite(float(torch.dot(flat, flat)))
-            _give(diff)
-            self._cache["k2_finite"] = hit
-        return hit
+        return self._cache[("kl", kind.base)]
 
     def entropy_rows(self) -> RowSums:
-        hit = self._cache.get("entropy")
-        if hit is None:
-            buf = torch.mul(self._t("entropy"), self._m, out=self._buffer())
-            hit = self._row_sums(buf)
-            _give(buf)
-            self._cache["entropy"] = hit
-        return hit
+        if "entropy" not in self._cache:
+            with self._pass(0) as p:
+                p.plan(True, None, False)
+                for m in p.blocks():
+                    p.aux_block(m)
+                p.rows()
+        return self._cache["entropy"]
 
     def aggregate(
         self,
@@ -374,21 +348,20 @@ class TokenBatch:
         only implements the built-ins)."""
         if config.use_kl_loss and "ref_log_prob" not in self.tensors:
             raise ValueError("ref_log_prob is required when use_kl_loss is True")
-        from .policy_losses import POLICY_LOSSES, compute_policy_loss_vanilla, get_policy_loss
+        from .policy_losses import get_policy_loss
 
         entry = get_policy_loss(config.loss_mode)
         builtin = isinstance(config.loss_agg_mode, AggMode) and isinstance(config.kl_loss_type, KLType)
         if self.fast and self.finite and builtin:
             fused = _FUSED.get(entry.fn) if "rollout_is_weights" not in self.tensors else None
-            if (
-                POLICY_LOSSES["vanilla"] is entry
-                and entry.fn is compute_policy_loss_vanilla
-                and ("rollout_is_weights" not in self.tensors)
-            ):
-                out = self._fast_metrics(config)
-            elif fused is not None:
-                pg = fused(self, config)
-                out = None if pg is None else self._aux_metrics(config, pg, fast=True)
+            if fused is not None:
+                key = ("fused", _policy_key(config))
+                pg = None if entry.random else self._cache.get(key)
+                if pg is None:
+                    pg = fused(self, config)
+                    if pg is not None and not entry.random:
+                        self._cache[key] = pg
+                out = None if pg is None else self._aux_metrics(config, dict(pg), fast=True)
             else:
                 out = self._aux_metrics(config, self.policy_metrics(config), fast=True)
             if out is not None:
@@ -462,17 +435,8 @@ class TokenBatch:
         return {k: float(v) for k, v in out.items()}
 
     def _fast_metrics(self, config: LossConfig) -> dict[str, float] | None:
-        info = config.global_batch_info
-        pol = self.policy(config.clip_low, config.clip_high, config.clip_ratio_c)
-        if not self.finite or not math.isfinite(pol.rows.total):
-            return None
-        out = {
-            "pg_loss": self.aggregate(pol.rows, config.loss_agg_mode, **info),
-            "pg_clipfrac": _fraction(pol.n_clipped, self.n_tokens),
-            "ppo_kl": self.ppo_kl,
-            "pg_clipfrac_lower": _fraction(pol.n_dual_clipped, self.n_tokens),
-        }
-        return self._aux_metrics(config, out, fast=True)
+        pg = _fused_vanilla(self, config)
+        return None if pg is None else self._aux_metrics(config, pg, fast=True)
 
     # -- reference path --------------------------------------------------------------------------
     def _reference_metrics(self, config: LossConfig) -> dict[str, float]:
@@ -560,83 +524,509 @@ def _policy_key(config: LossConfig) -> tuple:
     )
 
 
-# -- fused token passes for other built-in losses (identity of verl's function -> pass) ----------------
-def _fused_gpg(batch: TokenBatch, config: LossConfig) -> dict[str, float] | None:
-    # l = -logp * A  (verl's op order), masked row sums
-    buf = torch.mul(batch._t("log_prob"), batch._t("advantages"), out=batch._buffer()).neg_().mul_(batch._m)
-    rows = batch._row_sums(buf)
-    _give(buf)
-    if not math.isfinite(rows.total):
+# -- one fused pass over row blocks ---------------------------------------------------------------------
+BLOCK_ELEMS = 1 << 15  # tokens per block (128 KiB of float32): inputs + scratch stay in L2
+
+
+class _Pass:
+    """Scratch for one fused pass of a :class:`TokenBatch`: blocks of whole rows, named block-sized
+    buffers from the per-thread pool, and ``n_rows`` row-sum outputs (plus the entropy / KL row sums
+    asked for with :meth:`plan`, cached on the batch when the pass ends)."""
+
+    def __init__(self, batch: TokenBatch, n_rows: int) -> None:
+        self.batch = batch
+        b, width = batch.shape
+        self.step = max(1, min(b, BLOCK_ELEMS // max(width, 1)))
+        self.n_rows = n_rows
+        self.entropy, self.kl, self.check = False, None, False
+        self._bufs: dict[str, Tensor] = {}
+        self._out: Tensor | None = None
+        self.s = self.e = 0
+        self.k2 = 0.0
+
+    def __enter__(self) -> _Pass:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _give(*self._bufs.values())
+        self._bufs.clear()
+
+    def aux(self, config: LossConfig | None) -> None:
+        self.plan(*self.batch._aux_plan(config))
+
+    def plan(self, entropy: bool, kl: str | None, check: bool) -> None:
+        self.entropy, self.kl, self.check = entropy, kl, check
+
+    def _outputs(self) -> Tensor:
+        if self._out is None:
+            n = self.n_rows + self.entropy + (self.kl is not None)
+            self._out = torch.empty((max(n, 1), self.batch.shape[0]), dtype=self.batch.dtype)
+        return self._out
+
+    def blocks(self):
+        """Yield the float 0/1 mask of each block (rows ``self.s:self.e``)."""
+        batch = self.batch
+        self._outputs()
+        for s in range(0, batch.shape[0], self.step):
+            self.s, self.e = s, min(s + self.step, batch.shape[0])
+            m = self.buf("m")
+            m.copy_(batch._mask_u8[self.s : self.e])
+            yield m
+
+    def buf(self, name: str) -> Tensor:
+        buf = self._bufs.get(name)
+        if buf is None:
+            b = self.batch
+            buf = self._bufs[name] = _take((self.step, b.width), b.dtype, b.mask.device)
+        return buf[: self.e - self.s]
+
+    def x(self, name: str) -> Tensor:
+        """Input ``name``'s rows of this block, in the batch's dtype."""
+        value = self.batch.tensors[name][self.s : self.e]
+        return value if value.dtype == self.batch.dtype else value.to(self.batch.dtype)
+
+    def row_sum(self, values: Tensor, j: int) -> None:
+        torch.sum(values, dim=-1, out=self._out[j, self.s : self.e])
+
+    def aux_block(self, m: Tensor) -> None:
+        """This block's share of the planned entropy and KL row sums."""
+        j = self.n_rows
+        if self.entropy:
+            self.row_sum(torch.mul(self.x("entropy"), m, out=self.buf("aux")), j)
+            j += 1
+        if self.kl is None and not self.check:
+            return
+        lp, ref = self.x("log_prob"), self.x("ref_log_prob")
+        value = self.buf("aux")
+        if self.kl == "k3":
+            # delta = clamp(ref - logp, +-20); k3 = clamp(e^delta - delta - 1, +-10)
+            delta = torch.sub(ref, lp, out=self.buf("aux2"))
+            if self.check:  # (ref - logp)^2 == (logp - ref)^2 exactly
+                self.k2 += float(torch.dot(delta.view(-1), delta.view(-1)))
+            delta.clamp_(-20.0, 20.0)
+            torch.exp(delta, out=value).sub_(delta).sub_(1.0).clamp_(-10.0, 10.0)
+        else:
+            torch.sub(lp, ref, out=value)
+            if self.check:
+                self.k2 += float(torch.dot(value.view(-1), value.view(-1)))
+            if self.kl == "abs":
+                value.abs_()
+            elif self.kl == "k2":
+                value.square_().mul_(0.5)
+        if self.kl is not None:
+            self.row_sum(value.mul_(m), j)
+
+    def rows(self) -> list[list[float]]:
+        """The row sums as lists (the pass's own first, then entropy / KL, which go to the cache)."""
+        out = self._outputs().tolist()
+        batch, j = self.batch, self.n_rows
+        if self.entropy:
+            batch._cache["entropy"] = batch._row_sums(out[j])
+            j += 1
+        if self.kl is not None:
+            batch._cache[("kl", self.kl)] = batch._row_sums(out[j])
+        if self.check:
+            batch._cache["k2_finite"] = math.isfinite(self.k2)
+        return out[: self.n_rows]
+
+
+def _scalar(value: float, dtype: torch.dtype) -> float:
+    """``value`` rounded to ``dtype`` (what ``torch.as_tensor(value, dtype=dtype)`` holds)."""
+    return float(torch.tensor(value, dtype=dtype))
+
+
+def _ratio_block(p: _Pass, m: Tensor, *, clamp: bool) -> tuple[Tensor, float]:
+    """``r = exp(logp - logp_old)`` (log-ratio clamped to +-20 when ``clamp``, as the loss does) and
+    this block's masked sum of the (clamped) log-ratio."""
+    r = torch.sub(p.x("log_prob"), p.x("old_log_prob"), out=p.buf("r"))
+    if clamp:
+        r.clamp_(-20.0, 20.0)
+    kl = float(torch.dot(r.view(-1), m.view(-1)))
+    return r.exp_(), kl
+
+
+def _signs(p: _Pass, m: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``A m``, ``A+ = max(A m, 0)`` and ``A- = A+ - A m`` (exactly ``-A`` or 0) of this block."""
+    a = torch.mul(p.x("advantages"), m, out=p.buf("a"))
+    a_pos = torch.clamp(a, min=0.0, out=p.buf("a+"))
+    return a, a_pos, torch.sub(a_pos, a, out=p.buf("a-"))
+
+
+def _finish(batch: TokenBatch, config: LossConfig, rows: list[float], mode=None, **metrics):
+    """``pg_loss`` from the loss row sums, with ``metrics``; None when anything is not finite."""
+    row_sums = batch._row_sums(rows)
+    if not math.isfinite(row_sums.total) or not all(math.isfinite(v) for v in metrics.values()):
         return None
-    return {"pg_loss": batch.aggregate(rows, config.loss_agg_mode, **config.global_batch_info)}
+    mode = config.loss_agg_mode if mode is None else mode
+    return {"pg_loss": batch.aggregate(row_sums, mode, **config.global_batch_info), **metrics}
+
+
+def _ppo_kl(batch: TokenBatch, kl_sum: float) -> float:
+    return -kl_sum / _eps_count(batch.n_tokens)
+
+
+def _fused_vanilla(batch: TokenBatch, config: LossConfig) -> dict[str, float] | None:
+    pol = batch.policy(config.clip_low, config.clip_high, config.clip_ratio_c, config=config)
+    if not batch.finite or not math.isfinite(pol.rows.total):
+        return None
+    return {
+        "pg_loss": batch.aggregate(pol.rows, config.loss_agg_mode, **config.global_batch_info),
+        "pg_clipfrac": _fraction(pol.n_clipped, batch.n_tokens),
+        "ppo_kl": batch.ppo_kl,
+        "pg_clipfrac_lower": _fraction(pol.n_dual_clipped, batch.n_tokens),
+    }
+
+
+def _fused_gpg(batch: TokenBatch, config: LossConfig) -> dict[str, float] | None:
+    # l = -logp * A  (verl's op order; -(x) * y == -(x * y) exactly), masked row sums
+    with batch._pass(1) as p:
+        p.aux(config)
+        for m in p.blocks():
+            p.row_sum(torch.mul(p.x("log_prob"), p.x("advantages"), out=p.buf("l")).mul_(m), 0)
+            p.aux_block(m)
+        (rows,) = p.rows()
+    return _finish(batch, config, [-v for v in rows])
 
 
 def _fused_dro(batch: TokenBatch, config: LossConfig) -> dict[str, float] | None:
     # l = -(logp * A - (0.5 beta) * (logp - logp_old)^2); ppo_kl = masked mean of -(logp - logp_old), no clamp
-    lp = batch._t("log_prob")
-    d = torch.sub(lp, batch._t("old_log_prob"), out=batch._buffer())
-    kl_sum = float(torch.dot(d.view(-1), batch._m.view(-1)))
-    d.square_().mul_(0.5 * config.dro_beta)
-    loss = torch.mul(lp, batch._t("advantages"), out=batch._buffer()).sub_(d).neg_().mul_(batch._m)
-    rows = batch._row_sums(loss)
-    _give(d, loss)
-    if not (math.isfinite(rows.total) and math.isfinite(kl_sum)):
-        return None
-    return {
-        "pg_loss": batch.aggregate(rows, config.loss_agg_mode, **config.global_batch_info),
-        "ppo_kl": -kl_sum / _eps_count(batch.n_tokens),
-    }
+    half_beta = 0.5 * config.dro_beta
+    kl_sum = 0.0
+    with batch._pass(1) as p:
+        p.aux(config)
+        for m in p.blocks():
+            lp = p.x("log_prob")
+            d = torch.sub(lp, p.x("old_log_prob"), out=p.buf("d"))
+            kl_sum += float(torch.dot(d.view(-1), m.view(-1)))
+            d.square_().mul_(half_beta)
+            loss = torch.mul(lp, p.x("advantages"), out=p.buf("l")).sub_(d).mul_(m)
+            p.row_sum(loss, 0)
+            p.aux_block(m)
+        (rows,) = p.rows()
+    return _finish(batch, config, [-v for v in rows], ppo_kl=_ppo_kl(batch, kl_sum))
 
 
 def _fused_cispo(batch: TokenBatch, config: LossConfig) -> dict[str, float] | None:
     # l = -clip(r, 1 - eps_low, 1 + eps_high) * A * logp; pg_clipfrac = share of valid tokens with r outside
-    batch._prepare_policy()
-    if not batch.finite:
-        return None
-    r = batch._ratio
-    clipped = torch.clamp(r, 1 - config.clip_low, 1 + config.clip_high, out=batch._buffer())
-    loss = torch.mul(clipped, batch._t("advantages"), out=batch._buffer()).neg_()
-    loss.mul_(batch._t("log_prob")).mul_(batch._m)
-    rows = batch._row_sums(loss)
-    hits = int(torch.count_nonzero(torch.sub(r, clipped, out=loss).mul_(batch._m)))
-    _give(clipped, loss)
-    if not math.isfinite(rows.total):
-        return None
-    return {
-        "pg_loss": batch.aggregate(rows, config.loss_agg_mode, **config.global_batch_info),
-        "pg_clipfrac": _fraction(hits, batch.n_tokens),
-        "ppo_kl": batch.ppo_kl,
-        "pg_clipfrac_lower": 0.0,
-    }
+    lo, hi = 1 - config.clip_low, 1 + config.clip_high
+    kl_sum = hits = 0.0
+    with batch._pass(1) as p:
+        p.aux(config)
+        for m in p.blocks():
+            r, kl = _ratio_block(p, m, clamp=True)
+            kl_sum += kl
+            clipped = torch.clamp(r, lo, hi, out=p.buf("c"))
+            loss = torch.mul(clipped, p.x("advantages"), out=p.buf("l")).mul_(p.x("log_prob")).mul_(m)
+            p.row_sum(loss, 0)
+            out = torch.ne(r, clipped, out=p.buf("w")).view(-1)
+            hits += float(torch.dot(out, m.view(-1)))
+            p.aux_block(m)
+        (rows,) = p.rows()
+    return _finish(
+        batch,
+        config,
+        [-v for v in rows],
+        pg_clipfrac=_fraction(int(hits), batch.n_tokens),
+        ppo_kl=_ppo_kl(batch, kl_sum),
+        pg_clipfrac_lower=0.0,
+    )
 
 
 def _fused_gspo(batch: TokenBatch, config: LossConfig) -> dict[str, float] | None:
     # one ratio per row: s_i = exp(min(sum_t m (logp - logp_old) / max(T_i, 1), 10)) (verl's forward value);
     # l = max(-A s_i, -A clip(s_i)) = A- max(s_i, clip(s_i)) - A+ min(s_i, clip(s_i)) (monotone rounding)
-    batch._prepare_advantages()
-    d = torch.sub(batch._t("log_prob"), batch._t("old_log_prob"), out=batch._buffer()).mul_(batch._m)
-    row_kl = d.sum(dim=-1)
-    kl_sum = float(row_kl.sum(dtype=torch.float64))
+    lo, hi = 1 - config.clip_low, 1 + config.clip_high
     lengths = batch.n_row.clamp(min=1)
-    s = torch.exp(torch.clamp(row_kl / lengths, max=10.0))
-    c = torch.clamp(s, 1 - config.clip_low, 1 + config.clip_high)
-    s_hi, s_lo = torch.maximum(s, c)[:, None], torch.minimum(s, c)[:, None]
-    loss = torch.mul(batch._a_neg, s_hi, out=d)
-    work = torch.mul(batch._a_pos, s_lo, out=batch._buffer())
-    loss.sub_(work)
-    rows = batch._row_sums(loss)
-    # z = A s + l > 0 exactly where verl's pg_losses2 > pg_losses1 (the sign of a rounded difference is exact)
-    z = torch.mul(batch._adv_m, s[:, None], out=work).add_(loss)
-    hits = int(torch.count_nonzero(z.clamp_(min=0.0)))
-    _give(loss, work)
-    if not (math.isfinite(rows.total) and math.isfinite(kl_sum)):
+    kl_sum = hits = 0.0
+    with batch._pass(1) as p:
+        p.aux(config)
+        for m in p.blocks():
+            d = torch.sub(p.x("log_prob"), p.x("old_log_prob"), out=p.buf("d")).mul_(m)
+            row_kl = d.sum(dim=-1)
+            kl_sum += float(row_kl.sum(dtype=torch.float64))
+            s = torch.exp(torch.clamp(row_kl / lengths[p.s : p.e], max=10.0))
+            c = torch.clamp(s, lo, hi)
+            s_hi, s_lo, s = torch.maximum(s, c)[:, None], torch.minimum(s, c)[:, None], s[:, None]
+            a, a_pos, a_neg = _signs(p, m)
+            loss = torch.mul(a_neg, s_hi, out=p.buf("l"))
+            loss.addcmul_(a_pos, s_lo.expand_as(loss), value=-1.0)
+            p.row_sum(loss, 0)
+            # z = A s + l >= 0, and > 0 exactly where verl's pg_losses2 > pg_losses1
+            z = torch.mul(a, s, out=p.buf("w")).add_(loss).sign_()
+            hits += float(z.sum())
+            p.aux_block(m)
+        (rows,) = p.rows()
+    return _finish(
+        batch,
+        config,
+        rows,
+        pg_clipfrac=_fraction(int(hits), batch.n_tokens),
+        ppo_kl=_ppo_kl(batch, kl_sum),
+        pg_clipfrac_lower=0.0,
+    )
+
+
+def _fused_sapo(batch: TokenBatch, config: LossConfig) -> dict[str, float] | None:
+    # l = -(sigmoid(tau (r - 1)) * (4 / tau)) * A,  tau = tau_pos where A > 0 else tau_neg; verl's
+    # 4.0 / taus is reciprocal(taus) * 4, and where(A > 0, x, y) = g x + (1 - g) y exactly for g in {0, 1}
+    dtype = batch.dtype
+    tau_pos, tau_neg = _scalar(config.tau_pos, dtype), _scalar(config.tau_neg, dtype)
+    q_pos = float(torch.tensor(tau_pos, dtype=dtype).reciprocal() * 4.0)
+    q_neg = float(torch.tensor(tau_neg, dtype=dtype).reciprocal() * 4.0)
+    kl_sum = 0.0
+    with batch._pass(1) as p:
+        p.aux(config)
+        for m in p.blocks():
+            r, kl = _ratio_block(p, m, clamp=True)
+            kl_sum += kl
+            adv = p.x("advantages")
+            g = torch.gt(adv, 0.0, out=p.buf("g"))
+            h = torch.le(adv, 0.0, out=p.buf("h"))  # NaN in A: both 0, and the loss is NaN anyway
+            taus = torch.mul(h, tau_neg, out=p.buf("t")).add_(g, alpha=tau_pos)
+            gates = r.sub_(1.0).mul_(taus).sigmoid_()
+            gates.mul_(torch.mul(h, q_neg, out=p.buf("t")).add_(g, alpha=q_pos))
+            p.row_sum(gates.mul_(adv).mul_(m), 0)
+            p.aux_block(m)
+        (rows,) = p.rows()
+    return _finish(
+        batch,
+        config,
+        [-v for v in rows],
+        AggMode.SEQ_MEAN_TOKEN_MEAN,
+        pg_clipfrac=0.0,
+        ppo_kl=_ppo_kl(batch, kl_sum),
+        pg_clipfrac_lower=0.0,
+    )
+
+
+def _fused_geo_mean(batch: TokenBatch, config: LossConfig) -> dict[str, float] | None:
+    # sgn(A) min(sgn(A) d, sgn(A) clamp(d, -lo, hi)) = min(d, hi) (A > 0), max(d, -lo) (A < 0), 0 (A = 0);
+    # row means of it and of A, then pg_loss = mean_i(-adv_i exp(mean_i)); clipped = (d != clamp(d))
+    lo, hi = config.clip_low, config.clip_high
+    kl_sum = hits_pos = hits_neg = 0.0
+    with batch._pass(2) as p:
+        p.aux(config)
+        for m in p.blocks():
+            adv = p.x("advantages")
+            d = torch.sub(p.x("log_prob"), p.x("old_log_prob"), out=p.buf("d"))
+            kl_sum += float(torch.dot(d.view(-1), m.view(-1)))
+            g = torch.gt(adv, 0.0, out=p.buf("g")).mul_(m)
+            n = torch.lt(adv, 0.0, out=p.buf("n")).mul_(m)
+            v = torch.clamp(d, max=hi, out=p.buf("l")).mul_(g)
+            v.addcmul_(torch.clamp(d, min=-lo, out=p.buf("w")), n)
+            p.row_sum(v, 0)
+            p.row_sum(torch.mul(adv, m, out=p.buf("w")), 1)
+            clipped = torch.ne(d, torch.clamp(d, -lo, hi, out=p.buf("w")), out=p.buf("w")).view(-1)
+            hits_pos += float(torch.dot(clipped, g.view(-1)))
+            hits_neg += float(torch.dot(clipped, n.view(-1)))
+            p.aux_block(m)
+        kl_rows, adv_rows = p.rows()
+    if not all(map(math.isfinite, kl_rows)) or not all(map(math.isfinite, adv_rows)):
+        return None
+    dtype = batch.dtype
+    lengths = batch.n_row + 1e-8
+    ratio = torch.exp(torch.tensor(kl_rows, dtype=dtype) / lengths)
+    pg_losses = -(torch.tensor(adv_rows, dtype=dtype) / lengths) * ratio
+    pg_loss = float(torch.mean(pg_losses))
+    if not (math.isfinite(pg_loss) and math.isfinite(kl_sum)):
         return None
     return {
-        "pg_loss": batch.aggregate(rows, config.loss_agg_mode, **config.global_batch_info),
-        "pg_clipfrac": _fraction(hits, batch.n_tokens),
-        "ppo_kl": -kl_sum / _eps_count(batch.n_tokens),
-        "pg_clipfrac_lower": 0.0,
+        "pg_loss": pg_loss,
+        "pg_clipfrac": _fraction(int(hits_pos), batch.n_tokens),
+        "ppo_kl": _ppo_kl(batch, kl_sum),
+        "pg_clipfrac_lower": _fraction(int(hits_neg), batch.n_tokens),
     }
+
+
+def _fused_dppo(batch: TokenBatch, config: LossConfig, *, binary_kl: bool) -> dict[str, float] | None:
+    # valid = (A > 0 ? pos : neg) of the probability-divergence test; l = -A sg(min(r, c)) logp valid
+    low, high, c = config.clip_low, config.clip_high, config.clip_ratio_c
+    kl_sum = kept = lower = 0.0
+    with batch._pass(1) as p:
+        p.aux(config)
+        for m in p.blocks():
+            lp, old, adv = p.x("log_prob"), p.x("old_log_prob"), p.x("advantages")
+            r, kl = _ratio_block(p, m, clamp=True)
+            kl_sum += kl
+            prob = torch.exp(lp, out=p.buf("p"))
+            old_prob = torch.exp(old, out=p.buf("q"))
+            pos, neg = p.buf("pos"), p.buf("neg")
+            if binary_kl:
+                # old_prob (old - logp) + (1 - old_prob) log((1 - old_prob + 1e-8) / (1 - prob + 1e-8))
+                om = torch.neg(old_prob, out=p.buf("w")).add_(1.0)
+                term = torch.add(om, 1e-8, out=p.buf("f"))
+                term.div_(torch.neg(prob, out=p.buf("bkl")).add_(1.0).add_(1e-8)).log_().mul_(om)
+                bkl = torch.sub(old, lp, out=p.buf("bkl")).mul_(old_prob).add_(term)
+                torch.le(bkl, high, out=pos)
+                torch.maximum(pos, torch.le(prob, old_prob, out=p.buf("w")), out=pos)
+                torch.le(bkl, low, out=neg)
+                torch.maximum(neg, torch.ge(prob, old_prob, out=p.buf("w")), out=neg)
+            else:
+                diff = torch.sub(prob, old_prob, out=p.buf("w"))
+                torch.le(diff, high, out=pos)
+                torch.ge(diff, -low, out=neg)
+            # where(A > 0, pos, neg) = g pos + (1 - g) neg exactly (0/1 values), then times the mask
+            valid = pos.mul_(torch.gt(adv, 0.0, out=p.buf("g")))
+            valid.addcmul_(torch.le(adv, 0.0, out=p.buf("h")), neg).mul_(m)
+            kept += float(valid.sum())
+            lower += float(torch.dot(torch.gt(r, c, out=p.buf("h")).view(-1), valid.view(-1)))
+            # -A * sg(min(r, c)) * logp * valid  (negated on the row sums)
+            loss = torch.clamp(r, max=c, out=p.buf("l"))
+            p.row_sum(torch.mul(adv, loss, out=loss).mul_(lp).mul_(valid), 0)
+            p.aux_block(m)
+        (rows,) = p.rows()
+    return _finish(
+        batch,
+        config,
+        [-v for v in rows],
+        pg_clipfrac=_fraction(batch.n_tokens - int(kept), batch.n_tokens),
+        ppo_kl=_ppo_kl(batch, kl_sum),
+        pg_clipfrac_lower=_fraction(int(lower), batch.n_tokens),
+    )
+
+
+def _masked_mean_exact(batch: TokenBatch, name: str) -> Tensor:
+    """verl's ``masked_mean(x, mask)`` as a 0-dim tensor, bit for bit: the same full-tensor
+    reduction of the same values (``x`` times the 0/1 mask equals ``where(mask, x, 0) * mask``
+    for finite ``x``)."""
+    values = torch.mul(batch._t(name), batch._mask_u8)
+    count = torch.tensor(_eps_count(batch.n_tokens), dtype=torch.float32)
+    return values.sum() / count
+
+
+def _fused_clip_cov(batch: TokenBatch, config: LossConfig) -> dict[str, float] | None:
+    # vanilla clip without the dual clip or the +-20 clamp; then min(k, n) of the n unclipped valid tokens
+    # with lb < cov < ub, cov = (A - mean A)(logp - mean logp), drawn with verl's torch.randperm(n), lose
+    # their loss. The candidates come out of the pass in verl's row-major order, so the draw is verl's.
+    if not config.clip_cov_ratio > 0:
+        raise ValueError("clip_cov_ratio must be > 0 for loss_mode 'clip_cov'")
+    lo, hi = 1 - config.clip_low, 1 + config.clip_high
+    mean_a = _masked_mean_exact(batch, "advantages")
+    mean_lp = _masked_mean_exact(batch, "log_prob")
+    lb, ub = config.clip_cov_lb, config.clip_cov_ub
+    kl_sum = 0.0
+    found: list[Tensor] = []
+    with batch._pass(1) as p:
+        p.aux(config)
+        for m in p.blocks():
+            lp, adv = p.x("log_prob"), p.x("advantages")
+            r, kl = _ratio_block(p, m, clamp=False)
+            kl_sum += kl
+            a, a_pos, a_neg = _signs(p, m)
+            loss = torch.clamp(r, min=lo, out=p.buf("l")).mul_(a_neg)
+            loss.addcmul_(torch.clamp(r, max=hi, out=p.buf("w")), a_pos, value=-1.0)
+            p.row_sum(loss, 0)
+            # candidates: valid, not clipped (z = A r + l <= 0), lb < cov < ub
+            keep = torch.mul(a, r, out=p.buf("w")).add_(loss)
+            keep = torch.le(keep, 0.0, out=p.buf("w")).mul_(m)
+            cov = torch.sub(adv, mean_a, out=p.buf("c")).mul_(torch.sub(lp, mean_lp, out=p.buf("a")))
+            keep.mul_(torch.lt(cov, ub, out=p.buf("a+"))).mul_(torch.gt(cov, lb, out=p.buf("a-")))
+            idx = torch.nonzero(keep)
+            if len(idx):
+                idx[:, 0] += p.s
+                found.append(idx)
+            p.aux_block(m)
+        (rows,) = p.rows()
+    if not math.isfinite(kl_sum):
+        return None
+    candidates = torch.cat(found) if found else torch.empty((0, 2), dtype=torch.long)
+    clip_num = max(int(config.clip_cov_ratio * batch.n_tokens), 1)
+    if len(candidates) > 0:
+        chosen = candidates[torch.randperm(len(candidates))[: min(clip_num, len(candidates))]]
+    else:
+        chosen = candidates
+    if len(chosen):
+        i, j = chosen[:, 0], chosen[:, 1]
+        adv = batch._t("advantages")[i, j]
+        ratio = torch.exp(batch._t("log_prob")[i, j] - batch._t("old_log_prob")[i, j])
+        dropped = torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, lo, hi))
+        row_t = torch.tensor(rows, dtype=batch.dtype).index_add_(0, i, -dropped)
+        rows = row_t.tolist()
+    return _finish(
+        batch,
+        config,
+        rows,
+        pg_clipfrac=_fraction(len(chosen), batch.n_tokens),
+        ppo_kl=_ppo_kl(batch, kl_sum),
+    )
+
+
+def _fused_kl_cov(batch: TokenBatch, config: LossConfig) -> dict[str, float] | None:
+    # l = -A r (no clip, no clamp), + ppo_kl_coef |log r| on the top-k valid tokens by covariance
+    # (A - mean A)(logp - mean logp) over the valid tokens in row-major order (verl's torch.topk, on
+    # the same compacted vectors, so the same tokens and the same means bit for bit)
+    if not config.kl_cov_ratio > 0:
+        raise ValueError("kl_cov_ratio must be > 0 for loss_mode 'kl_cov'")
+    n = batch.n_tokens
+    valid_adv = torch.empty(n, dtype=batch.dtype)
+    valid_lp = torch.empty(n, dtype=batch.dtype)
+    offsets = [0, *torch.cumsum(batch.n_row, 0).tolist()]
+    abs_sum = 0.0
+    with batch._pass(1) as p:
+        p.aux(config)
+        for m in p.blocks():
+            lp, adv = p.x("log_prob"), p.x("advantages")
+            d = torch.sub(lp, p.x("old_log_prob"), out=p.buf("d"))
+            r = torch.exp(d, out=p.buf("r"))
+            abs_sum += float(torch.dot(d.abs_().view(-1), m.view(-1)))
+            p.row_sum(torch.mul(r, adv, out=p.buf("l")).mul_(m), 0)
+            valid = batch.mask[p.s : p.e]
+            start, stop = offsets[p.s], offsets[p.e]
+            torch.masked_select(adv, valid, out=valid_adv[start:stop])
+            torch.masked_select(lp, valid, out=valid_lp[start:stop])
+            p.aux_block(m)
+        (rows,) = p.rows()
+    rows = [-v for v in rows]
+    if n and math.isfinite(abs_sum):
+        cov = (valid_adv - valid_adv.mean()) * (valid_lp - valid_lp.mean())
+        k = max(1, int(len(cov) * config.kl_cov_ratio))
+        large = torch.topk(cov, k, largest=True).indices
+        # flat position of the q-th valid token: the first index where the running count reaches q + 1
+        running = torch.cumsum(batch._mask_u8.reshape(-1), 0, dtype=torch.int64)
+        flat = torch.searchsorted(running, large + 1)
+        i, j = flat // batch.width, flat % batch.width
+        adv = batch._t("advantages")[i, j]
+        d = batch._t("log_prob")[i, j] - batch._t("old_log_prob")[i, j]
+        base = -adv * torch.exp(d)
+        extra = (base + config.ppo_kl_coef * d.abs()) - base
+        rows = torch.tensor(rows, dtype=batch.dtype).index_add_(0, i, extra).tolist()
+    return _finish(batch, config, rows, ppo_kl=abs_sum / _eps_count(n))
+
+
+def _fused_bypass(batch: TokenBatch, config: LossConfig) -> dict[str, float] | None:
+    # ppo_clip: the rollout correction between log_prob and the rollout's log-probs (old_log_prob here),
+    # then vanilla on the mask after rejection (the IS weights are not applied: the clip bounds the ratio)
+    rc = config.rollout_correction_settings
+    if rc["loss_type"] != "ppo_clip":
+        return batch.policy_metrics(config)  # reinforce: verl's op sequence
+    if batch.empty:
+        raise ValueError("response_mask must contain at least one valid token (1).")
+    from .rollout import rollout_correction
+
+    t = batch.tensors
+    _, mask, rollout_metrics = rollout_correction(
+        t["log_prob"],
+        t["old_log_prob"],
+        batch.mask,
+        rollout_is=rc["rollout_is"],
+        rollout_is_threshold=rc["rollout_is_threshold"],
+        rollout_is_batch_normalize=rc["rollout_is_batch_normalize"],
+        rollout_rs=rc["rollout_rs"],
+        rollout_rs_threshold=rc["rollout_rs_threshold"],
+    )
+    if rc["rollout_rs"] is None:
+        pg = _fused_vanilla(batch, config)
+    else:
+        rejected = TokenBatch(
+            log_prob=t["log_prob"],
+            old_log_prob=t["old_log_prob"],
+            advantages=t["advantages"],
+            response_mask=mask,
+        )
+        pg = _fused_vanilla(rejected, config)
+    if pg is None:
+        return None
+    return {**pg, **{k: float(v) for k, v in rollout_metrics.items()}}
 
 
 class _FusedPasses(dict):
@@ -648,10 +1038,18 @@ class _FusedPasses(dict):
 
             self.update(
                 {
+                    pl.compute_policy_loss_vanilla: _fused_vanilla,
                     pl.compute_policy_loss_gpg: _fused_gpg,
                     pl.compute_policy_loss_dro: _fused_dro,
                     pl.compute_policy_loss_cispo: _fused_cispo,
                     pl.compute_policy_loss_gspo: _fused_gspo,
+                    pl.compute_policy_loss_sapo: _fused_sapo,
+                    pl.compute_policy_loss_geo_mean: _fused_geo_mean,
+                    pl.compute_policy_loss_dppo_tv: lambda b, c: _fused_dppo(b, c, binary_kl=False),
+                    pl.compute_policy_loss_dppo_kl: lambda b, c: _fused_dppo(b, c, binary_kl=True),
+                    pl.compute_policy_loss_clip_cov: _fused_clip_cov,
+                    pl.compute_policy_loss_kl_cov: _fused_kl_cov,
+                    pl.compute_policy_loss_bypass_mode: _fused_bypass,
                 }
             )
         return super().get(key, default)

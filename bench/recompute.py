@@ -1,17 +1,19 @@
 """Throughput of ``rlvitals.analyzers.recompute`` vs verl 0.9.1's own loss functions, CPU, one thread.
 
-Both sides compute the same numbers from the same float32 tensors in the same process: the policy
-loss of each ``loss_mode`` with its metrics, the entropy term and the low_var_kl KL term, token-mean,
-ending in python floats. verl's side is its registered policy loss function + ``agg_loss`` +
-``kl_penalty`` exactly as its ``ppo_loss`` calls them. Calls alternate (ours, verl's, verl's, ours,
-...) so both see the same machine load; the table reports medians. For vanilla it also times each
-side in a block of its own ("alone"): alternating with verl costs rlvitals its cache state, which is
-most of the gap between this benchmark and a plain timing. Also times a full ``audit`` (with
-counterfactuals) and a memory copy of the batch's bytes (the bandwidth bound).
+Both sides compute the same numbers from the same float32 tensors in the same process (asserted, rtol
+1e-5 / atol 1e-6, before timing): the policy loss of each ``loss_mode`` with its metrics, the entropy term
+and the low_var_kl KL term, token-mean, ending in python floats. verl's side is its registered policy loss
+function + ``agg_loss`` + ``kl_penalty`` exactly as its ``ppo_loss`` calls them. Calls alternate (ours,
+verl's, verl's, ours, ...) so both see the same machine load; times are the thread's CPU time (wall time
+on a shared machine also counts other processes' time slices); the table reports medians. For vanilla it
+also times each side in a block of its own ("alone") and a full ``audit`` (with counterfactuals). The
+machine's one-thread memory bandwidth comes from a 256 MiB tensor copy; "bandwidth used" is the input
+bytes read once / ``recompute``'s time / that bandwidth. ``--explain`` walks, one change at a time, from a
+plain timing (vanilla alone, scattered 80 % mask, no entropy) to this benchmark's setting.
 
     .venv/bin/python bench/recompute.py                     # rlvitals only
-    PYTHONPATH=.sidenv-src .sidenv/verl/bin/python bench/recompute.py   # side by side (the verl side
-        # env of tests/support/sideenv.py; .sidenv-src maps this checkout onto rlvitals)
+    PYTHONPATH=.sidenv-src <sidenv>/verl/bin/python bench/recompute.py --explain   # side by side (the
+        # verl side env of tests/support/sideenv.py; .sidenv-src maps this checkout onto rlvitals)
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+# CPU time of this thread: on a shared machine wall time also counts the time the scheduler gives
+# other processes, which says nothing about either side (both sides run in this one thread)
+clock = time.thread_time
 SHAPES = ((64, 4096), (8, 16384))
 
 
@@ -108,16 +113,21 @@ def our_config(mode: str):
     )
 
 
-def memcpy_seconds(nbytes: int, repeats: int = 9) -> float:
-    """Median time to copy ``nbytes`` once (read + write): the machine's memory bandwidth, one thread."""
+COPY_BYTES = 256 << 20  # far larger than any cache: the copy streams from and to DRAM
+
+
+def memory_bandwidth(nbytes: int = COPY_BYTES, repeats: int = 7) -> float:
+    """Bytes per second moved (read + written) by one thread copying a ``nbytes`` tensor: the
+    machine's one-thread memory bandwidth (median of ``repeats`` copies, CPU time)."""
     src = torch.ones(nbytes // 4)
     dst = torch.empty_like(src)
+    dst.copy_(src)  # first touch
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = clock()
         dst.copy_(src)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        times.append(clock() - start)
+    return 2 * nbytes / statistics.median(times)
 
 
 def interleaved_timings(fns: list, repeats: int) -> list[list[float]]:
@@ -129,9 +139,9 @@ def interleaved_timings(fns: list, repeats: int) -> list[list[float]]:
     for i in range(repeats):
         order = range(len(fns)) if i % 2 == 0 else reversed(range(len(fns)))
         for j in order:
-            start = time.perf_counter()
+            start = clock()
             fns[j]()
-            times[j].append(time.perf_counter() - start)
+            times[j].append(clock() - start)
     return times
 
 
@@ -139,10 +149,73 @@ def block_timings(fn, repeats: int) -> list[float]:
     fn()
     out = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = clock()
         fn()
-        out.append(time.perf_counter() - start)
+        out.append(clock() - start)
     return out
+
+
+def scattered_batch(batch: int, length: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    """The plain timing's batch: 80 % of the tokens valid, scattered, per-row advantages, no entropy."""
+    t = make_batch(batch, length, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    t["response_mask"] = torch.rand(batch, length, generator=g) < 0.8
+    del t["entropy"]
+    return t
+
+
+def verl_plain(core_algos, actor, t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
+    """The plain timing's verl side: compute_policy_loss_vanilla + kl_penalty + agg_loss, tensors out."""
+    mask = t["response_mask"]
+    pg_loss, metrics = core_algos.compute_policy_loss_vanilla(
+        old_log_prob=t["old_log_prob"],
+        log_prob=t["log_prob"],
+        advantages=t["advantages"],
+        response_mask=mask,
+        loss_agg_mode="token-mean",
+        config=actor,
+    )
+    kld = core_algos.kl_penalty(t["log_prob"], t["ref_log_prob"], "low_var_kl")
+    return pg_loss + 0.001 * core_algos.agg_loss(kld, mask, "token-mean", **actor.global_batch_info), metrics
+
+
+def explain(verl, n: int) -> None:
+    """From the plain timing's setting to the benchmark's, one change at a time, vanilla 64x4096."""
+    from rlvitals.analyzers import recompute
+
+    config, actor = our_config("vanilla"), verl_actor("vanilla")
+    core = verl[0]
+    plain, bench = scattered_batch(64, 4096), make_batch(64, 4096)
+    no_entropy = {k: v for k, v in bench.items() if k != "entropy"}
+    steps = [
+        (
+            "plain: 80 % scattered mask, no entropy, verl's tensors not read, each side alone",
+            plain,
+            "plain",
+            False,
+        ),
+        ("+ verl's metrics read as floats (.item())", plain, "floats", False),
+        ("+ the benchmark's mask (valid prefix, ~62 % valid)", no_entropy, "floats", False),
+        ("+ the entropy term on both sides", bench, "bench", False),
+        ("+ calls alternating (the benchmark)", bench, "bench", True),
+    ]
+    print()
+    print("What the benchmark adds to a plain timing (vanilla, (64, 4096), medians, same run):")
+    print("| setting | rlvitals ms | verl ms | speed-up |")
+    print("|---|---:|---:|---:|")
+    for label, t, side, alternate in steps:
+        ours = lambda t=t: recompute(config, **t)  # noqa: E731
+        if side == "plain":
+            theirs = lambda t=t: verl_plain(core, actor, t)  # noqa: E731
+        elif side == "floats":
+            theirs = lambda t=t: {k: float(v) for k, v in verl_plain(core, actor, t)[1].items()}  # noqa: E731
+        else:
+            theirs = lambda t=t: verl_step(core, actor, t)  # noqa: E731
+        if alternate:
+            a, b = (statistics.median(x) for x in interleaved_timings([ours, theirs], n))
+        else:
+            a, b = statistics.median(block_timings(ours, n)), statistics.median(block_timings(theirs, n))
+        print(f"| {label} | {a * 1e3:.2f} | {b * 1e3:.2f} | {b / a:.2f}× |")
 
 
 def main() -> None:
@@ -150,6 +223,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds; the median over all runs")
     parser.add_argument("--modes", default="all", help="comma-separated loss modes (default: every one)")
+    parser.add_argument(
+        "--explain",
+        action="store_true",
+        help="also time the plain timing's setting step by step (needs verl)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
 
@@ -165,6 +243,11 @@ def main() -> None:
     print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
     if verl is None:
         print("verl 0.9.1 not importable here: rlvitals column only")
+    copy_bw = memory_bandwidth()
+    print(
+        f"memory bandwidth (one thread, {COPY_BYTES >> 20} MiB tensor copy, read + write): "
+        f"{copy_bw / 1e9:.1f} GB/s; bandwidth used = input bytes read once / time / that"
+    )
     print(
         "| shape | loss_mode | rlvitals recompute | verl 0.9.1 | speed-up (medians) | target | bandwidth used |"
     )
@@ -175,7 +258,10 @@ def main() -> None:
         tokens = batch * length
         # the bytes a single pass must read: five float32 inputs and the bool mask
         nbytes = sum(v.numel() * v.element_size() for v in t.values())
-        copy_bw = 2 * nbytes / memcpy_seconds(nbytes)
+        notes.append(
+            f"({batch}, {length}): {nbytes / tokens:.0f} input bytes per token: the bandwidth bound is "
+            f"{copy_bw / nbytes * tokens / 1e6:.0f} M tok/s"
+        )
         for mode in modes:
             config = our_config(mode)
             ours_metrics = recompute(config, **t)
@@ -203,7 +289,7 @@ def main() -> None:
             timings = interleaved_timings(fns, n)
             ours = statistics.median(timings[0])
             ours_col = f"{tokens / ours / 1e6:.1f} M tok/s ({ours * 1e3:.2f} ms)"
-            used = f"{nbytes / ours / copy_bw:.0%} of {copy_bw / 1e9:.1f} GB/s"
+            used = f"{nbytes / ours / copy_bw:.1%}"
             target = "5×" if mode == "vanilla" else "3×"
             if verl is not None:
                 theirs = statistics.median(timings[1])
@@ -229,6 +315,8 @@ def main() -> None:
     print()
     for line in notes:
         print(line)
+    if args.explain and verl is not None:
+        explain(verl, n)
 
 
 if __name__ == "__main__":

@@ -2,8 +2,10 @@
 ``compute_rollout_correction_and_rejection_mask``, CPU, one thread, float32.
 
 Both sides compute the same IS weights, rejection mask and ``rollout_corr/*`` metrics (ending in python
-floats) from the same tensors in the same process. Calls alternate (ours, verl's, verl's, ours, ...) so
-both see the same machine load; the table reports medians and tokens/s (valid and padded tokens alike).
+floats) from the same tensors in the same process; the bench asserts the metrics agree (rtol 1e-5, atol
+1e-6) before timing. Calls alternate (ours, verl's, verl's, ours, ...) so both see the same machine load;
+times are the thread's CPU time (on a shared machine wall time also counts other processes' time
+slices); the table reports medians and tokens/s (valid and padded tokens alike).
 
     .venv/bin/python bench/rollout_correction.py            # rlvitals only
     PYTHONPATH=<rlvitals_path()> <verl side env>/bin/python bench/rollout_correction.py   # side by side
@@ -85,11 +87,17 @@ def main() -> None:
             times: dict[str, list[float]] = {side: [] for side in sides}
             for fn in sides.values():
                 fn()  # warm up
+            if verl is not None:  # same numbers first (float32 tolerances of the golden tests)
+                ours_m, theirs_m = sides["ours"]()[2], sides["verl"]()[2]
+                assert set(ours_m) == set(theirs_m), set(ours_m) ^ set(theirs_m)
+                for key, value in ours_m.items():
+                    other = float(theirs_m[key])
+                    assert abs(value - other) <= 1e-6 + 1e-5 * abs(other), (name, key, value, other)
             for i in range(args.repeats):
                 for side in sorted(sides, reverse=i % 2 == 1):  # alternate who goes first
-                    start = time.perf_counter()
+                    start = time.thread_time()
                     sides[side]()
-                    times[side].append(time.perf_counter() - start)
+                    times[side].append(time.thread_time() - start)
             mine = statistics.median(times["ours"])
             row = f"| {(batch, length)} | {name} | {mine * 1e3:.1f} | {batch * length / mine / 1e6:.1f} |"
             if verl is not None:

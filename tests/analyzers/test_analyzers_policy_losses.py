@@ -288,3 +288,62 @@ def test_from_verl_reads_policy_loss_where_verl_keeps_it_and_round_trips() -> No
         LossConfig(loss_mode="bypass_mode", rollout_correction={"rollout_iss": "token"})
     with pytest.raises(ValueError, match="tau_neg must be a number > 0"):
         LossConfig(tau_neg=0)
+
+
+def _wide_batch(
+    rows: int, width: int, dtype: torch.dtype, *, prefix: bool, strided: bool = False
+) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(rows * width)
+    log_prob = -torch.rand(rows, width, generator=g, dtype=dtype) * 3
+    if prefix:  # valid prefixes of random length, as a trainer pads
+        lengths = torch.randint(0, width + 1, (rows,), generator=g)
+        mask = torch.arange(width)[None, :] < lengths[:, None]
+    else:
+        mask = torch.rand(rows, width, generator=g) < 0.8
+    advantages = torch.randn(rows, 1, generator=g, dtype=dtype).expand(rows, width)
+    return {
+        "log_prob": log_prob,
+        "old_log_prob": log_prob + torch.randn(rows, width, generator=g, dtype=dtype) * 0.3,
+        # strided: per-row advantages as verl broadcasts them (stride 0) and an int64 0/1 mask
+        "advantages": advantages if strided else advantages.contiguous(),
+        "response_mask": mask.to(torch.int64) if strided else mask,
+        "ref_log_prob": log_prob + torch.randn(rows, width, generator=g, dtype=dtype) * 0.1,
+        "entropy": torch.rand(rows, width, generator=g, dtype=dtype) * 2,
+    }
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize(
+    ("rows", "width", "prefix", "strided"),
+    [(30, 500, True, False), (3, 9000, False, False), (21, 700, False, True)],
+)
+def test_the_fused_passes_agree_with_verls_op_sequence_across_row_blocks(
+    rows, width, prefix, strided, dtype, monkeypatch
+) -> None:
+    # the fused passes walk the batch in blocks of whole rows (kernels.BLOCK_ELEMS tokens); with 4096
+    # these shapes give several blocks, a ragged last one, and one row per block (wider than a block);
+    # the reference is verl's op sequence (ppo_loss through each loss's registered function)
+    from rlvitals.analyzers import kernels
+
+    monkeypatch.setattr(kernels, "BLOCK_ELEMS", 4096)
+    tensors = _wide_batch(rows, width, dtype, prefix=prefix, strided=strided)
+    tol = {"rel": 1e-5, "abs": 1e-6} if dtype == torch.float32 else {"rel": 1e-7, "abs": 1e-12}
+    for i, mode in enumerate(LossMode):
+        for agg in (("token-mean", "seq-mean-token-mean")[i % 2], "seq-mean-token-sum-norm"):
+            cfg = LossConfig(
+                loss_mode=mode.value,
+                dro_beta=0.5,
+                loss_agg_mode=agg,
+                use_kl_loss=True,
+                entropy_coeff=0.01,
+                clip_cov_ratio=0.01,
+                kl_cov_ratio=0.01,
+            )
+            torch.manual_seed(3)
+            fused = recompute(cfg, **tensors)
+            torch.manual_seed(3)
+            with torch.no_grad():
+                _, reference = ppo_loss(cfg, **tensors)
+            reference = {k: float(v) for k, v in reference.items()}
+            assert set(fused) == set(reference), (mode, agg)
+            assert fused == pytest.approx(reference, **tol), (mode, agg)
