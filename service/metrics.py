@@ -31,7 +31,9 @@ def _decode(value: float | str | None) -> float | None:
     return float(value)
 
 
-def ingest_many(ctx: Services, items: list[tuple[int, list[StepIn]]]) -> list[dict[str, int] | Exception]:
+def ingest_many(
+    ctx: Services, items: list[tuple[int, list[StepIn]]], *, write=None
+) -> list[dict[str, int] | Exception]:
     """Store the points of several requests in one transaction (group commit): insert-or-ignore,
     feed the health rules, raise/resolve alerts, emit events. One outcome per item, in order:
     ``{"accepted": points, "steps": steps}``, or the exception it alone would have raised
@@ -39,7 +41,8 @@ def ingest_many(ctx: Services, items: list[tuple[int, list[StepIn]]]) -> list[di
 
     An unknown run or an oversized request fails only its own item. Any other failure (the database)
     rolls the whole group back, and each item is then tried alone, so a request never fails because
-    another one shared its transaction. Items are written in run-id order (a stable sort: one run's
+    another one shared its transaction. ``write`` is the transaction to use (default
+    ``ctx.db.write``; the writer thread passes its ``HeldWriter``'s). Items are written in run-id order (a stable sort: one run's
     requests keep their order), so replicas that lock several runs' rows always lock them in the same
     order and never deadlock on each other.
     """
@@ -61,15 +64,16 @@ def ingest_many(ctx: Services, items: list[tuple[int, list[StepIn]]]) -> list[di
         else:
             prepared.append(_prepare(index, run_id, steps))
     prepared.sort(key=lambda p: p.run_id)
+    write = write or ctx.db.write
     if len(prepared) > 1:
         try:
-            _publish(ctx, _write(ctx, prepared, outcomes), outcomes, started)
+            _publish(ctx, _write(ctx, write, prepared, outcomes), outcomes, started)
             return outcomes  # type: ignore[return-value]
         except Exception:
             pass  # rolled back: each alone below
     for p in prepared:
         try:
-            stored = _write(ctx, [p], outcomes)
+            stored = _write(ctx, write, [p], outcomes)
         except Exception as exc:
             outcomes[p.index] = exc
         else:
@@ -153,13 +157,13 @@ class _Stored:
         self.prepared, self.version, self.events, self.changed = prepared, version, events, changed
 
 
-def _write(ctx: Services, group: list[_Prepared], outcomes: list) -> list[_Stored]:
+def _write(ctx: Services, write, group: list[_Prepared], outcomes: list) -> list[_Stored]:
     """Write ``group`` in one transaction; raises (after rolling back) when it fails. An unknown
     run's outcome becomes ``NotFound``, with nothing written for it."""
     now = time.time()
     stored: list[_Stored] = []
     try:
-        with ctx.db.write() as session:
+        with write() as session:
             for p in group:
                 done = _store(ctx, session, p, now)
                 if done is None:

@@ -30,12 +30,12 @@ class Gate:
         self.sizes: list[int] = []
         monkeypatch.setattr(metrics, "ingest_many", self)
 
-    def __call__(self, ctx, items):
+    def __call__(self, ctx, items, **kwargs):
         self.sizes.append(len(items))
         if len(self.sizes) == 1:
             self.entered.set()
             assert self._open.wait(30), "the test never opened the gate"
-        return self.real(ctx, items)
+        return self.real(ctx, items, **kwargs)
 
     def open(self) -> None:
         self._open.set()
@@ -257,3 +257,25 @@ def test_sqlite_writes_reuse_the_connection_that_wrote_last(tmp_path):
         assert all(conn is seen[0] for conn in seen), "writes moved between pooled connections"
     finally:
         db.dispose()
+
+
+def test_held_writer_keeps_its_connection_commits_and_starts_afresh_after_a_failure(api):
+    db = api.services.db
+    run_id = api.create_run("held")
+    held = db.held_writer()
+    try:
+        with held.write() as first:
+            first.exec_driver_sql(f"UPDATE runs SET last_step = 7 WHERE id = {run_id}")
+        with held.write() as second:
+            pass
+        assert second is first  # no checkout (nor pre-ping) per transaction
+        with db.read() as reader:  # committed: another connection sees it
+            assert reader.exec_driver_sql(f"SELECT last_step FROM runs WHERE id = {run_id}").scalar() == 7
+        with pytest.raises(Exception, match="no_such_table"), held.write() as failing:
+            failing.exec_driver_sql(f"UPDATE runs SET last_step = 8 WHERE id = {run_id}")
+            failing.exec_driver_sql("SELECT * FROM no_such_table")
+        with held.write() as after:
+            assert after is not first  # the failed one was dropped
+            assert after.exec_driver_sql(f"SELECT last_step FROM runs WHERE id = {run_id}").scalar() == 7
+    finally:
+        held.close()
