@@ -203,16 +203,36 @@ def _store(ctx: Services, session, p: _Prepared, now: float) -> _Stored | None:
         return run_cache["row"]
 
     version: int | None = None
-    if newest is not None:
-        exists = repo.advance_run(session=session, run_id=run_id, last_step=newest, now=now)
-        if exists and ctx.columns is not None and ctx.columns.holds(run_id):
-            version = repo.data_version(session=session, run_id=run_id)
+    locked: dict[str, Any] = {}
+    if newest is not None and ctx.db.is_postgresql and not ctx.health.deferred:
+        # One round trip for the run's row, the health state's lock and, once this process knows the
+        # run's metric names, the points (the names are checked first then: a refusal rolls the
+        # whole transaction back, whatever order it was written in).
+        names_known = not ctx.settings.max_metric_names_per_run or run_id in ctx.run_names
+        if names_known:
+            _check_names(ctx, session, p)
+        advanced = repo.advance_run_locked(
+            session=session, run_id=run_id, last_step=newest, now=now, rows=p.rows if names_known else None
+        )
+        if advanced is None:
+            return None
+        if ctx.columns is not None and ctx.columns.holds(run_id):
+            version = advanced[0]
+        locked["locked_version"] = advanced[1]
+        if not names_known:
+            _check_names(ctx, session, p)
+            repo.add_points(session=session, rows=p.rows)
     else:
-        exists = repo.run_exists(session=session, run_id=run_id)
-    if not exists:
-        return None
-    _check_names(ctx, session, p)
-    repo.add_points(session=session, rows=p.rows)
+        if newest is not None:
+            exists = repo.advance_run(session=session, run_id=run_id, last_step=newest, now=now)
+            if exists and ctx.columns is not None and ctx.columns.holds(run_id):
+                version = repo.data_version(session=session, run_id=run_id)
+        else:
+            exists = repo.run_exists(session=session, run_id=run_id)
+        if not exists:
+            return None
+        _check_names(ctx, session, p)
+        repo.add_points(session=session, rows=p.rows)
     observation = ctx.health.update(
         session=session,
         run_id=run_id,
@@ -220,6 +240,7 @@ def _store(ctx: Services, session, p: _Prepared, now: float) -> _Stored | None:
         observe=_observer(p),
         now=now,
         signals=_signals(p.by_step[newest]) if newest is not None else None,
+        **locked,
     )
     if observation is None:  # deleted since advance_run saw it: roll back
         raise NotFound(f"run {run_id} does not exist")
