@@ -9,7 +9,10 @@ gets the same workload in the same run (one run, 12 metrics per step, PPO/GRPO-l
 4. history:    every point of one metric, and of all 12, over the 20,000 batched steps (median of up
                to 5 repeats, fewer once a server's reads pass the time cap; every answer is counted
                and must hold all 20,000 points per metric);
-5. memory:     peak RSS (sampled every 0.5 s) summed over the server's process tree (supervisor + workers), and PSS.
+5. memory:     peak RSS (sampled every 0.5 s) summed over the server's process tree (supervisor + workers), and PSS;
+6. ceiling:    SQLite's own insert rate for the same rows (executemany + commit per request, no server,
+               ``_ceiling.py``), and where one rlvitals request's time goes (parse, health rules, insert,
+               the rest of the transaction), timed in this process with the server's code.
 
 All servers are started first and stay up; each phase then runs in ``--rounds`` interleaved rounds
 (each a slice of the phase's requests, the servers taking turns in a rotating order), so a
@@ -56,6 +59,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _ceiling import breakdown, sqlite_ceiling
 from _peers import Conn, Mlflow, Rlvitals, RunRef, Step, Target, Trackio
 from _phases import Phase, Round, chunks, keepalive_probe, run_concurrent, run_sequential, send, timed_history
 from _report import render
@@ -484,7 +488,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             shutil.rmtree(root, ignore_errors=True)
     load_after = os.getloadavg()
-    report = render(results, work, len(METRIC_NAMES))
+    log("measuring SQLite's own insert rate and where a request's time goes (in this process)")
+    floor = {
+        "ceiling": {
+            "per_step": sqlite_ceiling(make_steps(work.per_step, seed=1), 1),
+            "batched": sqlite_ceiling(make_steps(work.batched_steps, seed=2), work.batch),
+        },
+        "breakdown": {
+            "per_step": breakdown(make_steps(min(work.per_step, 1_000), seed=1), 1),
+            "batched": breakdown(make_steps(min(work.batched_steps, 5_000), seed=2), work.batch),
+        },
+    }
+    report = render(results, work, len(METRIC_NAMES), floor)
     print(report)
     print(f"\nMachine: {os.cpu_count()} CPUs; load average (1 min) {load_before[0]:.1f} before, "
           f"{load_after[0]:.1f} after.")  # fmt: skip
@@ -492,7 +507,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         meta = {"workload": asdict(work), "metrics": METRIC_NAMES, "cpus": os.cpu_count(),
                 "python": sys.version.split()[0], "seconds": round(time.monotonic() - started_at, 1),
                 "loadavg_before": load_before, "loadavg_after": load_after}  # fmt: skip
-        args.json.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+        args.json.write_text(json.dumps({"meta": meta, "results": results, **floor}, indent=2))
     log(f"done in {time.monotonic() - started_at:.0f}s")
     return 0
 

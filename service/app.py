@@ -115,7 +115,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        await run_in_threadpool(services.db.migrate)
+        await run_in_threadpool(lambda: services.db.migrate(isolated=True))
         services.bus.on_job(
             lambda kind: services.audits.wake() if kind == "audit" else services.webhooks.wake()
         )

@@ -97,11 +97,11 @@ def _settings(args: argparse.Namespace):
     return Settings(**{k: v for k, v in flags.items() if v is not None})
 
 
-def _database(settings):
+def _database(settings, *, isolated: bool = False):
     from rlvitals.service.storage.database import Database
 
     db = Database(settings.resolved_database_url, pool_size=2)
-    db.migrate()
+    db.migrate(isolated=isolated)
     return db
 
 
@@ -144,7 +144,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"rlvitals serve: invalid health rule settings: {exc}", file=sys.stderr)
         return 2
     try:
-        db = _database(settings)
+        db = _database(settings, isolated=True)  # the server itself never imports Alembic
     except SQLAlchemyError as exc:
         url = settings.resolved_database_url.split("@")[-1]
         print(f"rlvitals serve: cannot open the database (...@{url}): {exc.__class__.__name__}: "

@@ -22,6 +22,7 @@ unreachable or locked -> 503 ``unavailable`` with Retry-After (clients retry), a
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -203,11 +204,10 @@ def _database_errors() -> tuple[tuple[type[BaseException], ...], tuple[type[Base
         sa_exc.TimeoutError,
         sqlite3.OperationalError,
     ]
-    try:
-        import psycopg
-
+    # Loaded by then when the database is PostgreSQL (the engine imports its driver); on SQLite its
+    # ~10 MiB would be imported for nothing.
+    psycopg = sys.modules.get("psycopg")
+    if psycopg is not None:
         refused.append(psycopg.DataError)
         unavailable.append(psycopg.OperationalError)
-    except ImportError:  # SQLite-only install
-        pass
     return tuple(refused), tuple(unavailable)

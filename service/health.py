@@ -78,6 +78,10 @@ def run_rule_overrides(config: Mapping[str, Any] | None) -> dict[str, dict[str, 
     return {str(k): dict(v) for k, v in rules.items()}
 
 
+class _Unread:
+    """``HealthEngine.update(locked_version=...)`` not given: read the version there."""
+
+
 @dataclass
 class _Cached:
     version: int
@@ -201,6 +205,7 @@ class HealthEngine:
         observe: Callable[[Any, dict[str, Any]], tuple[list, dict[str, Any]]],
         now: float,
         signals: Mapping[str, Any] | None = None,
+        locked_version: int | type[_Unread] | None = _Unread,
     ) -> Observation | None:
         """Apply ``observe(monitor, cursor) -> (findings, new_cursor)`` to the run's monitor.
 
@@ -208,12 +213,17 @@ class HealthEngine:
         metric names it saw at that step}``; ``observe`` feeds only newer steps and names not yet
         seen at the newest step, so resent or late points never count twice. Returns ``None`` when the run
         does not exist. ``run_config`` is only called when the monitor must be rebuilt. Callers whose
-        transaction fails afterwards call ``discard(run_id)``.
+        transaction fails afterwards call ``discard(run_id)``. ``locked_version``: the stored
+        version the caller already read under the row lock (``repo.advance_run_locked``), ``None``
+        when that read found no state row; by default it is read here.
         """
         with self._lock:
             cached = self._cache.pop(run_id, None)
         if not (self.deferred and cached is not None):
-            version = repo.health_version(session=session, run_id=run_id, lock=not self.deferred)
+            if locked_version is _Unread:
+                version = repo.health_version(session=session, run_id=run_id, lock=not self.deferred)
+            else:
+                version = locked_version  # type: ignore[assignment]
             if version is None:
                 return None
             if cached is None or cached.version != version:

@@ -9,7 +9,6 @@ import math
 import time
 from typing import Any
 
-import numpy as np
 import orjson
 from rlvitals.analyzers.batch_rules import NON_FINITE
 from rlvitals.service.alerts import apply_findings
@@ -32,7 +31,9 @@ def _decode(value: float | str | None) -> float | None:
     return float(value)
 
 
-def ingest_many(ctx: Services, items: list[tuple[int, list[StepIn]]]) -> list[dict[str, int] | Exception]:
+def ingest_many(
+    ctx: Services, items: list[tuple[int, list[StepIn]]], *, write=None
+) -> list[dict[str, int] | Exception]:
     """Store the points of several requests in one transaction (group commit): insert-or-ignore,
     feed the health rules, raise/resolve alerts, emit events. One outcome per item, in order:
     ``{"accepted": points, "steps": steps}``, or the exception it alone would have raised
@@ -40,7 +41,8 @@ def ingest_many(ctx: Services, items: list[tuple[int, list[StepIn]]]) -> list[di
 
     An unknown run or an oversized request fails only its own item. Any other failure (the database)
     rolls the whole group back, and each item is then tried alone, so a request never fails because
-    another one shared its transaction. Items are written in run-id order (a stable sort: one run's
+    another one shared its transaction. ``write`` is the transaction to use (default
+    ``ctx.db.write``; the writer thread passes its ``HeldWriter``'s). Items are written in run-id order (a stable sort: one run's
     requests keep their order), so replicas that lock several runs' rows always lock them in the same
     order and never deadlock on each other.
     """
@@ -62,15 +64,16 @@ def ingest_many(ctx: Services, items: list[tuple[int, list[StepIn]]]) -> list[di
         else:
             prepared.append(_prepare(index, run_id, steps))
     prepared.sort(key=lambda p: p.run_id)
+    write = write or ctx.db.write
     if len(prepared) > 1:
         try:
-            _publish(ctx, _write(ctx, prepared, outcomes), outcomes, started)
+            _publish(ctx, _write(ctx, write, prepared, outcomes), outcomes, started)
             return outcomes  # type: ignore[return-value]
         except Exception:
             pass  # rolled back: each alone below
     for p in prepared:
         try:
-            stored = _write(ctx, [p], outcomes)
+            stored = _write(ctx, write, [p], outcomes)
         except Exception as exc:
             outcomes[p.index] = exc
         else:
@@ -154,13 +157,13 @@ class _Stored:
         self.prepared, self.version, self.events, self.changed = prepared, version, events, changed
 
 
-def _write(ctx: Services, group: list[_Prepared], outcomes: list) -> list[_Stored]:
+def _write(ctx: Services, write, group: list[_Prepared], outcomes: list) -> list[_Stored]:
     """Write ``group`` in one transaction; raises (after rolling back) when it fails. An unknown
     run's outcome becomes ``NotFound``, with nothing written for it."""
     now = time.time()
     stored: list[_Stored] = []
     try:
-        with ctx.db.write() as session:
+        with write() as session:
             for p in group:
                 done = _store(ctx, session, p, now)
                 if done is None:
@@ -200,16 +203,36 @@ def _store(ctx: Services, session, p: _Prepared, now: float) -> _Stored | None:
         return run_cache["row"]
 
     version: int | None = None
-    if newest is not None:
-        exists = repo.advance_run(session=session, run_id=run_id, last_step=newest, now=now)
-        if exists and ctx.columns is not None and ctx.columns.holds(run_id):
-            version = repo.data_version(session=session, run_id=run_id)
+    locked: dict[str, Any] = {}
+    if newest is not None and ctx.db.is_postgresql and not ctx.health.deferred:
+        # One round trip for the run's row, the health state's lock and, once this process knows the
+        # run's metric names, the points (the names are checked first then: a refusal rolls the
+        # whole transaction back, whatever order it was written in).
+        names_known = not ctx.settings.max_metric_names_per_run or run_id in ctx.run_names
+        if names_known:
+            _check_names(ctx, session, p)
+        advanced = repo.advance_run_locked(
+            session=session, run_id=run_id, last_step=newest, now=now, rows=p.rows if names_known else None
+        )
+        if advanced is None:
+            return None
+        if ctx.columns is not None and ctx.columns.holds(run_id):
+            version = advanced[0]
+        locked["locked_version"] = advanced[1]
+        if not names_known:
+            _check_names(ctx, session, p)
+            repo.add_points(session=session, rows=p.rows)
     else:
-        exists = repo.run_exists(session=session, run_id=run_id)
-    if not exists:
-        return None
-    _check_names(ctx, session, p)
-    repo.add_points(session=session, rows=p.rows)
+        if newest is not None:
+            exists = repo.advance_run(session=session, run_id=run_id, last_step=newest, now=now)
+            if exists and ctx.columns is not None and ctx.columns.holds(run_id):
+                version = repo.data_version(session=session, run_id=run_id)
+        else:
+            exists = repo.run_exists(session=session, run_id=run_id)
+        if not exists:
+            return None
+        _check_names(ctx, session, p)
+        repo.add_points(session=session, rows=p.rows)
     observation = ctx.health.update(
         session=session,
         run_id=run_id,
@@ -217,6 +240,7 @@ def _store(ctx: Services, session, p: _Prepared, now: float) -> _Stored | None:
         observe=_observer(p),
         now=now,
         signals=_signals(p.by_step[newest]) if newest is not None else None,
+        **locked,
     )
     if observation is None:  # deleted since advance_run saw it: roll back
         raise NotFound(f"run {run_id} does not exist")
@@ -450,6 +474,8 @@ def downsample(
     spike always survives. A non-finite value (NaN / ±Infinity) is the most extreme thing a bucket can
     hold, so it is kept in place of the less extreme of the two. Missing values (null) are dropped
     unless a whole bucket is null."""
+    import numpy as np  # only for downsampled reads: a server that ingests never loads it (~12 MiB)
+
     n = len(points)
     per_bucket = 2 if max_points >= 2 else 1
     buckets = max(1, max_points // per_bucket)

@@ -20,14 +20,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
 from rlvitals.service.settings import Settings
 from rlvitals.service.storage import repository as repo
 from rlvitals.service.storage.database import Database
 from rlvitals.service.telemetry import Telemetry
 from rlvitals.service.workers import WorkerThreads
+
+if TYPE_CHECKING:
+    import httpx
 
 log = logging.getLogger("rlvitals.service.webhooks")
 
@@ -115,6 +117,8 @@ class WebhookSender(WorkerThreads):
             event.set()
 
     def _run(self, url: str) -> None:
+        import httpx  # only with a webhook configured (~5 MiB)
+
         with httpx.Client(timeout=self.settings.webhook_timeout, follow_redirects=False) as client:
             while not self._stop.is_set():
                 try:
@@ -148,6 +152,8 @@ class WebhookSender(WorkerThreads):
             wake.clear()
 
     def _send(self, client: httpx.Client, delivery: dict[str, Any]) -> None:
+        import httpx
+
         attempt_no = delivery["attempts"] + 1
         started = time.perf_counter()
         status_code: int | None = None

@@ -95,19 +95,23 @@ class IngestWriter:
             return group
 
     def _run(self) -> None:
+        held = self.services.db.held_writer()
         try:
             while (group := self._take()) is not None:
-                self._write(group)
-        finally:  # normally _take already let go; this covers a thread dying of a bug
+                self._write(group, held.write)
+        finally:
+            held.close()  # normally _take already let go; this covers a thread dying of a bug
             with self._cond:
                 if self._thread is threading.current_thread():
                     self._thread = None
                     if self._queue:
                         self._start()
 
-    def _write(self, group: list[_Item]) -> None:
+    def _write(self, group: list[_Item], write) -> None:
         try:
-            outcomes: list[Any] = metrics.ingest_many(self.services, [(i[0], i[1]) for i in group])
+            outcomes: list[Any] = metrics.ingest_many(
+                self.services, [(i[0], i[1]) for i in group], write=write
+            )
         except Exception as exc:  # a bug, not a database error (those come back per item)
             log.exception("ingest group failed")
             outcomes = [exc] * len(group)

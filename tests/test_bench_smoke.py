@@ -49,6 +49,7 @@ def test_ingest_bench_runs_rlvitals_quick(tmp_path):
         "--peer-venvs", str(tmp_path), timeout=380,
     )  # fmt: skip
     assert "rlvitals" in out and "pts/s" in out
+    assert "SQLite alone (the ceiling" in out and "| 100 steps (1,200 points) |" in out  # issue 13
 
 
 def test_upload_bench_prints_its_table():

@@ -9,9 +9,13 @@ statements, so the ORM session's bookkeeping would be pure overhead on the inges
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext, suppress
 from pathlib import Path
 
 from sqlalchemy import create_engine, event, text
@@ -88,7 +92,9 @@ class Database:
 
         @event.listens_for(engine, "begin")
         def _on_begin(conn):
-            conn.exec_driver_sql(begin)
+            # On the driver connection: the same statement without SQLAlchemy's execution machinery
+            # (events, result wrapping), which cost as much as the BEGIN itself on the per-step path.
+            conn.connection.driver_connection.execute(begin)
 
         return engine
 
@@ -102,14 +108,28 @@ class Database:
             with self.engine.begin() as conn:
                 yield conn
 
+    def held_writer(self) -> HeldWriter:
+        """A ``write()`` that keeps its connection between transactions (for one thread's use)."""
+        return HeldWriter(self)
+
     @contextmanager
     def read(self) -> Iterator[Connection]:
         """A read-only transaction (rolled back at the end)."""
         with self.read_engine.connect() as conn:
             yield conn
 
-    def migrate(self) -> None:
-        """Bring the schema to the newest Alembic revision (runs at server start)."""
+    def migrate(self, *, isolated: bool = False) -> None:
+        """Bring the schema to the newest Alembic revision (runs at server start).
+
+        ``isolated`` (the server's start): nothing to do when the database is at the newest revision
+        already (one query), else the migration runs in a child process, so the server never imports
+        Alembic (~10 MiB it would keep for nothing). Should the child fail, the migration runs here,
+        so its error is raised as it always was."""
+        if isolated:
+            if self.at_head():
+                return
+            if not self._memory and _migrate_in_child(self.url.render_as_string(hide_password=False)):
+                return
         from alembic import command
         from alembic.config import Config
 
@@ -122,6 +142,16 @@ class Database:
                 conn.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": _MIGRATION_LOCK_ID})
             cfg.attributes["connection"] = conn
             command.upgrade(cfg, "head")
+
+    def at_head(self) -> bool:
+        """Whether the schema is at the newest revision of ``migrations/versions`` (read without Alembic)."""
+        head = head_revision()
+        try:
+            with self.read_engine.connect() as conn:
+                stamped = [row[0] for row in conn.exec_driver_sql("SELECT version_num FROM alembic_version")]
+        except Exception:  # no version table yet (a new database), or none readable: migrate
+            return False
+        return head is not None and stamped == [head]
 
     def checkpoint(self) -> None:
         """SQLite: copy the WAL back into the database file (PASSIVE: never waits for, nor blocks,
@@ -145,3 +175,71 @@ class Database:
         self.engine.dispose()
         if self.read_engine is not self.engine:
             self.read_engine.dispose()
+
+
+_REVISION = re.compile(r"^(down_revision|revision)\s*=\s*[\"']([^\"']+)[\"']", re.MULTILINE)
+
+
+def head_revision() -> str | None:
+    """The newest revision in ``migrations/versions`` (the one no other revision builds on), read
+    from the files' ``revision`` / ``down_revision`` lines; ``None`` if that is not one revision."""
+    revisions: set[str] = set()
+    parents: set[str] = set()
+    for path in (MIGRATIONS_DIR / "versions").glob("*.py"):
+        for key, value in _REVISION.findall(path.read_text()):
+            (revisions if key == "revision" else parents).add(value)
+    heads = revisions - parents
+    return heads.pop() if len(heads) == 1 else None
+
+
+_MIGRATE_CHILD = (
+    "import sys; from rlvitals.service.storage.database import Database as D; D(sys.argv[1]).migrate()"
+)
+
+
+def _migrate_in_child(url: str) -> bool:
+    """Run the migration in a fresh interpreter (same ``sys.path``); whether it succeeded."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _MIGRATE_CHILD, url],
+            env=env,
+            capture_output=True,
+            timeout=600,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 0
+
+
+class HeldWriter:
+    """``Database.write()`` on one connection kept checked out between transactions: the ingest
+    writer thread commits a group every few hundred microseconds, and a pool checkout and check-in
+    per group (on PostgreSQL also the pre-ping, a round trip) cost more than its BEGIN. A connection
+    that failed is dropped, so the next transaction starts on a fresh (pinged) one. Only the thread
+    that owns it may use it; ``close()`` gives the connection back to the pool."""
+
+    def __init__(self, db: Database):
+        self.db = db
+        self._conn: Connection | None = None
+
+    @contextmanager
+    def write(self) -> Iterator[Connection]:
+        with self.db._write_lock or nullcontext():
+            conn = self._conn
+            if conn is None or conn.closed or conn.invalidated:
+                conn = self._conn = self.db.engine.connect()
+            try:
+                with conn.begin():
+                    yield conn
+            except BaseException:
+                # Whatever failed (the database, a bug, a rule), start the next group afresh.
+                self.close()
+                raise
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with suppress(Exception):  # the connection is gone already: the pool discards it
+                conn.close()

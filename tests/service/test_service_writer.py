@@ -30,12 +30,12 @@ class Gate:
         self.sizes: list[int] = []
         monkeypatch.setattr(metrics, "ingest_many", self)
 
-    def __call__(self, ctx, items):
+    def __call__(self, ctx, items, **kwargs):
         self.sizes.append(len(items))
         if len(self.sizes) == 1:
             self.entered.set()
             assert self._open.wait(30), "the test never opened the gate"
-        return self.real(ctx, items)
+        return self.real(ctx, items, **kwargs)
 
     def open(self) -> None:
         self._open.set()
@@ -87,7 +87,15 @@ def test_a_failing_request_does_not_sink_its_group(api, monkeypatch):
             raise sqlite3.OperationalError("disk I/O error (injected)")
         return real_add(session=session, rows=rows)
 
+    real_advance = repo.advance_run_locked
+
+    def advance_run_locked(*, session, run_id, rows=None, **kwargs):  # PostgreSQL: points go in here
+        if rows and run_id == broken:
+            raise sqlite3.OperationalError("disk I/O error (injected)")
+        return real_advance(session=session, run_id=run_id, rows=rows, **kwargs)
+
     monkeypatch.setattr(repo, "add_points", add_points)
+    monkeypatch.setattr(repo, "advance_run_locked", advance_run_locked)
     gate = Gate(monkeypatch)
     rest = [(run_id, _steps(1)) for run_id in runs[1:]]
     outcomes = api._call(_queued_behind_first(api, gate, (runs[0], _steps(1)), rest))
@@ -95,6 +103,7 @@ def test_a_failing_request_does_not_sink_its_group(api, monkeypatch):
     assert gate.sizes == [1, 3]
     assert [type(o).__name__ for o in outcomes] == ["dict", "dict", "OperationalError", "dict"]
     monkeypatch.setattr(repo, "add_points", real_add)
+    monkeypatch.setattr(repo, "advance_run_locked", real_advance)
     for run_id in runs:
         series = api.get(f"/api/v1/runs/{run_id}/metrics", params={"max_points": 0}).json()["series"]
         assert series["actor/ppo_kl"]["step"] == ([0] if run_id == broken else [0, 1])
@@ -107,14 +116,18 @@ def test_a_database_error_over_http_keeps_the_error_shape(api, monkeypatch):
     run_id = api.create_run()
     real_add = repo.add_points
 
-    def add_points(*, session, rows):
+    real_advance = repo.advance_run_locked
+
+    def add_points(*, session, rows, **kwargs):  # also stands for advance_run_locked (PostgreSQL)
         raise sqlite3.OperationalError("database is locked (injected)")
 
     monkeypatch.setattr(repo, "add_points", add_points)
+    monkeypatch.setattr(repo, "advance_run_locked", add_points)
     response = api.log(run_id, [{"step": 1, "metrics": {"a": 1.0}}])
     assert response.status_code == 503, response.text
     assert response.json()["error"]["code"] == "unavailable" and response.headers["retry-after"] == "1"
     monkeypatch.setattr(repo, "add_points", real_add)
+    monkeypatch.setattr(repo, "advance_run_locked", real_advance)
     assert api.log(run_id, [{"step": 1, "metrics": {"a": 1.0}}]).json() == {"accepted": 1, "steps": 1}
 
 
@@ -257,3 +270,25 @@ def test_sqlite_writes_reuse_the_connection_that_wrote_last(tmp_path):
         assert all(conn is seen[0] for conn in seen), "writes moved between pooled connections"
     finally:
         db.dispose()
+
+
+def test_held_writer_keeps_its_connection_commits_and_starts_afresh_after_a_failure(api):
+    db = api.services.db
+    run_id = api.create_run("held")
+    held = db.held_writer()
+    try:
+        with held.write() as first:
+            first.exec_driver_sql(f"UPDATE runs SET last_step = 7 WHERE id = {run_id}")
+        with held.write() as second:
+            pass
+        assert second is first  # no checkout (nor pre-ping) per transaction
+        with db.read() as reader:  # committed: another connection sees it
+            assert reader.exec_driver_sql(f"SELECT last_step FROM runs WHERE id = {run_id}").scalar() == 7
+        with pytest.raises(Exception, match="no_such_table"), held.write() as failing:
+            failing.exec_driver_sql(f"UPDATE runs SET last_step = 8 WHERE id = {run_id}")
+            failing.exec_driver_sql("SELECT * FROM no_such_table")
+        with held.write() as after:
+            assert after is not first  # the failed one was dropped
+            assert after.exec_driver_sql(f"SELECT last_step FROM runs WHERE id = {run_id}").scalar() == 7
+    finally:
+        held.close()
