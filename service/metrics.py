@@ -348,6 +348,8 @@ def _wall_times(kept: list[int], steps: list[int], walls: list) -> list:
         return walls
     if not steps:
         return [None] * len(kept)
+    import numpy as np  # downsampled reads only (see _series)
+
     index = np.searchsorted(np.asarray(steps, dtype=np.int64), np.asarray(kept, dtype=np.int64))
     index = np.minimum(index, len(steps) - 1).tolist()
     return [walls[i] if steps[i] == step else None for i, step in zip(index, kept, strict=True)]
