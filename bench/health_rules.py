@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.machinery
 import importlib.util
 import json
 import math
@@ -89,10 +90,16 @@ def load_health(ref: str) -> object:
     ).stdout.strip()
     target = Path(tempfile.mkdtemp(prefix=f"health_{sha}_"))
     archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", sha, "analyzers/health"], check=True, capture_output=True
+        ["git", "-C", str(ROOT), "archive", sha, "analyzers"], check=True, capture_output=True
     ).stdout
     subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True)
-    name = f"_health_at_{sha}"
+    # the health package under a parent of its own, so its relative imports of the rest of analyzers/
+    # (``..batch_rules``) resolve to the same revision's files; only what it imports is loaded
+    parent = f"_analyzers_at_{sha}"
+    package = importlib.util.module_from_spec(importlib.machinery.ModuleSpec(parent, None, is_package=True))
+    package.__path__ = [str(target / "analyzers")]
+    sys.modules[parent] = package
+    name = f"{parent}.health"
     spec = importlib.util.spec_from_file_location(
         name, target / "analyzers" / "health" / "__init__.py", submodule_search_locations=[]
     )
