@@ -34,9 +34,10 @@ def test_demo_serves_trains_both_presets_and_reports_alerts(tmp_path):
     assert switch == 13
     onsets = [int(s) for s in re.findall(r"\) from step (\d+):", unstable)]
     assert onsets and all(switch <= s < 25 for s in onsets), onsets
-    # the deliberate mismatch, explained: the trainer reported another aggregation mode
+    # the deliberate mismatch, explained in the alert's one-sentence summary: the trainer reported another
+    # aggregation mode
     assert "audit_mismatch" in unstable
-    assert "Reported pg_loss equals seq-mean-token-mean; config says token-mean" in unstable
+    assert "reported pg_loss equals seq-mean-token-mean; config says token-mean" in unstable
     delivered = re.findall(r"(\d+)/(\d+) points", text)
     assert len(delivered) == 2 and all(sent == total for sent, total in delivered), delivered
     # --no-serve-forever: the server is gone once the command returns
