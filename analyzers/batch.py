@@ -246,8 +246,8 @@ def audit_batch(
     total checked) and, with ``histograms=True``, the dashboard's histograms.
 
     The ``algorithm`` and ``distillation`` sections come from the batch config, else from ``run_config``
-    (verl's ``algorithm.*`` / ``distillation.*`` of the run; verl's distillation defaults without either). A mismatch in any check fails the result (``ok`` False) and adds to
-    its explanation. With rollout correction (not in ``bypass_mode``) the loss is audited on the mask
+    (verl's ``algorithm.*`` / ``distillation.*`` of the run; verl's distillation defaults without
+    either). A mismatch in any check fails the result (``ok`` False) and adds to its explanation. With rollout correction (not in ``bypass_mode``) the loss is audited on the mask
     after rejection, weighted by the IS weights, as verl's actor trains (the recomputed weights when
     the trainer did not send the ones it applied).
     """
