@@ -152,8 +152,8 @@ def _config_json(config: Any) -> str:
 def _parsed_config(data: dict[str, Any]) -> dict[str, Any]:
     """A config mapping through the batch contract's one parse (``parse_config``: verl's actor
     section, or a TRL batch's settings, plus verl's ``algorithm`` and ``distillation`` sections), as the
-    server will read it;
-    misuse (bad values) raises here, in the caller. Without torch the server validates instead."""
+    server will read it; misuse (bad values) raises here, in the caller. Without torch the server
+    validates instead."""
     try:
         from rlvitals.analyzers.batch import ConfigError, parse_config, parse_distillation
 
