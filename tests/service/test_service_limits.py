@@ -52,10 +52,8 @@ def test_audit_tokens_per_batch_are_capped(app_client, tmp_path):
     assert refused.status_code == 413 and "max_audit_tokens" in refused.json()["error"]["message"]
 
 
-def test_concurrent_uploads_and_their_bytes_are_capped(app_client, tmp_path):
-    api = app_client(f"sqlite:///{tmp_path}/u.db", max_concurrent_uploads=1, max_upload_bytes_in_flight=4096)
-    run_id = api.create_run()
-    body = make_batch(0)
+def _upload_beside_a_slow_one(api, run_id, body):
+    """(slow, second): an upload whose body is still arriving, and a whole one sent while it is held."""
     release = asyncio.Event()
 
     async def slow_body():  # an upload whose body is still arriving
@@ -75,7 +73,13 @@ def test_concurrent_uploads_and_their_bytes_are_capped(app_client, tmp_path):
         release.set()
         return await first, second
 
-    first, second = api._call(scenario())
+    return api._call(scenario())
+
+
+def test_concurrent_uploads_and_their_bytes_are_capped(app_client, tmp_path):
+    api = app_client(f"sqlite:///{tmp_path}/u.db", max_concurrent_uploads=1, max_upload_bytes_in_flight=4096)
+    run_id = api.create_run()
+    first, second = _upload_beside_a_slow_one(api, run_id, make_batch(0))
     assert second.status_code == 429 and "max_concurrent_uploads" in second.json()["error"]["message"]
     assert int(second.headers["retry-after"]) >= 1
     assert first.status_code == 202, first.text
@@ -217,26 +221,7 @@ def test_uploads_past_their_bytes_in_flight_get_429(app_client, tmp_path):
     api = app_client(f"sqlite:///{tmp_path}/b.db", max_concurrent_uploads=5,
                      max_upload_bytes_in_flight=len(body) + 100)  # fmt: skip
     run_id = api.create_run()
-    release = asyncio.Event()
-
-    async def slow_body():
-        yield body[:100]
-        await release.wait()
-        yield body[100:]
-
-    async def scenario():
-        url = f"/api/v1/runs/{run_id}/batches"
-        headers = {**OCTET, "content-length": str(len(body))}
-        first = asyncio.ensure_future(api.client.post(url, content=slow_body(), headers=headers))
-        for _ in range(100):
-            if api.app.state.uploads.uploads:
-                break
-            await asyncio.sleep(0.01)
-        second = await api.client.post(url, content=body, headers=OCTET)  # one upload, but 2x the bytes
-        release.set()
-        return await first, second
-
-    first, second = api._call(scenario())
+    first, second = _upload_beside_a_slow_one(api, run_id, body)  # one upload, but 2x the bytes
     assert second.status_code == 429, second.text
     assert "max_upload_bytes_in_flight" in second.json()["error"]["message"]
     assert first.status_code == 202, first.text
