@@ -10,6 +10,8 @@
 
 FROM python:3.11-slim AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+# a C compiler for the audit's compiled token passes (analyzers/csrc); the runtime image needs none
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
 RUN python -m venv /opt/rlvitals
 ENV PATH=/opt/rlvitals/bin:$PATH
 # CPU torch first: an unpinned torch would pull a multi-GB CUDA build.
@@ -22,7 +24,8 @@ COPY client ./client
 COPY service ./service
 # setup.py maps rlvitals.examples to examples/ (`rlvitals demo` runs the tiny trainer from the wheel).
 COPY examples ./examples
-RUN pip install ".[server]" && rlvitals --help >/dev/null
+RUN pip install ".[server]" && rlvitals --help >/dev/null \
+    && python -c "from rlvitals.analyzers import native; assert native.module(), native.STATUS"
 
 FROM python:3.11-slim
 RUN useradd --system --uid 10001 --home-dir /var/lib/rlvitals --create-home rlvitals

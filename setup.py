@@ -5,7 +5,10 @@ examples/ -> rlvitals.examples (so `rlvitals demo` works from a wheel),
 src/rlvitals/ -> rlvitals. Subpackages are found automatically.
 """
 
-from setuptools import find_packages, setup
+import hashlib
+from pathlib import Path
+
+from setuptools import Extension, find_packages, setup
 
 ROOTS = {
     "rlvitals": "src/rlvitals",
@@ -20,4 +23,20 @@ for package, folder in ROOTS.items():
     packages.append(package)
     packages += [f"{package}.{sub}" for sub in find_packages(folder)]
 
-setup(package_dir=ROOTS, packages=packages)
+# The fused token passes of rlvitals.analyzers.kernels (analyzers/csrc/_fused.c): optional, so an install
+# without a C compiler still works (analyzers/native.py then reports it absent and the kernels run
+# torch ops). Built without fused multiply-add, so every per-token float is the one verl computes; the
+# source's hash is compiled in, so a stale build is detected and not used.
+CSRC = Path("analyzers/csrc")
+fused = Extension(
+    "rlvitals.analyzers._fused",
+    [str(CSRC / "_fused.c")],
+    depends=[str(CSRC / "kernels.h")],
+    extra_compile_args=["-O3", "-ffp-contract=off", "-fno-strict-aliasing", "-Wno-psabi"],
+    # the hash analyzers/native.py recomputes from the sources beside it (same order, same bytes)
+    define_macros=[("RLV_SOURCE_SHA", '"%s"' % hashlib.sha256(b"".join(
+        (CSRC / name).read_bytes() for name in ("_fused.c", "kernels.h"))).hexdigest())],
+    optional=True,
+)
+
+setup(package_dir=ROOTS, packages=packages, ext_modules=[fused])

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from . import native
 from .config import AggMode, KLType, LossConfig
 
 Tensor = torch.Tensor
@@ -177,6 +178,7 @@ class TokenBatch:
         self.fast = dtype in _FAST_DTYPES
         self._cache: dict = {}
         self._lengths: list[float] | None = None
+        self.native: native.Inputs | None = None  # the compiled loops' view of the inputs, when usable
         if self.fast:
             self._prepare()
         else:
@@ -202,11 +204,39 @@ class TokenBatch:
         return value if value.dtype == self.dtype else value.to(self.dtype)
 
     def _prepare(self) -> None:
-        """The per-row counts, from the mask's bytes (a bool -> float copy costs ~6x a uint8 one)."""
+        """The per-row counts, from the mask's bytes (a bool -> float copy costs ~6x a uint8 one), and
+        the inputs the compiled loops read (one dtype, contiguous: no copy when they already are)."""
         self._mask_u8 = self.mask.view(torch.uint8)
         self._count(self._mask_u8.sum(dim=-1, dtype=torch.int32).to(torch.int64))
         self.finite = True  # until a fused sum says otherwise
         self.ppo_kl: float | None = None
+        if native.module() is not None and self.mask.device.type == "cpu":
+            self._mask_u8 = self._mask_u8.contiguous()
+            self.native = native.Inputs.of(
+                {k: v.to(self.dtype).contiguous() for k, v in self.tensors.items()}, self._mask_u8
+            )
+
+    def _native_aux(self, entropy: bool, kl: str | None, check: bool) -> None:
+        """The planned entropy / KL row sums and the k2 check by the compiled loop, into the cache
+        (what a torch-op pass's :meth:`_Pass.rows` stores)."""
+        if not (entropy or kl or check):
+            return
+        nt = self.native.tensors
+        e = None
+        if kl == "k3":  # exp by torch (the loop reproduces everything but exp bit for bit)
+            e = _take(self.shape, self.dtype, self.mask.device)
+            torch.sub(nt["ref_log_prob"], nt["log_prob"], out=e).clamp_(-20.0, 20.0).exp_()
+        try:
+            ent_rows, kl_rows, k2 = self.native.aux(entropy=entropy, kl=kl, check=check, e=e)
+        finally:
+            if e is not None:
+                _give(e)
+        if entropy:
+            self._cache["entropy"] = self._row_sums(ent_rows)
+        if kl is not None:
+            self._cache[("kl", kl)] = self._row_sums(kl_rows)
+        if check:
+            self._cache["k2_finite"] = math.isfinite(k2)
 
     def _pass(self, n_rows: int) -> _Pass:
         return _Pass(self, n_rows)
@@ -242,6 +272,8 @@ class TokenBatch:
             return hit
         lo, hi = 1 - low, 1 + high  # python floats, rounded to the tensor dtype like verl's clamp
         need_kl = self.ppo_kl is None
+        if self.native:
+            return self._native_policy(key, lo, hi, c, config)
         with self._pass(1) as p:
             p.aux(config)
             kl_sum = bal = nonzero = 0.0
@@ -278,9 +310,34 @@ class TokenBatch:
         self._cache[key] = stats
         return stats
 
+    def _native_policy(
+        self, key: tuple, lo: float, hi: float, c: float, config: LossConfig | None
+    ) -> PolicyStats:
+        nt = self.native.tensors
+        r = _take(self.shape, self.dtype, self.mask.device)
+        try:
+            torch.sub(nt["log_prob"], nt["old_log_prob"], out=r).clamp_(-20.0, 20.0).exp_()
+            rows, kl_sum, n_clipped, n_dual = self.native.vanilla(r, lo, hi, c)
+        finally:
+            _give(r)
+        if self.ppo_kl is None:
+            self.ppo_kl = -kl_sum / _eps_count(self.n_tokens)
+            self.finite = self.finite and math.isfinite(kl_sum)
+        self._native_aux(*self._aux_plan(config))
+        stats = PolicyStats(rows=self._row_sums(rows), n_clipped=n_clipped, n_dual_clipped=n_dual)
+        self._cache[key] = stats
+        return stats
+
     def kl_rows(self, kind: KLType | str) -> RowSums:
         """Row sums ``(batch,)`` of the forward value of a KL estimator (``+`` has k's value)."""
         kind = KLType(kind)
+        missing = ("kl", kind.base) not in self._cache
+        if self.native and (missing or (kind.straight_through and "k2_finite" not in self._cache)):
+            self._native_aux(
+                False,
+                kind.base if missing else None,
+                kind.straight_through and "k2_finite" not in self._cache,
+            )
         if ("kl", kind.base) not in self._cache or (kind.straight_through and "k2_finite" not in self._cache):
             with self._pass(0) as p:
                 p.plan(
@@ -296,6 +353,8 @@ class TokenBatch:
         return self._cache[("kl", kind.base)]
 
     def entropy_rows(self) -> RowSums:
+        if "entropy" not in self._cache and self.native:
+            self._native_aux(True, None, False)
         if "entropy" not in self._cache:
             with self._pass(0) as p:
                 p.plan(True, None, False)
@@ -559,7 +618,7 @@ class _Pass:
 
     def _outputs(self) -> Tensor:
         if self._out is None:
-            n = self.n_rows + self.entropy + (self.kl is not None)
+            n = self.n_rows + (0 if self.batch.native else self.entropy + (self.kl is not None))
             self._out = torch.empty((max(n, 1), self.batch.shape[0]), dtype=self.batch.dtype)
         return self._out
 
@@ -589,7 +648,10 @@ class _Pass:
         torch.sum(values, dim=-1, out=self._out[j, self.s : self.e])
 
     def aux_block(self, m: Tensor) -> None:
-        """This block's share of the planned entropy and KL row sums."""
+        """This block's share of the planned entropy and KL row sums (the compiled loop computes them
+        all at once in :meth:`rows` instead)."""
+        if self.batch.native:
+            return
         j = self.n_rows
         if self.entropy:
             self.row_sum(torch.mul(self.x("entropy"), m, out=self.buf("aux")), j)
@@ -620,6 +682,9 @@ class _Pass:
         """The row sums as lists (the pass's own first, then entropy / KL, which go to the cache)."""
         out = self._outputs().tolist()
         batch, j = self.batch, self.n_rows
+        if batch.native:
+            batch._native_aux(self.entropy, self.kl, self.check)
+            return out[: self.n_rows]
         if self.entropy:
             batch._cache["entropy"] = batch._row_sums(out[j])
             j += 1

@@ -13,8 +13,16 @@ if [ ! -x .venv/bin/python ]; then
   fi
   "$PY" -m venv .venv
 fi
+# a C compiler and Python's headers build the audit's compiled token passes (analyzers/csrc); without
+# them the install still works and the audit runs torch ops (slower), so only a root apt machine adds them
+inc=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
+if { ! command -v cc >/dev/null || [ ! -f "$inc/Python.h" ]; } && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq gcc libc6-dev python3-dev >/dev/null
+fi
 stamp=".venv/.rlvitals-$EXTRA.sha"
-want=$(cat pyproject.toml setup.py | sha256sum | cut -d' ' -f1)
+# the compiled token passes (analyzers/csrc) are built by the editable install: their sources count too
+want=$(cat pyproject.toml setup.py analyzers/csrc/* | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   .venv/bin/python -m pip install -q --upgrade "pip>=24"
   # CPU torch first: an unpinned torch would pull a multi-GB CUDA build.

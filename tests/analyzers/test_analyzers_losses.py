@@ -23,6 +23,9 @@ from rlvitals.analyzers import (
 from rlvitals.analyzers.config import AggMode, KLType
 from rlvitals.analyzers.kernels import TokenBatch
 
+# every test on the compiled token passes and on the torch ops (conftest.py)
+pytestmark = pytest.mark.usefixtures("kernel_path")
+
 MODES = [m.value for m in AggMode]
 KL_TYPES = [k.value for k in KLType]
 

@@ -18,6 +18,9 @@ import torch
 from rlvitals.analyzers import LossConfig, grpo_advantages, ppo_loss, recompute
 from safetensors.torch import load_file
 
+# every test on the compiled token passes and on the torch ops (conftest.py)
+pytestmark = pytest.mark.usefixtures("kernel_path")
+
 GOLDEN = Path(__file__).resolve().parent / "golden"
 TOLERANCE = {
     "float32": {"rel": 1e-5, "abs": 1e-6},

@@ -23,6 +23,9 @@ from rlvitals.analyzers.policy_losses import (
     register_policy_loss,
 )
 
+# every test on the compiled token passes and on the torch ops (conftest.py)
+pytestmark = pytest.mark.usefixtures("kernel_path")
+
 
 def _batch(seed: int = 0, b: int = 4, t: int = 12) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)

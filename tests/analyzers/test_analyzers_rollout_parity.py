@@ -30,6 +30,9 @@ from rlvitals.analyzers import (
 from rlvitals.analyzers.rollout_config import IS_LEVELS, RS_OPTIONS
 from safetensors.torch import load_file
 
+# every test on the compiled token passes and on the torch ops (conftest.py)
+pytestmark = pytest.mark.usefixtures("kernel_path")
+
 GOLDEN = Path(__file__).resolve().parent / "golden"
 TOLERANCE = {"float32": {"rel": 1e-5, "abs": 1e-6}, "float64": {"rel": 1e-7, "abs": 1e-12}}
 

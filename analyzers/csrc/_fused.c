@@ -1,0 +1,112 @@
+/* Fused token passes of rlvitals.analyzers.kernels: one loop over the tokens per loss, GIL released.
+ *
+ * Each function reads row-major (rows, width) buffers, float32 or float64 (the token dtype T), and the
+ * response mask as bytes (0 / non-zero), and writes per-row sums (float64) plus a few totals and counts.
+ * The per-token values are the floats verl computes: the same IEEE operations in the same order, no
+ * fused multiply-add (built with -ffp-contract=off) and no reassociation; the one thing torch computes
+ * that C cannot reproduce bit for bit, exp / sigmoid / log, arrives precomputed by torch in a buffer.
+ * Sums accumulate in float64 in LANES independent partial sums per row (a fixed order, so results are
+ * deterministic; they differ from torch's float32 cascade sums by far less than the audit's tolerance).
+ *
+ * A non-finite value anywhere, under the mask or not, makes some returned sum non-finite (values are
+ * multiplied by the 0/1 mask, and NaN * 0 is NaN): the Python side then takes verl's op-for-op path.
+ * Clamps are written so that NaN stays NaN, as torch.clamp keeps it.
+ *
+ * The Python wrappers (analyzers/native.py) check every pointer's tensor: contiguous, CPU, the dtype
+ * and shape named here. Nothing here checks again.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#ifndef RLV_SOURCE_SHA
+#define RLV_SOURCE_SHA "unknown"
+#endif
+
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#define HAVE_AVX2_COPY 1
+#pragma GCC push_options
+#pragma GCC target("avx2")
+#define ISA avx2
+#include "kernels.h"
+#undef ISA
+#pragma GCC pop_options
+#endif
+#define ISA base
+#include "kernels.h"
+#undef ISA
+
+static int use_avx2 = 0; /* set once at import: the CPU has AVX2 */
+#ifdef HAVE_AVX2_COPY
+#define DISPATCH(name, ...) (use_avx2 ? name##_avx2(__VA_ARGS__) : name##_base(__VA_ARGS__))
+#else
+#define DISPATCH(name, ...) name##_base(__VA_ARGS__)
+#endif
+
+/* ---- Python entry points: pointers as integers (the wrappers hold the tensors) ---------------------- */
+typedef unsigned long long ptr_t;
+#define P(T, x) ((T *)(uintptr_t)(x))
+
+static PyObject *py_vanilla(PyObject *self, PyObject *args) {
+    int f64;
+    ptr_t lp, old, r, adv, mask, row_out;
+    Py_ssize_t rows, width;
+    double lo, hi, c, kl = 0.0;
+    int64_t pos = 0, neg = 0;
+    if (!PyArg_ParseTuple(args, "pKKKKKnndddK", &f64, &lp, &old, &r, &adv, &mask, &rows, &width, &lo, &hi,
+                          &c, &row_out))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS;
+    if (f64)
+        DISPATCH(vanilla_f64, P(double, lp), P(double, old), P(double, r), P(double, adv), P(uint8_t, mask), rows,
+                    width, lo, hi, c, P(double, row_out), &kl, &pos, &neg);
+    else
+        DISPATCH(vanilla_f32, P(float, lp), P(float, old), P(float, r), P(float, adv), P(uint8_t, mask), rows, width,
+                    (float)lo, (float)hi, (float)c, P(double, row_out), &kl, &pos, &neg);
+    Py_END_ALLOW_THREADS;
+    return Py_BuildValue("dLL", kl, (long long)pos, (long long)neg);
+}
+
+static PyObject *py_aux(PyObject *self, PyObject *args) {
+    int f64, kind, check;
+    ptr_t mask, ent, lp, ref, e, ent_out, kl_out;
+    Py_ssize_t rows, width;
+    double k2 = 0.0;
+    if (!PyArg_ParseTuple(args, "pKKKKKnnipKK", &f64, &mask, &ent, &lp, &ref, &e, &rows, &width, &kind,
+                          &check, &ent_out, &kl_out))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS;
+    if (f64)
+        DISPATCH(aux_f64, P(uint8_t, mask), P(double, ent), P(double, lp), P(double, ref), P(double, e), rows, width,
+                kind, check, P(double, ent_out), P(double, kl_out), &k2);
+    else
+        DISPATCH(aux_f32, P(uint8_t, mask), P(float, ent), P(float, lp), P(float, ref), P(float, e), rows, width, kind,
+                check, P(double, ent_out), P(double, kl_out), &k2);
+    Py_END_ALLOW_THREADS;
+    return PyFloat_FromDouble(k2);
+}
+
+static PyMethodDef methods[] = {
+    {"vanilla", py_vanilla, METH_VARARGS, "vanilla PPO clip: row sums of the loss, kl sum, clip counts"},
+    {"aux", py_aux, METH_VARARGS, "entropy and KL-estimator row sums, and the k2 check sum"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, .m_name = "_fused", .m_doc = "fused token passes (see native.py)", .m_size = -1,
+    .m_methods = methods};
+
+PyMODINIT_FUNC PyInit__fused(void) {
+#ifdef HAVE_AVX2_COPY
+    __builtin_cpu_init();
+    use_avx2 = __builtin_cpu_supports("avx2");
+#endif
+    PyObject *m = PyModule_Create(&module);
+    if (m && (PyModule_AddStringConstant(m, "SOURCE_SHA", RLV_SOURCE_SHA) < 0 ||
+              PyModule_AddStringConstant(m, "ISA", use_avx2 ? "avx2" : "base") < 0)) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

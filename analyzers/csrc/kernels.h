@@ -1,0 +1,198 @@
+/* The kernels of _fused.c, included once per instruction set: every name gets the ISA suffix (ISA),
+ * so the AVX2 copy is compiled whole for AVX2, helpers included. */
+#define CAT_(a, b) a##_##b
+#define CAT(a, b) CAT_(a, b)
+#define K(name) CAT(name, ISA)
+
+#ifndef RLV_KERNEL_TYPES
+#define RLV_KERNEL_TYPES
+typedef float f32v __attribute__((vector_size(32)));
+typedef int32_t f32m __attribute__((vector_size(32)));
+typedef double f64v __attribute__((vector_size(32)));
+typedef int64_t f64m __attribute__((vector_size(32)));
+typedef float f32h __attribute__((vector_size(16)));
+typedef uint8_t u8x8 __attribute__((vector_size(8)));
+typedef uint8_t u8x4 __attribute__((vector_size(4)));
+typedef int32_t i32x4 __attribute__((vector_size(16)));
+typedef f64v dacc;
+
+#endif
+
+/* Vectors of one 32-byte register (GCC vector extensions: AVX2 in the avx2 clone, SSE pairs in the
+ * default one, NEON elsewhere). F: the token dtype's vector (8 floats / 4 doubles), I: its lane masks
+ * (-1 / 0), D: the float64 accumulators (two per float vector). Each row runs in whole vectors; the
+ * tail (width % lanes tokens) runs the same vector code on a zero-padded copy, whose padding lanes
+ * contribute exactly 0 to every sum and count (mask 0, every value 0). */
+#define N_f32 8
+#define N_f64 4
+
+static inline f32v K(ld_f32)(const float *p) {
+    f32v v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+static inline f64v K(ld_f64)(const double *p) {
+    f64v v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+static inline f32v K(mask_f32)(const uint8_t *p) {
+    u8x8 b;
+    memcpy(&b, p, sizeof b);
+    return __builtin_convertvector(__builtin_convertvector(b, f32m), f32v); /* zero-extend, then convert */
+}
+static inline f64v K(mask_f64)(const uint8_t *p) {
+    u8x4 b;
+    memcpy(&b, p, sizeof b);
+    return __builtin_convertvector(__builtin_convertvector(b, i32x4), f64v);
+}
+static inline f32v K(sel_f32)(f32m m, f32v a, f32v b) { return (f32v)(((f32m)a & m) | ((f32m)b & ~m)); }
+static inline f64v K(sel_f64)(f64m m, f64v a, f64v b) { return (f64v)(((f64m)a & m) | ((f64m)b & ~m)); }
+/* acc[0..1] += v in float64 (a float vector is two accumulators' worth) */
+static inline void K(acc_f32)(dacc *acc, f32v v) {
+    union {
+        f32v v;
+        f32h h[2];
+    } u = {v};
+    acc[0] += __builtin_convertvector(u.h[0], f64v);
+    acc[1] += __builtin_convertvector(u.h[1], f64v);
+}
+static inline void K(acc_f64)(dacc *acc, f64v v) { acc[0] += v; }
+static inline double K(acc_total)(const dacc *acc) {
+    dacc s = acc[0] + acc[1];
+    return (s[0] + s[1]) + (s[2] + s[3]);
+}
+/* counts: a lane mask is -1 where true; int32/int64 lanes, per row (a row has < 2^31 tokens) */
+static inline int64_t K(count_f32)(f32m c) {
+    int64_t s = 0;
+    for (int l = 0; l < 8; l++) s += c[l];
+    return -s;
+}
+static inline int64_t K(count_f64)(f64m c) {
+    int64_t s = 0;
+    for (int l = 0; l < 4; l++) s += c[l];
+    return -s;
+}
+
+/* clamps that keep NaN, as torch.clamp does: compare, then select the bound where the test holds */
+#define CLAMP(S, x, lo, hi) CLAMP_MAX(S, CLAMP_MIN(S, x, lo), hi)
+#define CLAMP_MIN(S, x, lo) K(sel_##S)((x) < (lo), (lo), (x))
+#define CLAMP_MAX(S, x, hi) K(sel_##S)((x) > (hi), (hi), (x))
+#define SPLAT(S, T, x) ((S##v){0} + (T)(x))
+
+/* The row loop: BODY(off, ...) handles the N lanes of the row at the pointers it is given. Whole
+ * vectors read the row in place; the tail reads zero-padded copies (PAD declares one, `name_pad`). */
+#define PAD(T, N, name, src, j, width)                                                                   \
+    T name##_pad[N] = {0};                                                                               \
+    if (src) memcpy(name##_pad, (src) + (j), (size_t)((width) - (j)) * sizeof(T));
+
+/* ---- vanilla PPO clip, dual clip (verl's compute_policy_loss_vanilla) ------------------------------
+ * a = A m, a+ = max(a, 0), a- = a+ - a (exactly -A or 0);
+ * l = a- clamp(r, lo, c) - a+ min(r, hi)   (one term is 0: the rounding of verl's separate products)
+ * z = a r + l: z > 0 where verl's pg_losses2 > pg_losses1 (clipped), z < 0 where the dual clip won.
+ * kl: the masked sum of the log-ratio clamped to +-20 (ppo_kl = -kl / (n + 1e-8)).
+ * r = exp(clamp(lp - old, -20, 20)) from torch. */
+#define VANILLA_BODY(S, LP, OLD, R, ADV, M)                                                              \
+    {                                                                                                    \
+        const S##v m = K(mask_##S)(M);                                                                      \
+        S##v d = K(ld_##S)(LP) - K(ld_##S)(OLD);                                                               \
+        d = CLAMP(S, d, -lim, lim);                                                                      \
+        K(acc_##S)(kl_acc, d * m);                                                                          \
+        const S##v a = K(ld_##S)(ADV) * m;                                                                  \
+        const S##v ap = CLAMP_MIN(S, a, zero);                                                           \
+        const S##v an = ap - a;                                                                          \
+        const S##v rk = K(ld_##S)(R);                                                                       \
+        const S##v loss = CLAMP(S, rk, lo, c) * an - CLAMP_MAX(S, rk, hi) * ap;                          \
+        K(acc_##S)(acc, loss);                                                                              \
+        const S##v z = a * rk + loss;                                                                    \
+        pc += (z > zero);                                                                                \
+        nc += (z < zero);                                                                                \
+    }
+
+#define DEFINE_VANILLA(S, T)                                                                             \
+    static void K(vanilla_##S)(const T *lp, const T *old, const T *r, const T *adv,                 \
+                                   const uint8_t *mask, Py_ssize_t rows, Py_ssize_t width, T lo_, T hi_, \
+                                   T c_, double *row_out, double *kl_out, int64_t *pos_out,              \
+                                   int64_t *neg_out) {                                                   \
+        const S##v lo = SPLAT(S, T, lo_), hi = SPLAT(S, T, hi_), c = SPLAT(S, T, c_);                    \
+        const S##v zero = SPLAT(S, T, 0), lim = SPLAT(S, T, 20);                                         \
+        dacc kl_acc[2] = {0};                                                                            \
+        int64_t pos = 0, neg = 0;                                                                        \
+        for (Py_ssize_t i = 0; i < rows; i++) {                                                          \
+            const Py_ssize_t o = i * width;                                                              \
+            dacc acc[2] = {0};                                                                           \
+            S##m pc = {0}, nc = {0};                                                                     \
+            Py_ssize_t j = 0;                                                                            \
+            for (; j + N_##S <= width; j += N_##S)                                                       \
+                VANILLA_BODY(S, lp + o + j, old + o + j, r + o + j, adv + o + j, mask + o + j);          \
+            if (j < width) {                                                                             \
+                PAD(T, N_##S, lp, lp + o, j, width) PAD(T, N_##S, old, old + o, j, width);               \
+                PAD(T, N_##S, r, r + o, j, width) PAD(T, N_##S, adv, adv + o, j, width);                 \
+                PAD(uint8_t, N_##S, m, mask + o, j, width);                                              \
+                VANILLA_BODY(S, lp_pad, old_pad, r_pad, adv_pad, m_pad);                                 \
+            }                                                                                            \
+            row_out[i] = K(acc_total)(acc);                                                                 \
+            pos += K(count_##S)(pc);                                                                        \
+            neg += K(count_##S)(nc);                                                                        \
+        }                                                                                                \
+        *kl_out = K(acc_total)(kl_acc);                                                                     \
+        *pos_out = pos;                                                                                  \
+        *neg_out = neg;                                                                                  \
+    }
+DEFINE_VANILLA(f32, float)
+DEFINE_VANILLA(f64, double)
+
+/* ---- entropy and KL-estimator row sums (verl's agg_loss inputs for entropy and kl_penalty) -----------
+ * kind 0: none, 1: k1 (lp - ref), 2: abs |lp - ref|, 3: k2 ((lp - ref)^2 * 0.5),
+ * 4: k3 (clamp(e - delta - 1, -10, 10), delta = clamp(ref - lp, -20, 20), e = exp(delta) from torch).
+ * check: also the sum of (lp - ref)^2 over every token (a straight-through estimator's k2 must be
+ * finite everywhere). ent may be NULL (no entropy); ent_out / kl_out are then not written. */
+#define AUX_BODY(S, ENT, LP, REF, E, M)                                                                  \
+    {                                                                                                    \
+        const S##v m = K(mask_##S)(M);                                                                      \
+        if (ent) K(acc_##S)(ea, K(ld_##S)(ENT) * m);                                                           \
+        if (kind == 4) {                                                                                 \
+            S##v delta = K(ld_##S)(REF) - K(ld_##S)(LP);                                                       \
+            if (check) K(acc_##S)(k2_acc, delta * delta);                                                   \
+            delta = CLAMP(S, delta, -lim, lim);                                                          \
+            S##v v = K(ld_##S)(E) - delta;                                                                  \
+            v = v - one;                                                                                 \
+            K(acc_##S)(ka, CLAMP(S, v, -ten, ten) * m);                                                     \
+        } else if (kind > 0 || check) {                                                                  \
+            S##v v = K(ld_##S)(LP) - K(ld_##S)(REF);                                                           \
+            if (check) K(acc_##S)(k2_acc, v * v);                                                           \
+            if (kind == 2) v = K(sel_##S)(v < zero, -v, v);                                                 \
+            if (kind == 3) v = (v * v) * half;                                                           \
+            K(acc_##S)(ka, v * m);                                                                          \
+        }                                                                                                \
+    }
+
+#define DEFINE_AUX(S, T)                                                                                 \
+    static void K(aux_##S)(const uint8_t *mask, const T *ent, const T *lp, const T *ref, const T *e, \
+                               Py_ssize_t rows, Py_ssize_t width, int kind, int check, double *ent_out,  \
+                               double *kl_out, double *k2_out) {                                         \
+        const S##v zero = SPLAT(S, T, 0), one = SPLAT(S, T, 1), half = SPLAT(S, T, 0.5);                 \
+        const S##v lim = SPLAT(S, T, 20), ten = SPLAT(S, T, 10);                                         \
+        dacc k2_acc[2] = {0};                                                                            \
+        for (Py_ssize_t i = 0; i < rows; i++) {                                                          \
+            const Py_ssize_t o = i * width;                                                              \
+            dacc ea[2] = {0}, ka[2] = {0};                                                               \
+            Py_ssize_t j = 0;                                                                            \
+            for (; j + N_##S <= width; j += N_##S)                                                       \
+                AUX_BODY(S, ent + o + j, lp + o + j, ref + o + j, e + o + j, mask + o + j);              \
+            if (j < width) {                                                                             \
+                PAD(T, N_##S, ent, ent ? ent + o : NULL, j, width);                                      \
+                PAD(T, N_##S, lp, lp ? lp + o : NULL, j, width);                                         \
+                PAD(T, N_##S, ref, ref ? ref + o : NULL, j, width);                                      \
+                PAD(T, N_##S, e, e ? e + o : NULL, j, width);                                            \
+                PAD(uint8_t, N_##S, m, mask + o, j, width);                                              \
+                AUX_BODY(S, ent_pad, lp_pad, ref_pad, e_pad, m_pad);                                     \
+            }                                                                                            \
+            if (ent) ent_out[i] = K(acc_total)(ea);                                                         \
+            if (kind > 0) kl_out[i] = K(acc_total)(ka);                                                     \
+        }                                                                                                \
+        *k2_out = K(acc_total)(k2_acc);                                                                     \
+    }
+DEFINE_AUX(f32, float)
+DEFINE_AUX(f64, double)
+

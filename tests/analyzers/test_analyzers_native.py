@@ -1,0 +1,235 @@
+"""The compiled token passes (analyzers/csrc, analyzers/native.py): in use, checked, and equal to the
+torch ops they replace. Parity with verl itself runs on both paths in the parity and loss modules."""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from rlvitals.analyzers import LossConfig, native, recompute
+from rlvitals.analyzers.kernels import TokenBatch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _batch(rows: int, width: int, dtype=torch.float32, seed: int = 0, spread: float = 0.3):
+    g = torch.Generator().manual_seed(seed)
+    lp = -torch.rand(rows, width, generator=g, dtype=torch.float64) * 3
+    t = {
+        "log_prob": lp,
+        "old_log_prob": lp + torch.randn(rows, width, generator=g, dtype=torch.float64) * spread,
+        "advantages": torch.randn(rows, width, generator=g, dtype=torch.float64),
+        "ref_log_prob": lp + torch.randn(rows, width, generator=g, dtype=torch.float64) * 0.2,
+        "entropy": torch.rand(rows, width, generator=g, dtype=torch.float64) * 2,
+    }
+    t = {k: v.to(dtype) for k, v in t.items()}
+    t["response_mask"] = torch.rand(rows, width, generator=g) < 0.7
+    return t
+
+
+def _both(config: LossConfig, t: dict) -> tuple[dict, dict]:
+    compiled = recompute(config, **t)
+    with native.disabled():
+        ops = recompute(config, **t)
+    return compiled, ops
+
+
+def test_the_compiled_passes_are_built_current_and_in_use():
+    # CI installs with a C compiler: the fast path must be the one the suite tests
+    assert native.module() is not None, native.STATUS
+    assert native.STATUS.startswith("compiled"), native.STATUS
+    assert TokenBatch(**_batch(4, 32)).native is not None
+
+
+def test_a_build_older_than_its_sources_is_not_used(tmp_path):
+    csrc = tmp_path / "csrc"
+    shutil.copytree(ROOT / "analyzers" / "csrc", csrc)
+    assert native._load(csrc)[0] is not None
+    (csrc / "kernels.h").write_text((csrc / "kernels.h").read_text() + "\n/* edited */\n")
+    module, status = native._load(csrc)
+    assert module is None and status.startswith("stale build")
+
+
+def test_rlvitals_native_0_runs_the_torch_ops():
+    code = (
+        "from rlvitals.analyzers import native, recompute, LossConfig; import torch;"
+        "from rlvitals.analyzers.kernels import TokenBatch;"
+        "t = dict(log_prob=torch.zeros(2, 8), old_log_prob=torch.zeros(2, 8), advantages=torch.ones(2, 8),"
+        " response_mask=torch.ones(2, 8, dtype=torch.bool));"
+        "assert TokenBatch(**t).native is None;"
+        "print(native.STATUS, recompute(LossConfig(), **t)['pg_loss'])"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "RLVITALS_NATIVE": "0"},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert out.startswith("disabled (RLVITALS_NATIVE=0)") and out.split()[-1] == "-1.0"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda t: {**t, "log_prob": t["log_prob"].t().contiguous().t()},  # not contiguous
+        lambda t: {**t, "advantages": t["advantages"].double()},  # another dtype
+        lambda t: {**t, "entropy": t["entropy"][:, :-1]},  # another shape
+        lambda t: {**t, "log_prob": t["log_prob"].half()},
+    ],
+)
+def test_inputs_refuse_what_the_loops_cannot_read(bad):
+    t = _batch(4, 16)
+    mask = t.pop("response_mask").view(torch.uint8)
+    with pytest.raises(ValueError):
+        native.Inputs(bad(t), mask)
+    with pytest.raises(ValueError):
+        native.Inputs(t, mask[:, :8])  # the mask of another shape
+    with pytest.raises(ValueError):
+        native.Inputs(t, mask.to(torch.int32))
+    inputs = native.Inputs(t, mask)
+    for scratch in (torch.empty(4, 15), torch.empty(4, 16, dtype=torch.float64), torch.empty(16, 4).t()):
+        with pytest.raises(ValueError):
+            inputs.vanilla(scratch, 0.8, 1.2, 3.0)
+
+
+def test_a_batch_the_loops_cannot_read_in_place_is_copied_once_or_takes_the_torch_ops():
+    t = _batch(4, 40)
+    strided = {**t, "log_prob": torch.cat([t["log_prob"], t["log_prob"]], dim=1)[:, ::2]}
+    assert TokenBatch(**strided).native is not None  # made contiguous once
+    config = LossConfig(use_kl_loss=True, entropy_coeff=0.01)
+    a, b = _both(config, strided)
+    assert a == pytest.approx(b, rel=1e-6, abs=1e-7)
+    half = {k: (v.half() if v.is_floating_point() else v) for k, v in t.items()}
+    assert TokenBatch(**half).native is None  # half precision: verl's op sequence in its dtype
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("width", [1, 7, 8, 9, 63, 4096 + 3])
+@pytest.mark.parametrize("kl", ["low_var_kl", "kl", "abs", "mse", "low_var_kl+", "k1+"])
+def test_compiled_and_torch_ops_agree_on_every_width_and_kl_estimator(dtype, width, kl):
+    # widths below, at and past one vector (8 floats / 4 doubles) and a ragged tail
+    t = _batch(5, width, dtype, seed=width)
+    config = LossConfig(use_kl_loss=True, entropy_coeff=0.01, kl_loss_type=kl, clip_ratio_c=2.0)
+    compiled, ops = _both(config, t)
+    tol = 1e-6 if dtype == torch.float32 else 1e-12
+    assert compiled.keys() == ops.keys()
+    for key in compiled:
+        assert compiled[key] == pytest.approx(ops[key], rel=tol, abs=tol), key
+    batch = TokenBatch(**t)
+    stats = batch.policy(0.2, 0.2, 2.0)
+    with native.disabled():
+        ref = TokenBatch(**t).policy(0.2, 0.2, 2.0)
+    assert (stats.n_clipped, stats.n_dual_clipped) == (ref.n_clipped, ref.n_dual_clipped)  # exact
+
+
+def test_tokens_on_the_clip_bounds_count_exactly_as_verl_counts_them():
+    # log-ratios stepping float by float across log(1 - eps), log(1 + eps) and log(c), so the ratios
+    # (torch's exp, as in verl) land on, just under and just over each bound
+    lo, hi, c = 0.8, 1.2, 3.0
+    steps = []
+    for bound in (lo, hi, c):
+        x = torch.tensor(math.log(bound), dtype=torch.float32)
+        for _ in range(40):
+            x = torch.nextafter(x, torch.tensor(-1.0))
+        for _ in range(80):
+            steps.append(x.clone())
+            x = torch.nextafter(x, torch.tensor(9.0))
+    d = torch.stack(steps)
+    n = d.numel()
+    adv = torch.tensor([1.0, -1.0, 0.37, -2.5]).repeat(n)[None, :]
+    log_prob = d.repeat_interleave(4)[None, :] - 1.0
+    t = {
+        "log_prob": log_prob,
+        "old_log_prob": torch.full_like(log_prob, -1.0),
+        "advantages": adv,
+        "response_mask": torch.ones_like(log_prob, dtype=torch.bool),
+    }
+    compiled, ops = _both(LossConfig(clip_ratio_c=c), t)
+    # verl's compute_policy_loss_vanilla, its own ops
+    ratio = torch.exp(torch.clamp(t["log_prob"] - t["old_log_prob"], -20.0, 20.0))
+    l1, l2 = -adv * ratio, -adv * torch.clamp(ratio, lo, hi)
+    clipped = torch.maximum(l1, l2)
+    lower = (torch.min(-adv * c, clipped) < clipped) & (adv < 0)
+    want = float((l2 > l1).float().mean()), float(lower.float().mean())
+    assert (compiled["pg_clipfrac"], compiled["pg_clipfrac_lower"]) == pytest.approx(want, abs=1e-7)
+    assert (compiled["pg_clipfrac"], compiled["pg_clipfrac_lower"]) == (
+        ops["pg_clipfrac"],
+        ops["pg_clipfrac_lower"],
+    )
+    assert 0 < want[0] < 1 and 0 < want[1]
+
+
+@pytest.mark.parametrize("where", ["masked", "valid"])
+@pytest.mark.parametrize("value", [math.nan, math.inf])
+@pytest.mark.parametrize("name", ["log_prob", "old_log_prob", "advantages", "ref_log_prob", "entropy"])
+def test_a_non_finite_value_anywhere_sends_both_paths_to_verls_op_sequence(where, value, name):
+    t = _batch(3, 20)
+    mask = t["response_mask"]
+    i, j = (0, int((~mask[0]).nonzero()[0])) if where == "masked" else (1, int(mask[1].nonzero()[0]))
+    t[name] = t[name].clone()
+    t[name][i, j] = value
+    config = LossConfig(use_kl_loss=True, entropy_coeff=0.01)
+    compiled, ops = _both(config, t)
+    assert compiled.keys() == ops.keys()
+    for key in compiled:
+        a, b = compiled[key], ops[key]
+        assert (math.isnan(a) and math.isnan(b)) or a == pytest.approx(b, rel=1e-6, abs=1e-7), key
+
+
+def test_threads_audit_concurrently_with_their_own_buffers():
+    batches = [_batch(8, 300 + 17 * i, seed=i) for i in range(4)]
+    config = LossConfig(use_kl_loss=True, entropy_coeff=0.01)
+    with native.disabled():
+        want = [recompute(config, **t) for t in batches]
+    got: dict[int, list] = {}
+
+    def work(k: int) -> None:
+        got[k] = [recompute(config, **batches[(k + n) % 4]) for n in range(12)]
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    for k, results in got.items():
+        for n, result in enumerate(results):
+            assert result == pytest.approx(want[(k + n) % 4], rel=1e-6, abs=1e-7)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.integers(1, 6),
+    width=st.integers(1, 70),
+    spread=st.floats(0.0, 30.0),
+    low=st.floats(0.0, 0.9),
+    high=st.floats(0.0, 3.0),
+    c=st.floats(1.0, 10.0),
+    seed=st.integers(0, 2**16),
+    f64=st.booleans(),
+)
+def test_compiled_and_torch_ops_agree_on_random_batches(rows, width, spread, low, high, c, seed, f64):
+    # spread up to 30: log-ratios past the +-20 clamp; clip bounds anywhere
+    t = _batch(rows, width, torch.float64 if f64 else torch.float32, seed=seed, spread=spread)
+    config = LossConfig(
+        use_kl_loss=True,
+        entropy_coeff=0.01,
+        clip_ratio_low=low,
+        clip_ratio_high=high,
+        clip_ratio_c=max(c, 1.0 + 1e-3),
+    )
+    compiled, ops = _both(config, t)
+    tol = 1e-12 if f64 else 2e-6
+    assert compiled.keys() == ops.keys()
+    for key in compiled:  # NaN where both are NaN (an all-masked batch)
+        a, b = compiled[key], ops[key]
+        assert (math.isnan(a) and math.isnan(b)) or a == pytest.approx(b, rel=tol, abs=tol), key
