@@ -31,11 +31,11 @@ CSRC = Path("analyzers/csrc")
 fused = Extension(
     "rlvitals.analyzers._fused",
     [str(CSRC / "_fused.c")],
-    depends=[str(CSRC / "kernels.h")],
+    depends=[str(p) for p in sorted(CSRC.glob("*.h"))],
     extra_compile_args=["-O3", "-ffp-contract=off", "-fno-strict-aliasing", "-Wno-psabi"],
     # the hash analyzers/native.py recomputes from the sources beside it (same order, same bytes)
     define_macros=[("RLV_SOURCE_SHA", '"%s"' % hashlib.sha256(b"".join(
-        (CSRC / name).read_bytes() for name in ("_fused.c", "kernels.h"))).hexdigest())],
+        p.read_bytes() for p in sorted(CSRC.glob("*.[ch]")))).hexdigest())],
     optional=True,
 )
 

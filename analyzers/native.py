@@ -24,7 +24,6 @@ from pathlib import Path
 import torch
 
 Tensor = torch.Tensor
-_SOURCES = ("_fused.c", "kernels.h")
 # KL estimator codes of the aux loop (KLType.base)
 KL_CODES = {None: 0, "k1": 1, "abs": 2, "k2": 3, "k3": 4}
 
@@ -40,7 +39,8 @@ def _load(csrc: Path = CSRC):
     except ImportError as exc:
         return None, f"not built ({exc}): torch ops; `pip install -e .` with a C compiler builds it"
     if csrc.is_dir():  # a source checkout: refuse a build older than the sources
-        digest = hashlib.sha256(b"".join((csrc / name).read_bytes() for name in _SOURCES)).hexdigest()
+        # setup.py compiles in the same hash: every .c and .h file of csrc, in name order
+        digest = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(csrc.glob("*.[ch]")))).hexdigest()
         if digest != _fused.SOURCE_SHA:
             return (
                 None,
@@ -166,3 +166,9 @@ class Inputs:
             None if kl_out is None else kl_out.tolist(),
             k2,
         )
+
+    # -- losses A (gpg, dro, cispo, sapo, gspo, geo_mean): csrc/losses_a.h ----------------------------
+
+    # -- losses B (dppo_tv, dppo_kl, clip_cov, kl_cov): csrc/losses_b.h --------------------------------
+
+    # -- rollout correction: csrc/rollout.h -------------------------------------------------------------

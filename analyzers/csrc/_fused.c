@@ -48,6 +48,10 @@ static int use_avx2 = 0; /* set once at import: the CPU has AVX2 */
 typedef unsigned long long ptr_t;
 #define P(T, x) ((T *)(uintptr_t)(x))
 
+#include "losses_a_py.h"
+#include "losses_b_py.h"
+#include "rollout_py.h"
+
 static PyObject *py_vanilla(PyObject *self, PyObject *args) {
     int f64;
     ptr_t lp, old, r, adv, mask, row_out;
@@ -90,6 +94,7 @@ static PyObject *py_aux(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"vanilla", py_vanilla, METH_VARARGS, "vanilla PPO clip: row sums of the loss, kl sum, clip counts"},
     {"aux", py_aux, METH_VARARGS, "entropy and KL-estimator row sums, and the k2 check sum"},
+    LOSSES_A_METHODS LOSSES_B_METHODS ROLLOUT_METHODS
     {NULL, NULL, 0, NULL},
 };
 

@@ -196,3 +196,8 @@ DEFINE_VANILLA(f64, double)
 DEFINE_AUX(f32, float)
 DEFINE_AUX(f64, double)
 
+
+/* the other losses and the rollout correction, one file per group */
+#include "losses_a.h"
+#include "losses_b.h"
+#include "rollout.h"
