@@ -313,17 +313,30 @@ class TokenBatch:
     def _native_policy(
         self, key: tuple, lo: float, hi: float, c: float, config: LossConfig | None
     ) -> PolicyStats:
-        nt = self.native.tensors
-        r = _take(self.shape, self.dtype, self.mask.device)
+        """Vanilla's row sums and clip counts by the compiled loops, with the entropy / KL terms
+        ``config`` still needs in the same loop: one pass for the log-ratios, one torch ``exp`` over
+        the ratio (and k3's ref ratio) buffer, one pass for the rest."""
+        entropy, kl, check = self._aux_plan(config)
+        k3 = kl == "k3"
+        buf = _take((1 + k3, *self.shape), self.dtype, self.mask.device)
         try:
-            torch.sub(nt["log_prob"], nt["old_log_prob"], out=r).clamp_(-20.0, 20.0).exp_()
-            rows, kl_sum, n_clipped, n_dual = self.native.vanilla(r, lo, hi, c)
+            d, k = buf[0], (buf[1] if k3 else None)
+            kl_sum, k2 = self.native.prep(d, k, check=check)
+            buf.exp_()  # the ratios (and k3's exp(delta)): torch's exp, as verl computes them
+            rows, n_clipped, n_dual, ent_rows, kl_rows = self.native.vanilla(
+                d, lo, hi, c, entropy=entropy, kl=kl, e=k
+            )
         finally:
-            _give(r)
+            _give(buf)
         if self.ppo_kl is None:
             self.ppo_kl = -kl_sum / _eps_count(self.n_tokens)
             self.finite = self.finite and math.isfinite(kl_sum)
-        self._native_aux(*self._aux_plan(config))
+        if entropy:
+            self._cache["entropy"] = self._row_sums(ent_rows)
+        if kl is not None:
+            self._cache[("kl", kl)] = self._row_sums(kl_rows)
+        if check:
+            self._cache["k2_finite"] = math.isfinite(k2)
         stats = PolicyStats(rows=self._row_sums(rows), n_clipped=n_clipped, n_dual_clipped=n_dual)
         self._cache[key] = stats
         return stats
