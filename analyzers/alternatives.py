@@ -434,6 +434,7 @@ def loss_mode_counterfactuals(batch: TokenBatch, config: LossConfig) -> dict[str
     args = (t["old_log_prob"], t["log_prob"], t["advantages"], batch.mask)
     weights = t.get("rollout_is_weights")
     out: dict[str, dict[str, Any]] = {}
+    local_info: dict[AggMode, dict[str, Any]] = {}  # per aggregation mode, the same for every loss mode
     for name, entry in POLICY_LOSSES.items():
         if name == "dro" and config.dro_beta is None:
             continue
@@ -450,6 +451,27 @@ def loss_mode_counterfactuals(batch: TokenBatch, config: LossConfig) -> dict[str
                 continue
             except ValueError:
                 pass
+        elif batch.fast and batch.finite and weights is None:
+            try:  # the mode's fused pass, when it has one: its row sums give every aggregation
+                metrics = batch.metrics(cfg)
+            except ValueError:
+                continue
+            fused = batch.pg_rows(cfg)
+            if fused is not None or not entry.uses_agg_mode:
+                row = {k: v for k, v in metrics.items() if k in POLICY_METRICS}
+                if fused is None:  # one number whatever loss_agg_mode says (geo_mean)
+                    by_agg = {mode.value: row["pg_loss"] for mode in AggMode}
+                else:
+                    rows, fixed = fused
+                    for mode in AggMode:
+                        if mode not in local_info:
+                            local_info[mode] = _local(cfg, mode).global_batch_info
+                    by_agg = {
+                        mode.value: batch.aggregate(rows, fixed or mode, **local_info[mode])
+                        for mode in AggMode
+                    }
+                out[name] = {**row, "pg_loss_by_agg_mode": by_agg}
+                continue
         try:
             metrics = batch.policy_metrics(cfg)  # memoised: shared with the alternative search
             inputs = batch.policy_agg_inputs(cfg)

@@ -470,6 +470,12 @@ class TokenBatch:
                 self._cache[key] = hit
         return dict(hit) if raw else {k: float(v) for k, v in hit.items()}
 
+    def pg_rows(self, config: LossConfig) -> tuple[RowSums, AggMode | None] | None:
+        """The loss row sums the fused pass for ``config`` left (after :meth:`metrics`) and the
+        aggregation the loss fixes (None: ``loss_agg_mode``'s); None when no fused pass ran (verl's op
+        sequence, or a loss that averages its own way). Any aggregation is then :meth:`aggregate`."""
+        return self._cache.get(("pg_rows", _rows_key(config)))
+
     def policy_agg_inputs(self, config: LossConfig) -> tuple[Tensor, Tensor, str] | None:
         """The ``(loss_mat, mask, mode)`` the loss aggregated for ``config`` (after :meth:`policy_metrics`);
         None when it made no single ``agg_loss`` call (``geo_mean`` averages rows itself)."""
@@ -573,6 +579,25 @@ class TokenBatch:
                     lambda: agg_loss(kld, mask, mode, **info),
                 )
         return out
+
+
+def _rows_key(config: LossConfig) -> tuple:
+    """The settings a loss's per-token values depend on: :func:`_policy_key` less the aggregation."""
+    return (
+        config.loss_mode,
+        config.clip_low,
+        config.clip_high,
+        config.clip_ratio_c,
+        config.clip_cov_ratio,
+        config.clip_cov_lb,
+        config.clip_cov_ub,
+        config.kl_cov_ratio,
+        config.ppo_kl_coef,
+        config.dro_beta,
+        config.tau_pos,
+        config.tau_neg,
+        config.rollout_correction,
+    )
 
 
 def _policy_key(config: LossConfig) -> tuple:
@@ -731,10 +756,13 @@ def _signs(p: _Pass, m: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def _finish(batch: TokenBatch, config: LossConfig, rows: list[float], mode=None, **metrics):
-    """``pg_loss`` from the loss row sums, with ``metrics``; None when anything is not finite."""
+    """``pg_loss`` from the loss row sums, with ``metrics``; None when anything is not finite. The row
+    sums stay cached for :meth:`TokenBatch.pg_loss_by_agg_mode` (``mode``: the aggregation the loss
+    fixes whatever ``loss_agg_mode`` says, as sapo's seq-mean-token-mean)."""
     row_sums = batch._row_sums(rows)
     if not math.isfinite(row_sums.total) or not all(math.isfinite(v) for v in metrics.values()):
         return None
+    batch._cache[("pg_rows", _rows_key(config))] = (row_sums, mode)
     mode = config.loss_agg_mode if mode is None else mode
     return {"pg_loss": batch.aggregate(row_sums, mode, **config.global_batch_info), **metrics}
 
@@ -747,6 +775,7 @@ def _fused_vanilla(batch: TokenBatch, config: LossConfig) -> dict[str, float] | 
     pol = batch.policy(config.clip_low, config.clip_high, config.clip_ratio_c, config=config)
     if not batch.finite or not math.isfinite(pol.rows.total):
         return None
+    batch._cache[("pg_rows", _rows_key(config))] = (pol.rows, None)
     return {
         "pg_loss": batch.aggregate(pol.rows, config.loss_agg_mode, **config.global_batch_info),
         "pg_clipfrac": _fraction(pol.n_clipped, batch.n_tokens),
@@ -1102,6 +1131,8 @@ def _fused_bypass(batch: TokenBatch, config: LossConfig) -> dict[str, float] | N
             response_mask=mask,
         )
         pg = _fused_vanilla(rejected, config)
+        if pg is not None:  # the counterfactuals re-aggregate the rows of the mask after rejection
+            batch._cache[("pg_rows", _rows_key(config))] = rejected.pg_rows(config)
     if pg is None:
         return None
     return {**pg, **{k: float(v) for k, v in rollout_metrics.items()}}
