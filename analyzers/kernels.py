@@ -273,7 +273,9 @@ class TokenBatch:
         lo, hi = 1 - low, 1 + high  # python floats, rounded to the tensor dtype like verl's clamp
         need_kl = self.ppo_kl is None
         if self.native:
-            return self._native_policy(key, lo, hi, c, config)
+            stats = self._native_policy(key, lo, hi, c, config)
+            if stats is not None:
+                return stats
         with self._pass(1) as p:
             p.aux(config)
             kl_sum = bal = nonzero = 0.0
@@ -312,22 +314,27 @@ class TokenBatch:
 
     def _native_policy(
         self, key: tuple, lo: float, hi: float, c: float, config: LossConfig | None
-    ) -> PolicyStats:
+    ) -> PolicyStats | None:
         """Vanilla's row sums and clip counts by the compiled loops, with the entropy / KL terms
         ``config`` still needs in the same loop: one pass for the log-ratios, one torch ``exp`` over
         the ratio (and k3's ref ratio) buffer, one pass for the rest."""
         entropy, kl, check = self._aux_plan(config)
         k3 = kl == "k3"
-        buf = _take((1 + k3, *self.shape), self.dtype, self.mask.device)
+        cap = self.n_tokens
+        # sized by the batch's shape, not its valid count, so same-shaped batches reuse one buffer
+        buf = _take(((1 + k3) * self.shape[0] * self.width,), self.dtype, self.mask.device)
         try:
-            d, k = buf[0], (buf[1] if k3 else None)
-            kl_sum, k2 = self.native.prep(d, k, check=check)
-            buf.exp_()  # the ratios (and k3's exp(delta)): torch's exp, as verl computes them
-            rows, n_clipped, n_dual, ent_rows, kl_rows = self.native.vanilla(
-                d, lo, hi, c, entropy=entropy, kl=kl, e=k
+            xd, xk = buf[:cap], (buf[cap : 2 * cap] if k3 else None)
+            seen, kl_sum, k2, guard = self.native.vprep(xd, xk, cap, entropy=entropy, check=check)
+            if seen != cap:  # mask bytes other than 0/1 (a bool view of other bytes): the torch ops
+                return None
+            buf[: (1 + k3) * cap].exp_()  # the valid tokens' ratios (and k3's exp(delta)): torch's exp
+            rows, n_clipped, n_dual, ent_rows, kl_rows = self.native.vpacked(
+                xd, xk, cap, lo, hi, c, entropy=entropy, kl=kl
             )
         finally:
             _give(buf)
+        kl_sum += guard  # a non-finite input anywhere (guard is 0 otherwise) sends the batch to verl's ops
         if self.ppo_kl is None:
             self.ppo_kl = -kl_sum / _eps_count(self.n_tokens)
             self.finite = self.finite and math.isfinite(kl_sum)

@@ -141,6 +141,72 @@ class Inputs:
             self.mask.data_ptr(), self.rows, self.width, check, d.data_ptr(), k_ptr,
         )  # fmt: skip
 
+    def packed(self, buf: Tensor, cap: int) -> Tensor:
+        """``buf`` if the loops may write / read ``cap`` packed values there (1-D, contiguous, CPU, the
+        inputs' dtype)."""
+        if (
+            buf.dim() != 1
+            or buf.numel() < cap
+            or buf.dtype != next(iter(self.tensors.values())).dtype
+            or not buf.is_contiguous()
+            or buf.device.type != "cpu"
+        ):
+            raise ValueError("packed buffer does not match the inputs")
+        return buf
+
+    def vprep(
+        self, xd: Tensor, xk: Tensor | None, cap: int, *, entropy: bool, check: bool
+    ) -> tuple[int, float, float, float]:
+        """Vanilla's packed log-ratios: ``xd`` gets ``clamp(lp - old, -20, 20)`` of the valid tokens in
+        row-major order, ``xk`` (k3) ``clamp(ref - lp, -20, 20)``. Returns the valid-token count seen,
+        the masked sum of the log-ratio, the sum of ``(ref - lp)^2`` when ``check`` and a guard sum
+        that is NaN exactly when some input (any token, masked or not) is not finite."""
+        need_ref = xk is not None or check
+        if need_ref and "ref_log_prob" not in self.tensors:
+            raise ValueError("no ref_log_prob tensor")
+        if entropy and "entropy" not in self.tensors:
+            raise ValueError("no entropy tensor")
+        xd = self.packed(xd, cap)
+        xk_ptr = 0 if xk is None else self.packed(xk, cap).data_ptr()
+        return _MODULE.vprep(
+            self.f64, self._p("log_prob"), self._p("old_log_prob"), self._p("ref_log_prob" if need_ref else None),
+            self._p("advantages"), self._p("entropy" if entropy else None), self.mask.data_ptr(), self.rows,
+            self.width, check, xd.data_ptr(), xk_ptr, cap,
+        )  # fmt: skip
+
+    def vpacked(
+        self,
+        xr: Tensor,
+        xe: Tensor | None,
+        cap: int,
+        lo: float,
+        hi: float,
+        c: float,
+        *,
+        entropy: bool,
+        kl: str | None,
+    ) -> tuple[list[float], int, int, list[float] | None, list[float] | None]:
+        """:meth:`vanilla` over :meth:`vprep`'s packed vectors after torch's exp (``xr`` the ratios,
+        ``xe`` k3's ``exp(delta)``); groups of tokens with none valid are skipped."""
+        code = KL_CODES[kl]
+        if code and not {"log_prob", "ref_log_prob"} <= self.tensors.keys():
+            raise ValueError("the KL row sums need log_prob and ref_log_prob")
+        if entropy and "entropy" not in self.tensors:
+            raise ValueError("no entropy tensor")
+        if code == 4 and xe is None:
+            raise ValueError("k3 needs the packed exp(clamp(ref - lp, -20, 20))")
+        xr = self.packed(xr, cap)
+        xe_ptr = self.packed(xe, cap).data_ptr() if code == 4 else 0
+        out = torch.empty((3, self.rows), dtype=torch.float64)
+        pos, neg = _MODULE.vpacked(
+            self.f64, xr.data_ptr(), xe_ptr, cap, self._p("advantages"), self.mask.data_ptr(), self.rows,
+            self.width, lo, hi, c, out[0].data_ptr(), self._p("entropy" if entropy else None),
+            self._p("log_prob" if code else None), self._p("ref_log_prob" if code else None), code,
+            out[1].data_ptr(), out[2].data_ptr(),
+        )  # fmt: skip
+        rows, ent_rows, kl_rows = out.tolist()
+        return rows, pos, neg, ent_rows if entropy else None, kl_rows if code else None
+
     def vanilla(
         self,
         r: Tensor,

@@ -93,6 +93,47 @@ static PyObject *py_vanilla(PyObject *self, PyObject *args) {
     return Py_BuildValue("LL", (long long)pos, (long long)neg);
 }
 
+static PyObject *py_vprep(PyObject *self, PyObject *args) {
+    int f64, check;
+    ptr_t lp, old, ref, adv, ent, mask, xd, xk;
+    Py_ssize_t rows, width, cap, q = 0;
+    double kl = 0.0, k2 = 0.0, guard = 0.0;
+    if (!PyArg_ParseTuple(args, "pKKKKKKnnpKKn", &f64, &lp, &old, &ref, &adv, &ent, &mask, &rows, &width,
+                          &check, &xd, &xk, &cap))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS;
+    if (f64)
+        q = DISPATCH(vprep_f64, P(double, lp), P(double, old), P(double, ref), P(double, adv), P(double, ent),
+                     P(uint8_t, mask), rows, width, check, P(double, xd), P(double, xk), cap, &kl, &k2, &guard);
+    else
+        q = DISPATCH(vprep_f32, P(float, lp), P(float, old), P(float, ref), P(float, adv), P(float, ent),
+                     P(uint8_t, mask), rows, width, check, P(float, xd), P(float, xk), cap, &kl, &k2, &guard);
+    Py_END_ALLOW_THREADS;
+    return Py_BuildValue("nddd", q, kl, k2, guard);
+}
+
+static PyObject *py_vpacked(PyObject *self, PyObject *args) {
+    int f64, kind;
+    ptr_t xr, xe, adv, mask, row_out, ent, lp, ref, ent_out, kl_out;
+    Py_ssize_t cap, rows, width;
+    double lo, hi, c;
+    int64_t pos = 0, neg = 0;
+    if (!PyArg_ParseTuple(args, "pKKnKKnndddKKKKiKK", &f64, &xr, &xe, &cap, &adv, &mask, &rows, &width, &lo,
+                          &hi, &c, &row_out, &ent, &lp, &ref, &kind, &ent_out, &kl_out))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS;
+    if (f64)
+        DISPATCH(vpacked_f64, P(double, xr), P(double, xe), cap, P(double, adv), P(uint8_t, mask), rows, width,
+                 lo, hi, c, P(double, row_out), &pos, &neg, P(double, ent), P(double, lp), P(double, ref), kind,
+                 P(double, ent_out), P(double, kl_out));
+    else
+        DISPATCH(vpacked_f32, P(float, xr), P(float, xe), cap, P(float, adv), P(uint8_t, mask), rows, width,
+                 (float)lo, (float)hi, (float)c, P(double, row_out), &pos, &neg, P(float, ent), P(float, lp),
+                 P(float, ref), kind, P(double, ent_out), P(double, kl_out));
+    Py_END_ALLOW_THREADS;
+    return Py_BuildValue("LL", (long long)pos, (long long)neg);
+}
+
 static PyObject *py_aux(PyObject *self, PyObject *args) {
     int f64, kind, check;
     ptr_t mask, ent, lp, ref, e, ent_out, kl_out;
@@ -115,6 +156,8 @@ static PyObject *py_aux(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"prep", py_prep, METH_VARARGS, "clamped log-ratios (and ref log-ratios), their masked sum, the k2 check"},
     {"vanilla", py_vanilla, METH_VARARGS, "vanilla PPO clip row sums and clip counts, with entropy / KL rows"},
+    {"vprep", py_vprep, METH_VARARGS, "vanilla: packed valid log-ratios, kl / k2 / non-finite guard sums"},
+    {"vpacked", py_vpacked, METH_VARARGS, "vanilla over packed ratios, with entropy / KL rows"},
     {"aux", py_aux, METH_VARARGS, "entropy and KL-estimator row sums, and the k2 check sum"},
     LOSSES_A_METHODS LOSSES_B_METHODS ROLLOUT_METHODS
     {NULL, NULL, 0, NULL},

@@ -270,6 +270,195 @@ DEFINE_AUX(f64, double)
 DEFINE_VANILLA(f32, float)
 DEFINE_VANILLA(f64, double)
 
+/* ---- vanilla over packed ratios: exp of the valid tokens only ---------------------------------------
+ * The ratio (and k3's exp(delta)) is needed at valid tokens only, so vprep packs their log-ratios in
+ * row-major order (torch's exp of a value does not depend on where it sits in a tensor) and the main
+ * loop skips every group of N tokens with none valid. What a skipped token could still carry, a
+ * non-finite value, goes into vprep's sums taken over every token: kl (d m; lp, old), k2 (check) and
+ * guard = sum (A 0 + ent 0 + (ref - lp) 0), NaN exactly when some input is not finite.
+ * vprep writes xd[q] = clamp(lp - old, -20, 20) and, with xk, xk[q] = clamp(ref - lp, -20, 20) for the
+ * q-th valid token (q < cap); returns the valid-token count it saw. */
+#define GROUP_BITS_f32(M) K(group8)(M)
+#define GROUP_BITS_f64(M) K(group4)(M)
+#define GROUP_ALL_f32 0x0101010101010101ULL
+#define GROUP_ALL_f64 0x01010101ULL
+static inline uint64_t K(group8)(const uint8_t *p) {
+    uint64_t b;
+    memcpy(&b, p, 8);
+    return b;
+}
+static inline uint64_t K(group4)(const uint8_t *p) {
+    uint32_t b;
+    memcpy(&b, p, 4);
+    return b;
+}
+
+#define VPREP_BODY(S, T, LP, OLD, REF, ADV, ENT, M)                                                      \
+    {                                                                                                    \
+        const S##v m = K(mask_##S)(M), lpv = K(ld_##S)(LP);                                              \
+        S##v d = lpv - K(ld_##S)(OLD);                                                                   \
+        d = CLAMP(S, d, -lim, lim);                                                                      \
+        K(acc_##S)(kl_acc, d * m);                                                                       \
+        S##v g = K(ld_##S)(ADV) * zero;                                                                  \
+        if (ent) g = g + K(ld_##S)(ENT) * zero;                                                          \
+        S##v k = zero;                                                                                   \
+        if (ref) {                                                                                       \
+            k = K(ld_##S)(REF) - lpv;                                                                    \
+            if (check) K(acc_##S)(k2_acc, k * k);                                                        \
+            g = g + k * zero;                                                                            \
+            k = CLAMP(S, k, -lim, lim);                                                                  \
+        }                                                                                                \
+        K(acc_##S)(guard_acc, g);                                                                        \
+        const uint64_t bits = GROUP_BITS_##S(M);                                                         \
+        if (bits == GROUP_ALL_##S && q + N_##S <= cap) {                                                 \
+            memcpy(xd + q, &d, sizeof d);                                                                \
+            if (xk) memcpy(xk + q, &k, sizeof k);                                                        \
+            q += N_##S;                                                                                  \
+        } else if (bits) {                                                                               \
+            for (int l = 0; l < N_##S; l++)                                                              \
+                if ((M)[l]) {                                                                            \
+                    if (q < cap) {                                                                       \
+                        xd[q] = d[l];                                                                    \
+                        if (xk) xk[q] = k[l];                                                            \
+                    }                                                                                    \
+                    q++;                                                                                 \
+                }                                                                                        \
+        }                                                                                                \
+    }
+
+#define DEFINE_VPREP(S, T)                                                                               \
+    static Py_ssize_t K(vprep_##S)(const T *lp, const T *old, const T *ref, const T *adv, const T *ent,  \
+                                   const uint8_t *mask, Py_ssize_t rows, Py_ssize_t width, int check,    \
+                                   T *xd, T *xk, Py_ssize_t cap, double *kl_out, double *k2_out,         \
+                                   double *guard_out) {                                                  \
+        const S##v lim = SPLAT(S, T, 20), zero = SPLAT(S, T, 0);                                         \
+        dacc kl_acc[2] = {0}, k2_acc[2] = {0}, guard_acc[2] = {0};                                       \
+        Py_ssize_t q = 0;                                                                                \
+        for (Py_ssize_t i = 0; i < rows; i++) {                                                          \
+            const Py_ssize_t o = i * width;                                                              \
+            Py_ssize_t j = 0;                                                                            \
+            for (; j + N_##S <= width; j += N_##S)                                                       \
+                VPREP_BODY(S, T, lp + o + j, old + o + j, ref + o + j, adv + o + j, ent + o + j,         \
+                           mask + o + j);                                                                \
+            if (j < width) {                                                                             \
+                PAD(T, N_##S, lp, lp + o, j, width) PAD(T, N_##S, old, old + o, j, width);               \
+                PAD(T, N_##S, ref, ref ? ref + o : NULL, j, width);                                      \
+                PAD(T, N_##S, adv, adv + o, j, width) PAD(T, N_##S, ent, ent ? ent + o : NULL, j, width); \
+                PAD(uint8_t, N_##S, m, mask + o, j, width);                                              \
+                VPREP_BODY(S, T, lp_pad, old_pad, ref_pad, adv_pad, ent_pad, m_pad);                     \
+            }                                                                                            \
+        }                                                                                                \
+        *kl_out = K(acc_total)(kl_acc);                                                                  \
+        *k2_out = K(acc_total)(k2_acc);                                                                  \
+        *guard_out = K(acc_total)(guard_acc);                                                            \
+        return q;                                                                                        \
+    }
+DEFINE_VPREP(f32, float)
+DEFINE_VPREP(f64, double)
+
+/* r and e of the group at M from the packed vectors xr / xe (exp'd by torch), 0 where masked */
+#define VGATHER(S, T, M)                                                                                 \
+    S##v rk = zero, ek = zero;                                                                           \
+    if (bits == GROUP_ALL_##S && q + N_##S <= cap) {                                                     \
+        rk = K(ld_##S)(xr + q);                                                                          \
+        if (kind == 4) ek = K(ld_##S)(xe + q);                                                           \
+        q += N_##S;                                                                                      \
+    } else {                                                                                             \
+        T tr[N_##S] = {0}, te[N_##S] = {0};                                                              \
+        for (int l = 0; l < N_##S; l++)                                                                  \
+            if ((M)[l] && q < cap) {                                                                     \
+                tr[l] = xr[q];                                                                           \
+                if (kind == 4) te[l] = xe[q];                                                            \
+                q++;                                                                                     \
+            }                                                                                            \
+        memcpy(&rk, tr, sizeof rk);                                                                      \
+        memcpy(&ek, te, sizeof ek);                                                                      \
+    }
+
+/* VANILLA_BODY and AUX_BODY's math on a group whose r and e are vectors (rk, ek) */
+#define VPACKED_BODY(S, T, ADV, ENT, LP, REF, M)                                                         \
+    {                                                                                                    \
+        const uint64_t bits = GROUP_BITS_##S(M);                                                         \
+        if (bits) {                                                                                      \
+            VGATHER(S, T, M)                                                                             \
+            const S##v m = K(mask_##S)(M);                                                               \
+            const S##v a = K(ld_##S)(ADV) * m;                                                           \
+            const S##v ap = CLAMP_MIN(S, a, zero);                                                       \
+            const S##v an = ap - a;                                                                      \
+            const S##v loss = CLAMP(S, rk, lo, c) * an - CLAMP_MAX(S, rk, hi) * ap;                      \
+            K(acc_##S)(acc, loss);                                                                       \
+            const S##v z = a * rk + loss;                                                                \
+            pc += (z > zero);                                                                            \
+            nc += (z < zero);                                                                            \
+            if (ent) K(acc_##S)(ea, K(ld_##S)(ENT) * m);                                                 \
+            if (kind == 4) {                                                                             \
+                S##v delta = K(ld_##S)(REF) - K(ld_##S)(LP);                                             \
+                delta = CLAMP(S, delta, -lim, lim);                                                      \
+                S##v v = ek - delta;                                                                     \
+                v = v - one;                                                                             \
+                K(acc_##S)(ka, CLAMP(S, v, -ten, ten) * m);                                              \
+            } else if (kind > 0) {                                                                       \
+                S##v v = K(ld_##S)(LP) - K(ld_##S)(REF);                                                 \
+                if (kind == 2) v = K(sel_##S)(v < zero, -v, v);                                          \
+                if (kind == 3) v = (v * v) * half;                                                       \
+                K(acc_##S)(ka, v * m);                                                                   \
+            }                                                                                            \
+        }                                                                                                \
+    }
+
+#define DEFINE_VPACKED(S, T)                                                                             \
+    static inline __attribute__((always_inline)) void K(vpacked_rows_##S)(                               \
+        const T *xr, const T *xe, Py_ssize_t cap, const T *adv, const uint8_t *mask, Py_ssize_t rows,    \
+        Py_ssize_t width, T lo_, T hi_, T c_, double *row_out, int64_t *pos_out, int64_t *neg_out,       \
+        const T *ent, const T *lp, const T *ref, const int kind, double *ent_out, double *kl_out) {      \
+        const S##v lo = SPLAT(S, T, lo_), hi = SPLAT(S, T, hi_), c = SPLAT(S, T, c_);                    \
+        const S##v zero = SPLAT(S, T, 0), one = SPLAT(S, T, 1), half = SPLAT(S, T, 0.5);                 \
+        const S##v lim = SPLAT(S, T, 20), ten = SPLAT(S, T, 10);                                         \
+        int64_t pos = 0, neg = 0;                                                                        \
+        Py_ssize_t q = 0;                                                                                \
+        for (Py_ssize_t i = 0; i < rows; i++) {                                                          \
+            const Py_ssize_t o = i * width;                                                              \
+            dacc acc[2] = {0}, ea[2] = {0}, ka[2] = {0};                                                 \
+            S##m pc = {0}, nc = {0};                                                                     \
+            Py_ssize_t j = 0;                                                                            \
+            for (; j + N_##S <= width; j += N_##S)                                                       \
+                VPACKED_BODY(S, T, adv + o + j, ent + o + j, lp + o + j, ref + o + j, mask + o + j);     \
+            if (j < width) {                                                                             \
+                PAD(T, N_##S, adv, adv + o, j, width) PAD(uint8_t, N_##S, m, mask + o, j, width);        \
+                PAD(T, N_##S, ent, ent ? ent + o : NULL, j, width);                                      \
+                PAD(T, N_##S, lp, lp ? lp + o : NULL, j, width);                                         \
+                PAD(T, N_##S, ref, ref ? ref + o : NULL, j, width);                                      \
+                VPACKED_BODY(S, T, adv_pad, ent_pad, lp_pad, ref_pad, m_pad);                            \
+            }                                                                                            \
+            row_out[i] = K(acc_total)(acc);                                                              \
+            if (ent) ent_out[i] = K(acc_total)(ea);                                                      \
+            if (kind) kl_out[i] = K(acc_total)(ka);                                                      \
+            pos += K(count_##S)(pc);                                                                     \
+            neg += K(count_##S)(nc);                                                                     \
+        }                                                                                                \
+        *pos_out = pos;                                                                                  \
+        *neg_out = neg;                                                                                  \
+    }                                                                                                    \
+    static void K(vpacked_##S)(const T *xr, const T *xe, Py_ssize_t cap, const T *adv,                   \
+                               const uint8_t *mask, Py_ssize_t rows, Py_ssize_t width, T lo, T hi, T c,  \
+                               double *row_out, int64_t *pos_out, int64_t *neg_out, const T *ent,        \
+                               const T *lp, const T *ref, int kind, double *ent_out, double *kl_out) {   \
+        switch (kind) {                                                                                  \
+        VPACKED_CASE(S, 0) VPACKED_CASE(S, 1) VPACKED_CASE(S, 2) VPACKED_CASE(S, 3) VPACKED_CASE(S, 4)   \
+        }                                                                                                \
+    }
+#define VPACKED_CASE(S, KIND)                                                                            \
+    case KIND:                                                                                           \
+        if (ent)                                                                                         \
+            K(vpacked_rows_##S)(xr, xe, cap, adv, mask, rows, width, lo, hi, c, row_out, pos_out,        \
+                                neg_out, ent, lp, ref, KIND, ent_out, kl_out);                           \
+        else                                                                                             \
+            K(vpacked_rows_##S)(xr, xe, cap, adv, mask, rows, width, lo, hi, c, row_out, pos_out,        \
+                                neg_out, NULL, lp, ref, KIND, ent_out, kl_out);                          \
+        break;
+DEFINE_VPACKED(f32, float)
+DEFINE_VPACKED(f64, double)
+
 
 /* the other losses and the rollout correction, one file per group */
 #include "losses_a.h"
