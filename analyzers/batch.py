@@ -12,9 +12,11 @@ correction and the dashboard's histograms.
 Who calls it: the server's upload route (``AuditBatch.validate``: bad input raises :class:`BatchError`,
 which the service turns into its 422/413), the audit worker (``AuditBatch.stored``: a batch already
 validated at upload is not validated again, only its config parsed) and the client's ``log_batch``
-(``parse_config``: misuse raises in the trainer). The trainer -> config mappings live beside it:
-``LossConfig.from_verl`` (verl, and OpenRLHF through ``openrlhf_loss_config``'s verl-named fields),
-``TrlLossConfig.from_dict`` (TRL), ``AlgorithmConfig.from_verl``; :func:`parse_config` picks one.
+(``parse_config``: misuse raises in the trainer). The trainer -> config mappings live beside it: the
+parsers ``LossConfig.from_verl`` (verl, and OpenRLHF's verl-named fields), ``TrlLossConfig.from_dict``
+(TRL), ``AlgorithmConfig.from_verl``, which :func:`parse_config` picks from; and the readers of a live
+trainer object that produce what they parse, one per trainer, in :mod:`rlvitals.analyzers.trainer_configs`
+(``verl_loss_config``, ``trl_config_for``, ``openrlhf_loss_config``; the client integrations re-export them).
 """
 
 from __future__ import annotations
