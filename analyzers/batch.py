@@ -254,7 +254,12 @@ def audit_batch(
     the trainer did not send the ones it applied).
     """
     from rlvitals.analyzers.advantages import group_diagnostics
-    from rlvitals.analyzers.algorithm import AlgorithmConfig, audit_rollout, check_advantages
+    from rlvitals.analyzers.algorithm import (
+        AlgorithmConfig,
+        audit_rollout,
+        check_advantages,
+        training_batch_size,
+    )
     from rlvitals.analyzers.auditing import audit
     from rlvitals.analyzers.trl import TrlLossConfig
 
@@ -294,16 +299,11 @@ def audit_batch(
     if "token_level_rewards" in tensors and (
         rules.GROUP_INDEX in tensors or algorithm.adv_estimator is not None
     ):
-        out.advantages = check_advantages(algorithm, tensors)
+        size = training_batch_size(batch.config, run_config)  # the driver's whole batch, when known
+        out.advantages = check_advantages(algorithm, tensors, batch_size=size)
         result["advantages"] = out.advantages
         if out.advantages["ok"] is False:
-            adv = out.advantages
-            name = adv["estimator"]
-            extra.append(
-                f"The sent advantages differ from {name.upper()} advantages (adv_estimator={name!r}) recomputed "
-                f"from token_level_rewards and group_index by up to {adv['max_abs_err']:.3g} "
-                f"(norm_adv_by_std_in_grpo={adv['norm_adv_by_std_in_grpo']}, gamma={adv['gamma']})."
-            )
+            extra.append(out.advantages["explanation"])
     if rollout is not None:
         rollout.pop("_mask", None)
         rollout.pop("_weights", None)
