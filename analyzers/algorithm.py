@@ -137,12 +137,14 @@ def check_advantages(
     settings = {"gamma": float(algorithm.gamma), "norm_adv_by_std_in_grpo": algorithm.norm_adv_by_std_in_grpo}
     rewards, index = tensors["token_level_rewards"], tensors.get("group_index")
     form = BATCH_NORMALISED.get(name)
+    skipped = None
     try:
         expected, _ = compute_advantages(name, rewards, mask, index, **settings)
     except ValueError as exc:  # e.g. grpo_passk with a group of one, whitening over one token
         if form is None or batch_size == rows:
             return {**out, "ok": None, "max_abs_err": None, "skipped": str(exc)}
         expected = None  # a part with one valid token: the whole batch's whitening still ran; fit below
+        skipped = str(exc)
     valid = mask.bool()
     sent = tensors["advantages"].to(torch.float64)[valid]
     words = f"{name.upper()} advantages (adv_estimator={name!r})"
@@ -163,7 +165,10 @@ def check_advantages(
             return {**out, "ok": bool(ok), "max_abs_err": err, "scope": "exact", "explanation": explanation}
     else:
         err = None
-    raw = form.raw(rewards, mask, index, epsilon=1e-6, **settings).to(torch.float64)[valid]
+    try:
+        raw = form.raw(rewards, mask, index, epsilon=1e-6, **settings).to(torch.float64)[valid]
+    except ValueError as exc:  # the per-row part cannot run either (a group estimator without groups)
+        return {**out, "ok": None, "max_abs_err": None, "skipped": skipped or str(exc)}
     fit = _affine_fit(raw, sent, shift=form.shift)
     part = (
         f"this upload holds {rows} of the batch's {batch_size} responses"
@@ -177,8 +182,8 @@ def check_advantages(
     if fit["ok"]:
         explanation = (
             f"The sent advantages equal {words} up to the whole batch's statistics: verl normalises them "
-            f"with {form.statistic}, and {part}; checked that they are one affine map of the per-row values "
-            f"(fitted {stats})."
+            f"with {form.statistic}, and {part}; checked that they are "
+            f"{'one affine map' if form.shift else 'one positive multiple'} of the per-row values (fitted {stats})."
         )
     else:
         explanation = (

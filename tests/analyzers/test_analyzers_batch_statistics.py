@@ -185,3 +185,12 @@ def test_group_estimators_are_still_checked_exactly_on_any_whole_groups():
     upload = _upload({**tensors, "advantages": grpo}, _rows(case, tensors, 16, seed=1))
     out = check_advantages(AlgorithmConfig(adv_estimator="grpo"), upload, batch_size=64)
     assert out["ok"] is True and out["scope"] == "exact" and "fitted" not in out
+
+
+@pytest.mark.parametrize("estimator", ["reinforce_plus_plus_baseline", "gpg"])
+def test_a_group_estimator_without_groups_is_skipped_with_the_reason(estimator):
+    case, tensors = _case(f"{estimator}.float32")
+    upload = {k: v for k, v in _sample(case, tensors, 16).items() if k != "group_index"}
+    out = _audit(upload, {"algorithm": {"adv_estimator": estimator}})
+    assert out.advantages["ok"] is None and "needs index" in out.advantages["skipped"]
+    assert out.ok is True  # nothing to check is not a mismatch
