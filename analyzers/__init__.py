@@ -31,6 +31,8 @@ _EXPORTS: dict[str, str] = {
     "GroupDiagnostics": "advantages",
     "compute_advantages": "advantages",
     "register_adv_estimator": "advantages",
+    "register_batch_normalisation": "advantages",
+    "BATCH_NORMALISED": "advantages",
     "AdvEstimator": "advantages",
     "ADV_ESTIMATORS": "advantages",
     # rollout.py

@@ -228,6 +228,41 @@ def get_adv_estimator(name: str | AdvEstimator) -> AdvantageFn:
     return fn
 
 
+@dataclass(frozen=True)
+class BatchNormalisation:
+    """How an estimator's advantages depend on the whole batch verl computed them on (the driver's full
+    training batch), beyond the rows one upload holds: on valid tokens ``advantages = scale * raw +
+    shift``, ``scale > 0`` and ``shift`` one number each for the whole batch (``shift=False``: 0).
+
+    ``raw(token_level_rewards, response_mask, index, *, gamma, epsilon, norm_adv_by_std_in_grpo)`` is
+    the per-row part, computable from any subset of whole groups; ``statistic`` names the batch
+    statistic in the audit's words. A part of the batch then has the estimator's advantages exactly when
+    they are such an affine map of ``raw`` (the whole batch's statistics are not in the upload)."""
+
+    raw: Callable[..., Tensor]
+    shift: bool
+    statistic: str
+
+
+BATCH_NORMALISED: dict[str, BatchNormalisation] = {}
+
+
+def register_batch_normalisation(
+    name: str | AdvEstimator, *, shift: bool, statistic: str
+) -> Callable[[Callable[..., Tensor]], Callable[..., Tensor]]:
+    """Declare that estimator ``name`` normalises over the whole batch: the decorated function is its
+    ``raw`` part (see :class:`BatchNormalisation`). A duplicate name raises."""
+    key = str(name)
+
+    def decorator(raw: Callable[..., Tensor]) -> Callable[..., Tensor]:
+        if key in BATCH_NORMALISED:
+            raise ValueError(f"a batch normalisation for {key!r} is already registered")
+        BATCH_NORMALISED[key] = BatchNormalisation(raw, shift, statistic)
+        return raw
+
+    return decorator
+
+
 def compute_advantages(
     estimator: str | AdvEstimator,
     token_level_rewards: Tensor,
@@ -327,20 +362,34 @@ def _opo(rewards, mask, index, *, gamma, epsilon, norm_adv_by_std_in_grpo):
     return adv, adv
 
 
+def _group_centred(name: str, scores: Tensor, index: Any) -> Tensor:
+    """``s_i - mean_g`` per response (``(batch,)``); a singleton keeps its score (verl's mean 0)."""
+    out = scores.clone()
+    for rows in _need_index(name, index, scores.shape[0]).values():
+        at = torch.tensor(rows, dtype=torch.long)
+        mean = torch.tensor(0.0) if len(rows) == 1 else torch.mean(scores[at])
+        out[at] = (scores[at] - mean).to(out.dtype)
+    return out
+
+
 @register_adv_estimator(AdvEstimator.GPG)
 def _gpg(rewards, mask, index, *, gamma, epsilon, norm_adv_by_std_in_grpo):
-    """GPG (arXiv:2504.02546): ``alpha * (s_i - mean_g)``, ``alpha = batch / max(#non-zero scores, 1)``."""
+    """GPG (arXiv:2504.02546): ``alpha * (s_i - mean_g)``, ``alpha = batch / max(#non-zero scores, 1)``
+    counted over the whole batch."""
     with torch.no_grad():
         scores = rewards.sum(dim=-1)
-        batch = scores.shape[0]
-        alpha = batch / torch.count_nonzero(scores).clamp(min=1)
-        out = scores.clone()
-        for rows in _need_index("gpg", index, batch).values():
-            at = torch.tensor(rows, dtype=torch.long)
-            mean = torch.tensor(0.0) if len(rows) == 1 else torch.mean(scores[at])
-            out[at] = (alpha * (scores[at] - mean) / 1.0).to(out.dtype)  # verl's f_norm = 1.0
+        alpha = scores.shape[0] / torch.count_nonzero(scores).clamp(min=1)
+        out = (alpha * _group_centred("gpg", scores, index) / 1.0).to(scores.dtype)  # verl's f_norm = 1.0
         adv = out.unsqueeze(-1) * mask
     return adv, adv
+
+
+@register_batch_normalisation(
+    AdvEstimator.GPG, shift=False, statistic="alpha = batch size / non-zero scores, counted over the batch"
+)
+def _gpg_raw(rewards, mask, index, **_):
+    with torch.no_grad():
+        return _group_centred("gpg", rewards.sum(dim=-1), index).unsqueeze(-1) * mask
 
 
 @register_adv_estimator(AdvEstimator.GRPO_PASSK)
@@ -363,26 +412,29 @@ def _grpo_passk(rewards, mask, index, *, gamma, epsilon, norm_adv_by_std_in_grpo
     return adv, adv
 
 
+WHITENING = "masked_whiten (mean and unbiased std over the valid tokens of the batch)"
+
+
+@register_batch_normalisation(AdvEstimator.REINFORCE_PLUS_PLUS_BASELINE, shift=True, statistic=WHITENING)
+def _reinforce_pp_baseline_raw(rewards, mask, index, **_):
+    """``s_i - mean_g`` tiled over the response, masked: what verl whitens."""
+    with torch.no_grad():
+        out = _group_centred("reinforce_plus_plus_baseline", rewards.sum(dim=-1), index)
+        return out.unsqueeze(-1).tile([1, rewards.shape[-1]]) * mask
+
+
 @register_adv_estimator(AdvEstimator.REINFORCE_PLUS_PLUS_BASELINE)
 def _reinforce_pp_baseline(rewards, mask, index, *, gamma, epsilon, norm_adv_by_std_in_grpo):
     """REINFORCE++-baseline (arXiv:2501.03262): ``s_i - mean_g`` on every token, whitened over the
     batch's valid tokens."""
     with torch.no_grad():
-        scores = rewards.sum(dim=-1)
-        out = scores.clone()
-        for rows in _need_index("reinforce_plus_plus_baseline", index, scores.shape[0]).values():
-            at = torch.tensor(rows, dtype=torch.long)
-            mean = torch.tensor(0.0) if len(rows) == 1 else torch.mean(scores[at])
-            out[at] = (scores[at] - mean).to(out.dtype)
-        tiled = out.unsqueeze(-1).tile([1, rewards.shape[-1]]) * mask
-        adv = _masked_whiten(tiled, mask) * mask
+        adv = _masked_whiten(_reinforce_pp_baseline_raw(rewards, mask, index), mask) * mask
     return adv, adv
 
 
-@register_adv_estimator(AdvEstimator.REINFORCE_PLUS_PLUS)
-def _reinforce_pp(rewards, mask, index, *, gamma, epsilon, norm_adv_by_std_in_grpo):
-    """REINFORCE++ (arXiv:2501.03262): discounted return-to-go ``G_t = r_t + gamma * G_{t+1}`` over
-    valid tokens (masked positions carry G through unchanged), whitened over the batch."""
+@register_batch_normalisation(AdvEstimator.REINFORCE_PLUS_PLUS, shift=True, statistic=WHITENING)
+def _reinforce_pp_returns(rewards, mask, index, *, gamma, **_):
+    """The discounted return-to-go on valid tokens (0 elsewhere): what verl whitens."""
     if mask.dtype == torch.bool:  # verl computes ``1 - mask``, which a bool tensor refuses
         mask = mask.to(rewards.dtype)
     with torch.no_grad():
@@ -392,5 +444,16 @@ def _reinforce_pp(rewards, mask, index, *, gamma, epsilon, norm_adv_by_std_in_gr
             step = rewards[:, t] + gamma * running
             returns[:, t] = step * mask[:, t]
             running = step * mask[:, t] + running * (1 - mask[:, t])
+    return returns
+
+
+@register_adv_estimator(AdvEstimator.REINFORCE_PLUS_PLUS)
+def _reinforce_pp(rewards, mask, index, *, gamma, epsilon, norm_adv_by_std_in_grpo):
+    """REINFORCE++ (arXiv:2501.03262): discounted return-to-go ``G_t = r_t + gamma * G_{t+1}`` over
+    valid tokens (masked positions carry G through unchanged), whitened over the batch."""
+    returns = _reinforce_pp_returns(rewards, mask, index, gamma=gamma)
+    if mask.dtype == torch.bool:
+        mask = mask.to(rewards.dtype)
+    with torch.no_grad():
         adv = _masked_whiten(returns, mask) * mask
     return adv, returns

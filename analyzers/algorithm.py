@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from .advantages import ADV_ESTIMATORS, compute_advantages
+from .advantages import ADV_ESTIMATORS, BATCH_NORMALISED, compute_advantages
 from .rollout import PREFIX, rollout_correction, rollout_debug_metrics
 from .rollout_config import RolloutCorrectionConfig
 
@@ -85,41 +85,150 @@ class AlgorithmConfig:
         return out
 
 
-def check_advantages(algorithm: AlgorithmConfig, tensors: Mapping[str, Tensor]) -> dict[str, Any]:
+def training_batch_size(*configs: Mapping[str, Any] | None) -> int | None:
+    """The number of responses verl computes advantages over in one step (the driver's whole batch):
+    ``data.train_batch_size`` x ``actor_rollout_ref.rollout.n`` of the first config holding both, else
+    None."""
+    for config in configs:
+        if not hasattr(config, "get"):
+            continue
+        data, rollout = config.get("data"), (config.get("actor_rollout_ref") or {})
+        rollout = rollout.get("rollout") if hasattr(rollout, "get") else None
+        prompts = data.get("train_batch_size") if hasattr(data, "get") else None
+        n = rollout.get("n", 1) if hasattr(rollout, "get") else None
+        if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (prompts, n)):
+            return prompts * n
+    return None
+
+
+def check_advantages(
+    algorithm: AlgorithmConfig, tensors: Mapping[str, Tensor], *, batch_size: int | None = None
+) -> dict[str, Any]:
     """Recompute ``algorithm.adv_estimator``'s advantages from ``token_level_rewards`` and
     ``group_index`` and compare with the sent ``advantages`` on valid tokens.
 
-    Returns ``{"ok", "estimator", "max_abs_err", "norm_adv_by_std_in_grpo", "gamma"}``; ``ok`` is None
-    (with ``"skipped"``) when the estimator is not one reproduced here or cannot run on the batch.
+    An estimator that normalises over the whole batch verl ran it on (``reinforce_plus_plus`` and
+    ``reinforce_plus_plus_baseline`` whiten over it, ``gpg`` scales by a count over it; see
+    :data:`~rlvitals.analyzers.advantages.BATCH_NORMALISED`) is checked exactly when the upload is that
+    whole batch (``batch_size`` rows: :func:`training_batch_size`). An upload that is a part of it (fewer
+    rows), or of unknown size that does not match exactly, is checked for what a part keeps: the sent
+    advantages must be ``scale * raw + shift`` on valid tokens with one ``scale > 0`` (and ``shift``)
+    fitted by least squares; ``scope`` is then ``"batch_statistics"`` and ``fitted`` holds the whole
+    batch's statistics the fit implies (whitening: its ``mean`` and ``std``; gpg: ``scale``).
+
+    Returns ``{"ok", "estimator", "max_abs_err", "norm_adv_by_std_in_grpo", "gamma", "scope", "rows",
+    "batch_size", "explanation"}`` (+ ``"fitted"``, ``"exact_max_abs_err"`` in ``batch_statistics``
+    scope); ``ok`` is None (with ``"skipped"``) when the estimator is not one reproduced here or cannot
+    run on the batch.
     """
     name = algorithm.adv_estimator or "grpo"
+    mask = tensors["response_mask"]
+    rows = int(mask.shape[0])
     out: dict[str, Any] = {
         "estimator": name,
         "norm_adv_by_std_in_grpo": algorithm.norm_adv_by_std_in_grpo,
         "gamma": float(algorithm.gamma),
+        "rows": rows,
+        "batch_size": batch_size,
     }
     if name not in ADV_ESTIMATORS:
         return {**out, "ok": None, "max_abs_err": None,
                 "skipped": f"adv_estimator {name!r} is not reproduced (valid: {', '.join(sorted(ADV_ESTIMATORS))})"}  # fmt: skip
-    mask = tensors["response_mask"]
+    settings = {"gamma": float(algorithm.gamma), "norm_adv_by_std_in_grpo": algorithm.norm_adv_by_std_in_grpo}
+    rewards, index = tensors["token_level_rewards"], tensors.get("group_index")
+    form = BATCH_NORMALISED.get(name)
+    skipped = None
     try:
-        expected, _ = compute_advantages(
-            name,
-            tensors["token_level_rewards"],
-            mask,
-            tensors.get("group_index"),
-            gamma=float(algorithm.gamma),
-            norm_adv_by_std_in_grpo=algorithm.norm_adv_by_std_in_grpo,
-        )
+        expected, _ = compute_advantages(name, rewards, mask, index, **settings)
     except ValueError as exc:  # e.g. grpo_passk with a group of one, whitening over one token
-        return {**out, "ok": None, "max_abs_err": None, "skipped": str(exc)}
-    expected = expected.to(torch.float64)
+        if form is None or batch_size == rows:
+            return {**out, "ok": None, "max_abs_err": None, "skipped": str(exc)}
+        expected = None  # a part with one valid token: the whole batch's whitening still ran; fit below
+        skipped = str(exc)
     valid = mask.bool()
-    diff = (expected - tensors["advantages"].to(torch.float64)).abs()[valid]
-    max_err = float(diff.max()) if diff.numel() else 0.0
-    scale = float(expected.abs()[valid].max()) if diff.numel() else 0.0
-    ok = max_err <= ADVANTAGE_ATOL + ADVANTAGE_RTOL * scale  # NaN compares False: a NaN is a mismatch
-    return {**out, "ok": bool(ok), "max_abs_err": max_err}
+    sent = tensors["advantages"].to(torch.float64)[valid]
+    words = f"{name.upper()} advantages (adv_estimator={name!r})"
+    if expected is not None:
+        expected = expected.to(torch.float64)[valid]
+        err = float((expected - sent).abs().max()) if sent.numel() else 0.0
+        scale = float(expected.abs().max()) if sent.numel() else 0.0
+        ok = err <= ADVANTAGE_ATOL + ADVANTAGE_RTOL * scale  # NaN compares False: a NaN is a mismatch
+        if ok or form is None or batch_size == rows:
+            whole = (
+                f" over the whole batch ({rows} responses)" if form is not None and batch_size == rows else ""
+            )
+            explanation = (
+                f"The sent advantages {'equal' if ok else 'differ from'} {words} recomputed{whole} from "
+                f"token_level_rewards{' and group_index' if index is not None else ''}"
+                + ("." if ok else f" by up to {err:.3g} ({_settings(algorithm)}).")
+            )
+            return {**out, "ok": bool(ok), "max_abs_err": err, "scope": "exact", "explanation": explanation}
+    else:
+        err = None
+    try:
+        raw = form.raw(rewards, mask, index, epsilon=1e-6, **settings).to(torch.float64)[valid]
+    except ValueError as exc:  # the per-row part cannot run either (a group estimator without groups)
+        return {**out, "ok": None, "max_abs_err": None, "skipped": skipped or str(exc)}
+    fit = _affine_fit(raw, sent, shift=form.shift)
+    part = (
+        f"this upload holds {rows} of the batch's {batch_size} responses"
+        if batch_size is not None
+        else f"the run's config does not give the batch size (data.train_batch_size x "
+        f"actor_rollout_ref.rollout.n), so this {rows}-response upload is taken as a part of it"
+    )
+    if batch_size is not None and rows > batch_size:
+        part = f"this upload has more responses ({rows}) than the batch the config gives ({batch_size})"
+    stats = ", ".join(f"{k} {v:.6g}" for k, v in fit["fitted"].items()) or "constant per-row values"
+    if fit["ok"]:
+        explanation = (
+            f"The sent advantages equal {words} up to the whole batch's statistics: verl normalises them "
+            f"with {form.statistic}, and {part}; checked that they are "
+            f"{'one affine map' if form.shift else 'one positive multiple'} of the per-row values (fitted {stats})."
+        )
+    else:
+        explanation = (
+            f"The sent advantages are not {words} for any batch statistics: no single "
+            f"{'scale and shift' if form.shift else 'scale'} ({form.statistic}) maps the per-row values "
+            f"recomputed from token_level_rewards onto them; the best fit ({stats}) misses by up to "
+            f"{fit['max_abs_err']:.3g} ({_settings(algorithm)}; {part})."
+        )
+    return {**out, "ok": fit["ok"], "max_abs_err": fit["max_abs_err"], "exact_max_abs_err": err,
+            "scope": "batch_statistics", "fitted": fit["fitted"], "explanation": explanation}  # fmt: skip
+
+
+def _settings(algorithm: AlgorithmConfig) -> str:
+    return f"norm_adv_by_std_in_grpo={algorithm.norm_adv_by_std_in_grpo}, gamma={algorithm.gamma}"
+
+
+def _affine_fit(raw: Tensor, sent: Tensor, *, shift: bool) -> dict[str, Any]:
+    """Least squares ``sent ~ a * raw + b`` (``b = 0`` without ``shift``), ``a > 0`` required; float64.
+
+    Whitening's ``(x - mean) / std`` is ``a = 1 / std``, ``b = -mean / std``: ``fitted`` gives ``mean``
+    and ``std``; a pure scale gives ``scale``. Constant ``raw`` (no spread to fit a scale on) only asks
+    ``sent`` to be constant (0 without shift)."""
+    if sent.numel() == 0:
+        return {"ok": True, "max_abs_err": 0.0, "fitted": {}}
+    x_mean, y_mean = (raw.mean(), sent.mean()) if shift else (raw.new_zeros(()), raw.new_zeros(()))
+    dx, dy = raw - x_mean, sent - y_mean
+    spread = float((dx * dx).sum())
+    if spread <= 1e-24 * max(1.0, float((raw * raw).sum())):  # constant raw: the scale is not determined
+        a, b = None, float(y_mean)
+        fitted_values = torch.full_like(sent, b)
+    else:
+        a = float((dx * dy).sum()) / spread
+        b = float(y_mean) - a * float(x_mean)
+        fitted_values = a * raw + b
+    err = float((sent - fitted_values).abs().max())
+    ok = err <= ADVANTAGE_ATOL + ADVANTAGE_RTOL * float(sent.abs().max())  # NaN: False
+    if a is not None and not a > 0:
+        ok = False  # advantages decreasing in the return: a sign flip, no whitening does that
+    if a is None:
+        fitted = {"shift": b} if shift else {}
+    elif shift:
+        fitted = {"mean": -b / a if a else math.nan, "std": 1.0 / a if a else math.inf}
+    else:
+        fitted = {"scale": a}
+    return {"ok": bool(ok), "max_abs_err": err, "fitted": fitted}
 
 
 def _verdict(reported: float, recomputed: float) -> dict[str, Any]:

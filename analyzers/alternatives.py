@@ -22,11 +22,10 @@ from typing import Any
 
 import torch
 
-from .config import AggMode, KLType, LossConfig
+from .config import NO_DUAL_CLIP, AggMode, KLType, LossConfig
 from .kernels import TokenBatch, ieee_div
 
 AGG_METRICS = ("pg_loss", "entropy_loss", "kl_loss", "policy_loss")
-NO_DUAL_CLIP = 1e30  # a dual-clip bound no ratio reaches (the ratio is capped at e^20)
 _DP_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 _CLIP_EPS = (0.1, 0.2, 0.28, 0.3)
 

@@ -30,6 +30,7 @@ from .alternatives import (
     loss_mode_counterfactuals,
 )
 from .audit_names import canonical_name
+from .batch import CheckedTensors, token_batch
 from .config import AggMode, KLType, LossConfig
 from .kernels import TokenBatch
 
@@ -121,7 +122,10 @@ def _batch(tensors: Mapping[str, torch.Tensor]) -> TokenBatch:
         raise ValueError(
             f"tensors is missing {missing}; an audit needs log_prob, old_log_prob, advantages, response_mask"
         )
-    return TokenBatch(**{k: tensors[k] for k in _BATCH_KEYS if k in tensors and tensors[k] is not None})
+    # the contract's per-tensor check runs here for a direct caller, and not again for an AuditBatch's
+    # tensors (checked when the batch was validated)
+    kind = CheckedTensors if isinstance(tensors, CheckedTensors) else dict
+    return token_batch(kind((k, tensors[k]) for k in _BATCH_KEYS if k in tensors and tensors[k] is not None))
 
 
 def _fmt(x: float) -> str:

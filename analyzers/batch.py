@@ -12,9 +12,11 @@ correction and the dashboard's histograms.
 Who calls it: the server's upload route (``AuditBatch.validate``: bad input raises :class:`BatchError`,
 which the service turns into its 422/413), the audit worker (``AuditBatch.stored``: a batch already
 validated at upload is not validated again, only its config parsed) and the client's ``log_batch``
-(``parse_config``: misuse raises in the trainer). The trainer -> config mappings live beside it:
-``LossConfig.from_verl`` (verl, and OpenRLHF through ``openrlhf_loss_config``'s verl-named fields),
-``TrlLossConfig.from_dict`` (TRL), ``AlgorithmConfig.from_verl``; :func:`parse_config` picks one.
+(``parse_config``: misuse raises in the trainer). The trainer -> config mappings live beside it: the
+parsers ``LossConfig.from_verl`` (verl, and OpenRLHF's verl-named fields), ``TrlLossConfig.from_dict``
+(TRL), ``AlgorithmConfig.from_verl``, which :func:`parse_config` picks from; and the readers of a live
+trainer object that produce what they parse, one per trainer, in :mod:`rlvitals.analyzers.trainer_configs`
+(``verl_loss_config``, ``trl_config_for``, ``openrlhf_loss_config``; the client integrations re-export them).
 """
 
 from __future__ import annotations
@@ -57,6 +59,70 @@ def _dtype(tensor: torch.Tensor) -> str:
     return str(tensor.dtype).removeprefix("torch.")
 
 
+_FLOATS = ", ".join(rules.FLOAT_DTYPES[:-1]) + " or " + rules.FLOAT_DTYPES[-1]
+
+
+def check_token_tensors(tensors: Mapping[str, Any]) -> tuple[int, int]:
+    """The per-tensor rules every caller gets, the upload (:func:`check_tensors`) and a direct
+    ``audit()`` / ``recompute()``: each ``(batch, response_len)`` tensor given (None: absent) is a
+    ``torch.Tensor``, 2-D, of ``response_mask``'s shape and device; the float tensors are float16,
+    bfloat16, float32 or float64; ``response_mask`` is bool, an integer or a float dtype. Metadata
+    only: no tensor's values are read. Returns ``(batch, response_len)``; raises :class:`BatchError`
+    (a ``ValueError``) naming the tensor."""
+    import torch
+
+    given = {k: tensors[k] for k in rules.TOKEN_TENSORS if tensors.get(k) is not None}
+    for name, tensor in given.items():
+        if not isinstance(tensor, torch.Tensor):
+            raise BatchError(f"{name} must be a torch.Tensor; got {type(tensor).__name__}")
+        if tensor.dim() != 2:
+            raise BatchError(
+                f"{name} must be 2-D (batch, response_len); got shape {list(tensor.shape)}",
+                detail={"tensor": name, "shape": list(tensor.shape)},
+            )
+    mask = given.get("response_mask")
+    if mask is None:
+        raise BatchError("missing required tensor(s) ['response_mask']")
+    shape = list(mask.shape)
+    for name, tensor in given.items():
+        if list(tensor.shape) != shape:
+            raise BatchError(
+                f"{name} has shape {list(tensor.shape)}; every token tensor must match response_mask's {shape}",
+                detail={"tensor": name, "shape": list(tensor.shape), "expected": shape},
+            )
+        if tensor.device != mask.device:
+            raise BatchError(f"{name} is on {tensor.device} but response_mask is on {mask.device}")
+        if name in rules.FLOAT_TENSORS and _dtype(tensor) not in rules.FLOAT_DTYPES:
+            raise BatchError(
+                f"{name} must be a floating-point tensor, {_FLOATS}; got {_dtype(tensor)} "
+                "(convert it with .float() before sending)",
+                detail={"tensor": name, "dtype": _dtype(tensor), "allowed": list(rules.FLOAT_DTYPES)},
+            )
+    if _dtype(mask) not in rules.MASK_DTYPES:
+        raise BatchError(
+            f"response_mask must be one of {', '.join(rules.MASK_DTYPES)}; got {_dtype(mask)}",
+            detail={"tensor": "response_mask", "dtype": _dtype(mask), "allowed": list(rules.MASK_DTYPES)},
+        )
+    return int(shape[0]), int(shape[1])
+
+
+class CheckedTensors(dict):
+    """Tensors that passed the contract's check (:attr:`AuditBatch.tensors`, or derived from them by
+    :func:`audit_batch`): the audit builds its :class:`~rlvitals.analyzers.kernels.TokenBatch` from
+    them without checking them again (:func:`token_batch`). Any other mapping is checked."""
+
+
+def token_batch(tensors: Mapping[str, Any]):
+    """The :class:`~rlvitals.analyzers.kernels.TokenBatch` of ``tensors`` (its keyword names; None:
+    absent), the per-tensor rules checked once: by :func:`check_token_tensors` here, unless ``tensors``
+    is a :class:`CheckedTensors` (checked at validation)."""
+    from rlvitals.analyzers.kernels import TokenBatch
+
+    if not isinstance(tensors, CheckedTensors):
+        check_token_tensors(tensors)
+    return TokenBatch(**{k: v for k, v in tensors.items() if v is not None})
+
+
 def check_tensors(tensors: Mapping[str, torch.Tensor], *, max_tokens: int | None = None) -> tuple[int, int]:
     """Check ``tensors`` against the rule table; returns ``(batch, response_len)``. Raises
     :class:`BatchError` (:class:`TooManyTokens` past ``max_tokens``) naming the tensor."""
@@ -77,26 +143,8 @@ def check_tensors(tensors: Mapping[str, torch.Tensor], *, max_tokens: int | None
             f"({max_tokens}); upload a sample of the micro-batch",
             detail={"tokens": shape[0] * shape[1], "limit": max_tokens},
         )
-    for name, tensor in tensors.items():
-        if name == rules.GROUP_INDEX:
-            continue
-        if tuple(tensor.shape) != shape:
-            raise BatchError(
-                f"{name} has shape {list(tensor.shape)}; every token tensor must match log_prob's {list(shape)}",
-                detail={"tensor": name, "shape": list(tensor.shape), "expected": list(shape)},
-            )
-        if name in rules.FLOAT_TENSORS and _dtype(tensor) not in rules.FLOAT_DTYPES:
-            raise BatchError(
-                f"{name} must be a floating-point tensor of {', '.join(rules.FLOAT_DTYPES)}; got "
-                f"{_dtype(tensor)} (convert it with .float() before sending)",
-                detail={"tensor": name, "dtype": _dtype(tensor), "allowed": list(rules.FLOAT_DTYPES)},
-            )
+    check_token_tensors(tensors)
     mask = tensors["response_mask"]
-    if _dtype(mask) not in rules.MASK_DTYPES:
-        raise BatchError(
-            f"response_mask must be one of {', '.join(rules.MASK_DTYPES)}; got {_dtype(mask)}",
-            detail={"tensor": "response_mask", "dtype": _dtype(mask), "allowed": list(rules.MASK_DTYPES)},
-        )
     if mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
         bad = mask[(mask != 0) & (mask != 1)]
         raise BatchError(
@@ -179,7 +227,7 @@ class AuditBatch:
             decoded = rules.decode_reported(reported)
         except ValueError as exc:
             raise BatchError(str(exc)) from None
-        return cls(dict(tensors), dict(config or {}), loss, algorithm, decoded, shape, distillation)
+        return cls(CheckedTensors(tensors), dict(config or {}), loss, algorithm, decoded, shape, distillation)
 
     @classmethod
     def stored(
@@ -195,7 +243,13 @@ class AuditBatch:
         shape = tuple(tensors["log_prob"].shape)
         decoded = rules.decode_reported(reported)
         return cls(
-            dict(tensors), dict(config or {}), loss, algorithm, decoded, shape, parse_distillation(config)
+            CheckedTensors(tensors),
+            dict(config or {}),
+            loss,
+            algorithm,
+            decoded,
+            shape,
+            parse_distillation(config),
         )
 
 
@@ -252,7 +306,12 @@ def audit_batch(
     the trainer did not send the ones it applied).
     """
     from rlvitals.analyzers.advantages import group_diagnostics
-    from rlvitals.analyzers.algorithm import AlgorithmConfig, audit_rollout, check_advantages
+    from rlvitals.analyzers.algorithm import (
+        AlgorithmConfig,
+        audit_rollout,
+        check_advantages,
+        training_batch_size,
+    )
     from rlvitals.analyzers.auditing import audit
     from rlvitals.analyzers.trl import TrlLossConfig
 
@@ -263,7 +322,7 @@ def audit_batch(
     rollout = audit_rollout(algorithm, tensors, batch.reported)
     loss_tensors = tensors
     if rollout is not None and rollout["ok"] is not None and not rollout["config"]["bypass_mode"]:
-        loss_tensors = {**tensors, "response_mask": rollout["_mask"]}
+        loss_tensors = CheckedTensors({**tensors, "response_mask": rollout["_mask"]})  # ours: same shapes
         if rollout["_weights"] is not None and "rollout_is_weights" not in tensors:
             loss_tensors["rollout_is_weights"] = rollout["_weights"]
     distillation = _distillation_config(batch, run_config)
@@ -292,16 +351,11 @@ def audit_batch(
     if "token_level_rewards" in tensors and (
         rules.GROUP_INDEX in tensors or algorithm.adv_estimator is not None
     ):
-        out.advantages = check_advantages(algorithm, tensors)
+        size = training_batch_size(batch.config, run_config)  # the driver's whole batch, when known
+        out.advantages = check_advantages(algorithm, tensors, batch_size=size)
         result["advantages"] = out.advantages
         if out.advantages["ok"] is False:
-            adv = out.advantages
-            name = adv["estimator"]
-            extra.append(
-                f"The sent advantages differ from {name.upper()} advantages (adv_estimator={name!r}) recomputed "
-                f"from token_level_rewards and group_index by up to {adv['max_abs_err']:.3g} "
-                f"(norm_adv_by_std_in_grpo={adv['norm_adv_by_std_in_grpo']}, gamma={adv['gamma']})."
-            )
+            extra.append(out.advantages["explanation"])
     if rollout is not None:
         rollout.pop("_mask", None)
         rollout.pop("_weights", None)

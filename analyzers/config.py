@@ -332,7 +332,7 @@ class LossConfig:
                 }
         info = _get(section, "global_batch_info")
         if info is not None:
-            for key in ("dp_size", "batch_num_tokens", "global_batch_size", "loss_scale_factor"):
+            for key in GLOBAL_BATCH_FIELDS:
                 value = _get(_as_mapping(info), key, None)
                 if value is not None:
                     values[key] = _plain(value)
@@ -344,6 +344,12 @@ class LossConfig:
 
 
 _MISSING = object()
+NO_DUAL_CLIP = (
+    1e30  # a dual-clip bound no ratio reaches (the ratio is capped at e^20): TRL/OpenRLHF have none
+)
+# verl's ActorConfig.global_batch_info: the per-mini-batch normalisers ``ppo_loss`` fills from the data
+GLOBAL_BATCH_FIELDS = ("dp_size", "batch_num_tokens", "global_batch_size", "loss_scale_factor")
+# LossConfig fields verl keeps in actor.policy_loss (PolicyLossConfig); the others sit in the actor section
 POLICY_LOSS_FIELDS = (
     "loss_mode",
     "clip_cov_ratio",

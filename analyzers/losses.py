@@ -396,15 +396,17 @@ def recompute(
     multiply the per-token policy loss as in verl. Shapes ``(batch, response_len)``;
     float16/bfloat16/float32/float64.
     """
-    from .kernels import TokenBatch
+    from .batch import token_batch
 
-    batch = TokenBatch(
-        log_prob=log_prob,
-        old_log_prob=old_log_prob,
-        advantages=advantages,
-        response_mask=response_mask,
-        ref_log_prob=ref_log_prob,
-        entropy=entropy,
-        rollout_is_weights=rollout_is_weights,
+    batch = token_batch(
+        {
+            "log_prob": log_prob,
+            "old_log_prob": old_log_prob,
+            "advantages": advantages,
+            "response_mask": response_mask,
+            "ref_log_prob": ref_log_prob,
+            "entropy": entropy,
+            "rollout_is_weights": rollout_is_weights,
+        }
     )
     return batch.metrics(config)

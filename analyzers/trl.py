@@ -38,8 +38,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .alternatives import NO_DUAL_CLIP  # noqa: F401 - re-exported: TRL has no dual clip; the OpenRLHF integration imports it here
-
 TRAINER = "trl"  # the ``trainer`` key of a TRL config's JSON: how the service tells it from a verl LossConfig
 
 

@@ -9,11 +9,13 @@
   OpenRLHF's ``PolicyLoss`` returns ``loss``, ``(loss, clip_ratio)``, ``(loss, clip_ratio, ppo_kl,
   vllm_kl)`` or (0.11) ``(loss, clip_ratio, ppo_kl, vllm_kl, is_filter_ratio)``; ``loss`` is recorded as
   ``pg_loss``, ``clip_ratio`` as ``pg_clipfrac`` (its definition, ``surr2 < surr1``, is verl's) and
-  ``ppo_kl`` as ``ppo_kl``. The loss configuration maps ``clip_eps_low``/``clip_eps_high`` to the clip
-  range, ``token_level_loss`` to ``token-mean`` (else ``seq-mean-token-mean``), ``dual_clip`` to
-  ``clip_ratio_c`` (none: no dual clip), the ``dp_size``/``batch_num_tokens``/``global_batch_size`` the
-  trainer passes to ``forward`` to verl's global normalisation (the same formulas as OpenRLHF's
-  ``aggregate_loss``), and ``policy_loss_type`` to ``policy_loss.loss_mode``. ``rollout_log_probs``
+  ``ppo_kl`` as ``ppo_kl``. The loss configuration (``openrlhf_loss_config``: the one OpenRLHF
+  mapping, in ``rlvitals.analyzers.trainer_configs``, re-exported here) maps ``clip_eps_low`` /
+  ``clip_eps_high`` to the clip range, ``token_level_loss`` to ``token-mean`` (else
+  ``seq-mean-token-mean``), ``dual_clip`` to ``clip_ratio_c`` (none: no dual clip), the ``dp_size`` /
+  ``batch_num_tokens`` / ``global_batch_size`` the trainer passes to ``forward`` to verl's global
+  normalisation (the same formulas as OpenRLHF's ``aggregate_loss``), and ``policy_loss_type`` to
+  ``policy_loss.loss_mode``. ``rollout_log_probs``
   (vLLM's) are sent along. With the vLLM importance-sampling correction on (``is_correction_level`` not
   ``"off"``) the loss is scaled by weights the client does not send: ``pg_loss`` is left unaudited
   (warned once), ``pg_clipfrac`` and ``ppo_kl`` are still audited.
@@ -32,6 +34,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from rlvitals.analyzers.trainer_configs import OPENRLHF_NORMALISERS, openrlhf_loss_config
 from rlvitals.client.integrations._common import (
     AuditSampler,
     Failures,
@@ -45,63 +48,7 @@ __all__ = ["OpenRLHFLogger", "RecordingError", "RecordingPolicyLoss", "log_openr
 
 _RESULT_NAMES = ("pg_loss", "pg_clipfrac", "ppo_kl", "vllm_kl", "is_filter_ratio")
 _UNAUDITED = ("vllm_kl", "is_filter_ratio")  # vLLM-vs-trainer metrics, not the loss
-_NORMALISERS = ("dp_size", "batch_num_tokens", "global_batch_size")  # PolicyLoss.forward keywords
-
-
-def _count(value: Any) -> Any:
-    """A normaliser OpenRLHF passes as a float tensor (``batch_num_tokens``) as the int it counts."""
-    if hasattr(value, "item"):
-        value = value.item()
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value
-
-
-def openrlhf_loss_config(loss: Any, **normalisers: Any) -> dict[str, Any]:
-    """verl ``LossConfig`` fields (and ``policy_loss.loss_mode``) for an OpenRLHF ``PolicyLoss`` instance,
-    plus the loss normalisers of one ``forward`` call (``dp_size``, ``batch_num_tokens``,
-    ``global_batch_size``) when given."""
-    from rlvitals.analyzers.trl import NO_DUAL_CLIP  # a bound the (e^20-capped) ratio never reaches
-
-    eps = getattr(loss, "clip_eps", None)
-    low = getattr(loss, "clip_eps_low", eps if eps is not None else 0.2)
-    high = getattr(loss, "clip_eps_high", low)
-    dual = getattr(loss, "dual_clip", None)
-    token_level = getattr(loss, "token_level_loss", True)
-    config = {
-        "clip_ratio": float(low),
-        "clip_ratio_low": float(low),
-        "clip_ratio_high": float(high),
-        "clip_ratio_c": float(dual) if dual else NO_DUAL_CLIP,
-        "loss_agg_mode": "token-mean" if token_level else "seq-mean-token-mean",
-        "policy_loss": {"loss_mode": _LOSS_MODES.get(getattr(loss, "policy_loss_type", "ppo"), "unknown")},
-    }
-    total = "batch_num_tokens" if token_level else "global_batch_size"
-    if normalisers.get(total) is not None:
-        count, factor = _as_count(_count(normalisers[total]))
-        config[total] = count
-        config["dp_size"] = _count(normalisers.get("dp_size") or 1) * factor
-    return config
-
-
-def _as_count(value: float) -> tuple[int, int]:
-    """``(count, k)`` with ``value == count / k``, ``k`` the smallest such integer.
-
-    OpenRLHF passes ``total / gas`` (``iter_grad_accum_global_norm`` pre-compensates DeepSpeed's 1/gas
-    loss scaling), so ``aggregate_loss`` is ``sum / (total / gas) * dp_size``; verl's normalisation
-    ``sum / batch_num_tokens * dp_size`` is the same number with ``batch_num_tokens = total`` and
-    ``dp_size = dp_size * gas``. ``value`` is a float32 from a tensor: ``k`` is found to 1e-4 relative.
-    """
-    if isinstance(value, int):
-        return value, 1
-    for k in range(1, 4097):
-        count = round(value * k)
-        if count >= 0 and abs(value * k - count) <= 1e-4 * max(1.0, value * k):
-            return int(count), k
-    raise ValueError(f"loss normaliser {value!r} is not a count divided by a small integer")
-
-
-_LOSS_MODES = {"ppo": "vanilla", "gspo": "gspo"}  # OpenRLHF policy_loss_type -> verl loss_mode
+_NORMALISERS = OPENRLHF_NORMALISERS  # PolicyLoss.forward keywords
 
 
 def _nn_module() -> type:

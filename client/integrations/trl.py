@@ -35,6 +35,12 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
+from rlvitals.analyzers.trainer_configs import (
+    applied_entropy_coef,
+    trainer_arg,
+    trl_config_for,
+    unaudited_reason,
+)
 from rlvitals.client.integrations._common import (
     ENV_RUN_NAME,
     AuditSampler,
@@ -50,6 +56,7 @@ __all__ = [  # noqa: F822 - RlvitalsCallback is built on first access (module __
     "RlvitalsCallback",
     "RlvitalsGRPOMixin",
     "TrlLogBridge",
+    "applied_entropy_coef",
     "trl_config_for",
     "unaudited_reason",
 ]
@@ -144,105 +151,8 @@ def __getattr__(name: str) -> Any:
 
 
 # ------------------------------------------------------------------------------------------ the loss
-
-
-def _arg(trainer: Any, name: str, default: Any = None) -> Any:
-    value = getattr(getattr(trainer, "args", None), name, None)
-    return default if value is None else value
-
-
-def _loss_owner(trainer: Any) -> type | None:
-    """The class whose ``_compute_loss`` runs below the mixin."""
-    mro = type(trainer).__mro__
-    start = mro.index(RlvitalsGRPOMixin) + 1 if RlvitalsGRPOMixin in mro else 0
-    for cls in mro[start:]:
-        if "_compute_loss" in vars(cls):
-            return cls
-    return None
-
-
-def unaudited_reason(trainer: Any, inputs: Mapping[str, Any]) -> str | None:
-    """Why this trainer's loss cannot be reproduced from what rlvitals receives, or None."""
-    from rlvitals.analyzers.trl import TrlLossType
-
-    owner = _loss_owner(trainer)
-    if owner is not None and owner.__name__ != "GRPOTrainer":
-        return f"{owner.__qualname__} overrides GRPOTrainer._compute_loss; rlvitals reproduces TRL's own loss only"
-    loss_type = str(getattr(trainer, "loss_type", _arg(trainer, "loss_type", "dapo")))
-    if loss_type not in {t.value for t in TrlLossType}:
-        return f"loss_type {loss_type!r} is not one of TRL 1.16's (this TRL is newer than rlvitals knows)"
-    vllm = bool(getattr(trainer, "use_vllm", False))
-    if vllm and getattr(trainer, "vllm_importance_sampling_correction", False):
-        return (
-            "vllm_importance_sampling_correction multiplies the loss by vLLM's per-token importance ratios, "
-            "which rlvitals does not receive"
-        )
-    if (
-        getattr(trainer, "off_policy_mask_threshold", None) is not None
-        and "sampling_per_token_logps" in inputs
-    ):
-        return "off_policy_mask_threshold measures drift against vLLM's sampling log-probs, which rlvitals does not receive"
-    if getattr(trainer, "aux_loss_enabled", False):
-        return "router_aux_loss_coef adds the MoE load-balancing loss, which rlvitals does not receive"
-    world = int(getattr(getattr(trainer, "accelerator", None), "num_processes", 1) or 1)
-    if float(getattr(trainer, "top_entropy_quantile", 1.0)) < 1.0 and world > 1:
-        return "top_entropy_quantile < 1 on several processes: the entropy threshold is a quantile over every process's tokens"
-    return None
-
-
-def trl_config_for(trainer: Any, inputs: Mapping[str, Any], *, entropy_coef: float | None = None):
-    """The :class:`~rlvitals.analyzers.trl.TrlLossConfig` of one ``_compute_loss`` call on ``trainer``.
-
-    ``entropy_coef``: the coefficient TRL applies on this call, read *before* the call (the adaptive
-    controller updates ``trainer.entropy_coef`` inside it); by default read now.
-    """
-    from rlvitals.analyzers.trl import GLOBAL_TOKEN_NORM, TRL_LOSS_TYPES, TrlLossConfig, TrlLossType
-
-    reason = unaudited_reason(trainer, inputs)
-    if reason is not None:
-        kind = str(getattr(trainer, "loss_type", "dapo"))
-        return TrlLossConfig(loss_type=kind if kind in TRL_LOSS_TYPES else "dapo", unaudited=reason)
-    loss_type = TrlLossType(str(getattr(trainer, "loss_type", _arg(trainer, "loss_type", "dapo"))))
-    items = inputs.get("num_items_in_batch") if loss_type in GLOBAL_TOKEN_NORM else None
-    return TrlLossConfig(
-        loss_type=loss_type,
-        epsilon_low=float(trainer.epsilon_low),
-        epsilon_high=float(trainer.epsilon_high),
-        beta=float(trainer.beta),
-        use_bias_correction_kl=bool(_arg(trainer, "use_bias_correction_kl", True)),
-        delta=_arg(trainer, "delta"),
-        importance_sampling_level=str(getattr(trainer, "importance_sampling_level", "token")),
-        top_entropy_quantile=float(getattr(trainer, "top_entropy_quantile", 1.0)),
-        off_policy_mask_threshold=getattr(trainer, "off_policy_mask_threshold", None),
-        entropy_coef=float(applied_entropy_coef(trainer) if entropy_coef is None else entropy_coef),
-        entropy_bonus=bool(getattr(trainer, "_entropy_bonus_enabled", False)),
-        max_completion_length=getattr(trainer, "max_completion_length", None),
-        gradient_accumulation_steps=int(getattr(trainer, "current_gradient_accumulation_steps", 1) or 1),
-        steps_per_generation=int(_arg(trainer, "steps_per_generation", 1)),
-        num_items_in_batch=None if items is None else int(items),  # a sync, on captured calls only
-        num_processes=int(getattr(getattr(trainer, "accelerator", None), "num_processes", 1) or 1),
-        sequence_advantages=inputs["advantages"].dim() == 1,
-        **{
-            name: float(_arg(trainer, name, default))
-            for name, default in (
-                ("sapo_temperature_pos", 1.0),
-                ("sapo_temperature_neg", 1.05),
-                ("vespo_k_pos", 2.0),
-                ("vespo_lambda_pos", 3.0),
-                ("vespo_k_neg", 3.0),
-                ("vespo_lambda_neg", 2.0),
-            )
-        },
-    )
-
-
-def applied_entropy_coef(trainer: Any) -> float:
-    """The entropy coefficient TRL's next ``_compute_loss`` applies (adaptive: gated by the last window)."""
-    coef = float(getattr(trainer, "entropy_coef", 0.0) or 0.0)
-    if getattr(trainer, "use_adaptive_entropy", False):
-        target = float(_arg(trainer, "entropy_target", 0.0))
-        return coef if float(getattr(trainer, "_last_world_entropy", float("inf"))) <= target else 0.0
-    return coef
+# The GRPOTrainer -> TrlLossConfig mapping lives beside the batch contract (analyzers/trainer_configs.py);
+# unaudited_reason, trl_config_for and applied_entropy_coef are re-exported here.
 
 
 class RlvitalsGRPOMixin:
@@ -251,6 +161,10 @@ class RlvitalsGRPOMixin:
     Pass ``rlvitals_run=`` to the constructor (or to ``RlvitalsCallback``), or let the callback start a
     run from the environment when training begins; see the module docstring.
     """
+
+    _rlvitals_records_loss = (
+        True  # RECORDER_MARK: its _compute_loss only records, the loss is the next class's
+    )
 
     def __init__(self, *args: Any, rlvitals_run: Any = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -291,7 +205,9 @@ class RlvitalsGRPOMixin:
     def _rlvitals_slot(self, run: Any) -> int | None:
         """Whether to capture this call (counters only: no tensor is read)."""
         if self._rlvitals_sampler is None:
-            cycle = int(_arg(self, "steps_per_generation", 1)) * int(getattr(self, "num_iterations", 1) or 1)
+            cycle = int(trainer_arg(self, "steps_per_generation", 1)) * int(
+                getattr(self, "num_iterations", 1) or 1
+            )
             self._rlvitals_sampler = AuditSampler.for_run(run, cycle=cycle)
         step = int(self.state.global_step) + 1  # the step these losses are logged under
         return self._rlvitals_sampler.take(step, int(getattr(self, "_step", 0)))

@@ -60,6 +60,16 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from rlvitals.analyzers.trainer_configs import (
+    VERL_DELEGATE,
+    VERL_LOSS_MODE,
+    config_get,
+    plain_scalar,
+    verl_distillation_section,
+    verl_loss_config,
+    verl_policy_loss_section,
+    verl_section,
+)
 from rlvitals.client.integrations._common import (
     DEFAULT_STEP_GAP_S,
     AuditSampler,
@@ -70,37 +80,12 @@ from rlvitals.client.integrations._common import (
     scalars,
 )
 
-LOSS_MODE = "rlvitals"
-DEFAULT_DELEGATE = "vanilla"
+LOSS_MODE = VERL_LOSS_MODE  # the name this module's policy loss registers under in verl
+DEFAULT_DELEGATE = VERL_DELEGATE
 ENV_DELEGATE = "RLVITALS_VERL_DELEGATE"
 ENV_CALLS_PER_STEP = "RLVITALS_VERL_CALLS_PER_STEP"
 ENV_STEP_GAP = "RLVITALS_VERL_STEP_GAP_S"
 
-# LossConfig fields read from verl's ActorConfig (verl names, so the server rebuilds the exact config).
-_CONFIG_FIELDS = (
-    "clip_ratio",
-    "clip_ratio_low",
-    "clip_ratio_high",
-    "clip_ratio_c",
-    "loss_agg_mode",
-    "loss_scale_factor",
-    "use_kl_loss",
-    "kl_loss_type",
-    "kl_loss_coef",
-    "entropy_coeff",
-)
-_GLOBAL_BATCH_FIELDS = ("dp_size", "batch_num_tokens", "global_batch_size", "loss_scale_factor")
-_DISTILLATION_FIELDS = (  # verl's DistillationLossConfig fields the server's distillation audit reads
-    "loss_mode",
-    "loss_max_clamp",
-    "use_policy_gradient",
-    "use_task_rewards",
-    "distillation_loss_coef",
-    "policy_loss_mode",
-    "clip_ratio",
-    "clip_ratio_low",
-    "clip_ratio_high",
-)
 _ESTIMATOR_MODES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")  # reproducible from log-probs
 
 __all__ = [
@@ -214,7 +199,7 @@ def configure(
     if delegate is not None:
         fresh.delegate = delegate
     if algorithm is not None:
-        fresh.algorithm = _section(algorithm)
+        fresh.algorithm = verl_section(algorithm)
     if step_fn is not None or calls_per_step is not None or gap_s is not None:
         fresh.clock = StepClock(
             step_fn=step_fn,
@@ -237,95 +222,9 @@ def recording_failures() -> int:
 def loss_config(
     config: Any, loss_agg_mode: str | None = None, *, loss_mode: str | None = None
 ) -> dict[str, Any]:
-    """The LossConfig fields of a verl ``ActorConfig`` (or any mapping) plus its ``global_batch_info``,
-    and ``policy_loss`` (verl's nested section: ``loss_mode`` and its numeric knobs) where verl keeps it.
-
-    ``loss_mode`` overrides ``policy_loss.loss_mode``: the loss that actually ran (the delegate, when
-    the config selects ``rlvitals``), so the server audits that loss and never ``rlvitals`` itself.
-    """
-    out: dict[str, Any] = {}
-    for name in _CONFIG_FIELDS:
-        value = _get(config, name)
-        if value is not None:
-            out[name] = _plain(value)
-    info = _get(config, "global_batch_info") or {}
-    for name in _GLOBAL_BATCH_FIELDS:
-        value = info.get(name) if hasattr(info, "get") else None
-        if value is not None:
-            out[name] = _plain(value)
-    if loss_agg_mode is not None:
-        out["loss_agg_mode"] = loss_agg_mode
-    section = _policy_loss_section(_get(config, "policy_loss"))
-    mode = section.get("loss_mode", DEFAULT_DELEGATE)
-    if mode == LOSS_MODE:
-        mode = _recorder.delegate
-    section["loss_mode"] = loss_mode or mode
-    out["policy_loss"] = section
-    return out
-
-
-def _section(section: Any) -> dict[str, Any]:
-    """A verl config section (dataclass, DictConfig or dict) as plain JSON values, nested sections too."""
-    if section is None:
-        return {}
-    out = _policy_loss_section(section)
-    for key, value in _items(section):
-        if value is not None and not isinstance(_plain(value), (str, int, float, bool)):
-            inner = _section(value)
-            if inner:
-                out[str(key)] = inner
-    return out
-
-
-def _items(section: Any) -> Any:
-    if isinstance(section, Mapping):
-        return dict(section).items()
-    if hasattr(section, "__dataclass_fields__"):
-        return ((name, getattr(section, name, None)) for name in section.__dataclass_fields__)
-    if hasattr(section, "items"):
-        return section.items()
-    return ()
-
-
-def _policy_loss_section(section: Any) -> dict[str, Any]:
-    """verl's ``policy_loss`` (a ``PolicyLossConfig``, DictConfig or dict) as plain scalars, plus its
-    ``rollout_correction`` when it is in ``bypass_mode`` (what the ``bypass_mode`` loss reads)."""
-    if section is None:
-        return {}
-    if isinstance(section, Mapping):
-        items = dict(section).items()
-    elif hasattr(section, "__dataclass_fields__"):
-        items = ((name, getattr(section, name, None)) for name in section.__dataclass_fields__)
-    elif hasattr(section, "items"):
-        items = section.items()
-    else:
-        return {}
-    out = {}
-    for key, value in items:
-        value = _plain(value)
-        if isinstance(value, (str, int, float, bool)) or value is None:
-            out[str(key)] = value
-        elif str(key) == "rollout_correction" and _get(value, "bypass_mode"):
-            # verl's apply_bypass_mode fills it; otherwise it holds PolicyLossConfig's unused defaults
-            out[str(key)] = _policy_loss_section(value)
-    return out
-
-
-def _get(config: Any, name: str) -> Any:
-    if config is None:
-        return None
-    if isinstance(config, Mapping) or hasattr(config, "get"):
-        try:
-            return config.get(name)
-        except (KeyError, AttributeError, TypeError):
-            pass
-    return getattr(config, name, None)
-
-
-def _plain(value: Any) -> Any:
-    if hasattr(value, "item") and hasattr(value, "shape"):
-        return value.item()
-    return value
+    """``rlvitals.analyzers.trainer_configs.verl_loss_config`` (the one verl actor -> ``LossConfig``
+    mapping), with this process's delegate standing in for a config that selects ``rlvitals``."""
+    return verl_loss_config(config, loss_agg_mode, loss_mode=loss_mode, delegate=_recorder.delegate)
 
 
 # --------------------------------------------------------------------------- (a) registered policy loss
@@ -423,10 +322,10 @@ def _record_loss_call(config, model_output, data, loss, metrics, distillation: A
 
     def prepare() -> dict[str, Any]:  # only for a sampled call: scalars() may read device values
         reported = {**scalars(metrics), "policy_loss": loss.detach()}
-        batch = _padded_batch(model_output, data, _get(config, "rollout_n"))
+        batch = _padded_batch(model_output, data, config_get(config, "rollout_n"))
         batch_config = recorder.with_algorithm(loss_config(config))
         if distillation is not None:
-            settings = _distillation_section(distillation)
+            settings = verl_distillation_section(distillation)
             if settings.get("loss_mode") in _ESTIMATOR_MODES and _has(data, "teacher_logprobs"):
                 batch["teacher_log_probs"] = _teacher_log_probs(data)
                 batch_config["distillation"] = {"enabled": True, "distillation_loss": settings}
@@ -477,17 +376,6 @@ def distillation_ppo_loss(
     return loss, metrics
 
 
-def _distillation_section(distillation_config: Any) -> dict[str, Any]:
-    """``distillation_config.distillation_loss`` (verl's ``DistillationLossConfig``) as plain scalars."""
-    loss = _get(distillation_config, "distillation_loss")
-    out = {}
-    for name in _DISTILLATION_FIELDS:
-        value = _plain(_get(loss, name))
-        if value is not None or name == "loss_max_clamp":
-            out[name] = value
-    return out
-
-
 def _teacher_log_probs(data: Any):
     """The teacher's log-probs of the sampled response tokens, ``(batch, response_len)``, as verl's
     reverse-KL estimator loss reads them (``no_padding_2_padding(...).squeeze(-1)``)."""
@@ -521,7 +409,10 @@ def compute_rollout_correction_and_add_to_batch(batch: Any, rollout_corr_config:
     recorder = _recorder
     try:
         recorder.driver_steps += 1
-        step = _plain((getattr(batch, "meta_info", None) or {}).get("global_steps")) or recorder.driver_steps
+        step = (
+            plain_scalar((getattr(batch, "meta_info", None) or {}).get("global_steps"))
+            or recorder.driver_steps
+        )
         run = recorder.run.get()
         every = getattr(getattr(run, "settings", None), "batch_every", 1) or 1
         if int(step) % int(every) == 0:
@@ -536,7 +427,7 @@ def compute_rollout_correction_and_add_to_batch(batch: Any, rollout_corr_config:
                 response_mask=mask_before.bool(),
                 rollout_log_probs=batch.batch["rollout_log_probs"],
                 rollout_is_weights=weights,
-                config={"algorithm": {"rollout_correction": _policy_loss_section(rollout_corr_config)}},
+                config={"algorithm": {"rollout_correction": verl_policy_loss_section(rollout_corr_config)}},
                 reported=scalars(metrics),
                 sampled=True,
             )

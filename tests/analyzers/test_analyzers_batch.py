@@ -250,3 +250,57 @@ def test_client_capture_uses_the_contracts_table_and_config_parse():
             config=None,
             reported={},
         )
+
+
+# --- the per-tensor rules run once on the audit path ------------------------------------------------
+
+
+def test_the_per_tensor_rules_run_once_per_audit_and_still_for_a_direct_caller(monkeypatch):
+    from rlvitals.analyzers import audit, recompute
+    from rlvitals.analyzers import batch as contract
+
+    calls = []
+    check = contract.check_token_tensors
+    monkeypatch.setattr(contract, "check_token_tensors", lambda t: calls.append(1) or check(t))
+    tensors = _tensors()
+    batch = AuditBatch.validate(tensors, config={})
+    assert len(calls) == 1  # the validation
+    audit_batch(batch)
+    assert len(calls) == 1  # the audit builds its TokenBatch from the checked tensors
+    audit_batch(AuditBatch.stored(tensors, config={}))  # validated at upload: not checked again
+    assert len(calls) == 1
+    core = {k: tensors[k] for k in ("log_prob", "old_log_prob", "advantages", "response_mask")}
+    audit(LossConfig(), core, {})
+    recompute(LossConfig(), **core)
+    assert len(calls) == 3  # a direct caller's tensors are checked, once per call
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda t: t.update(advantages=t["advantages"][:, :-1]), "advantages has shape [4, 15]"),
+        (lambda t: t.update(log_prob=t["log_prob"][0]), "log_prob must be 2-D"),
+        (lambda t: t.update(old_log_prob=t["old_log_prob"].long()), "old_log_prob must be a floating-point"),
+        (
+            lambda t: t.update(entropy=t["log_prob"].to("meta")),
+            "entropy is on meta but response_mask is on cpu",
+        ),
+        (
+            lambda t: t.update(response_mask=t["response_mask"].to(torch.complex64)),
+            "response_mask must be one of",
+        ),
+        (lambda t: t.update(entropy=[1.0]), "entropy must be a torch.Tensor; got list"),
+    ],
+)
+def test_a_direct_audit_caller_gets_the_contracts_errors(change, message):
+    from rlvitals.analyzers import audit
+
+    tensors = {
+        k: v
+        for k, v in _tensors().items()
+        if k in ("log_prob", "old_log_prob", "advantages", "response_mask")
+    }
+    change(tensors)
+    with pytest.raises(ValueError) as caught:
+        audit(LossConfig(), tensors, {"pg_loss": 0.0})
+    assert message in str(caught.value)

@@ -508,7 +508,9 @@ def test_bad_inputs_raise_clear_errors() -> None:
         recompute(LossConfig(), **dict(tensors, advantages=tensors["advantages"][:, :-1]))
     with pytest.raises(ValueError, match="must be 2-D"):
         recompute(LossConfig(), **{k: v[0] for k, v in tensors.items()})
-    with pytest.raises(ValueError, match="log_prob must be float16, bfloat16, float32 or float64"):
+    with pytest.raises(
+        ValueError, match="log_prob must be a floating-point tensor, float16, bfloat16, float32 or float64"
+    ):
         recompute(LossConfig(), **dict(tensors, log_prob=tensors["log_prob"].long()))
     with pytest.raises(ValueError, match="entropy is on meta but response_mask is on cpu"):
         recompute(LossConfig(), **dict(tensors, entropy=tensors["entropy"].to("meta")))

@@ -253,12 +253,15 @@ def test_every_registered_verl_loss_returns_unchanged_through_the_rlvitals_loss(
     for mode, result in modes.items():
         assert "verl_error" not in result, (mode, result)
         assert result["same_loss"] and result["same_metrics"], mode
-        if mode == "vanilla":
+        if result["batches"]:  # the mode travels as verl names it, with the actor's settings: audits ok
             [payload] = result["batches"]
             tensors, _, config, reported = _decode(payload)
-            assert server_audit(config, tensors, reported).ok
-        elif result["batches"]:  # analyzers that audit the mode: it travels as verl names it
-            assert _decode(result["batches"][0])[2].get("loss_mode") == mode
+            assert config.get("loss_mode") == mode
+            # SAPO's temperatures live in the actor section, not policy_loss (the scenario sets them off
+            # their defaults, so a mapping that drops them gives a pg_loss mismatch here)
+            assert (config["tau_pos"], config["tau_neg"]) == (1.5, 2.5)
+            audited = server_audit(config, tensors, reported)
+            assert audited.ok, (mode, audited.result["explanation"])
         else:  # analyzers that cannot audit it yet refuse the batch, once, naming the mode
             assert len(result["warnings"]) == 1 and f"got {mode!r}" in result["warnings"][0], result
 

@@ -577,7 +577,7 @@ def scenario_delegates(options: dict) -> dict:
     for mode in sorted(core_algos.POLICY_LOSS_REGISTRY):
         if mode == rv.LOSS_MODE:
             continue
-        config = actor_config(mode)
+        config = actor_config(mode, tau_pos=1.5, tau_neg=2.5)  # SAPO's temperatures, off their defaults
         torch.manual_seed(0)
         log_prob = inputs["log_prob"].clone().requires_grad_()
         try:

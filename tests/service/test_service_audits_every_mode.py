@@ -124,9 +124,12 @@ def _advantage_batch(estimator: str, norm: bool):
 def test_every_estimator_is_checked_against_the_run_configs_estimator(api, estimator):
     for norm in (True, False):
         case, tensors, reported, algorithm = _advantage_batch(estimator, norm)
-        run_id = api.create_run(
-            config={"algorithm": algorithm}
-        )  # the run's config, as verl's trainer logs it
+        rows = tensors["response_mask"].shape[0]
+        run_id = api.create_run(  # the run's config, as verl's trainer logs it; it sizes the driver's
+            # batch (train_batch_size x rollout.n responses: this whole batch), so the estimators that
+            # normalise over the batch are checked exactly here too (a part is checked up to its statistics)
+            config={"algorithm": algorithm, "data": {"train_batch_size": rows}, "actor_rollout_ref": {"rollout": {"n": 1}}}
+        )  # fmt: skip
         good = _upload(api, run_id, 0, tensors, None, reported)
         assert good["ok"] is True, (estimator, norm, good["explanation"])
         assert good["advantages"]["ok"] is True and good["advantages"]["estimator"] == estimator

@@ -178,3 +178,42 @@ def test_an_invalid_algorithm_section_is_a_422(api):
     response = api.post(f"/api/v1/runs/{run_id}/batches", content=body, headers=OCTET)
     assert response.status_code == 422
     assert "token_k9" in response.json()["error"]["message"]
+
+
+def test_a_sample_of_a_reinforce_plus_plus_batch_audits_ok_and_a_tampered_one_is_flagged(api):
+    """verl whitens REINFORCE++ advantages over the driver's whole batch; the run's verl config gives its
+    size (data.train_batch_size x rollout.n), so a sample is checked up to that batch's statistics."""
+    meta = json.loads((GOLDEN / "verl_0_9_1_batch_stats.json").read_text())
+    store = load_file(str(GOLDEN / "verl_0_9_1_batch_stats.safetensors"))
+    case = next(c for c in meta["cases"] if c["id"] == "reinforce_plus_plus.float32")
+    rows = torch.randperm(64, generator=torch.Generator().manual_seed(2))[:16]
+    mask = store[f"{case['id']}.response_mask"][rows].bool()
+    old = -torch.rand(mask.shape, generator=torch.Generator().manual_seed(3)) - 0.1
+    tensors = {
+        "log_prob": old,
+        "old_log_prob": old.clone(),
+        "advantages": store[f"{case['id']}.advantages"][rows],  # verl's, from the whole batch
+        "response_mask": mask,
+        "token_level_rewards": store[f"{case['id']}.token_level_rewards"][rows],
+    }
+    reported = recompute(LossConfig(), **{k: tensors[k] for k in CORE})
+    run_id = api.create_run(config={
+        "data": {"train_batch_size": meta["train_batch_size"]},
+        "actor_rollout_ref": {"rollout": {"n": meta["rollout_n"]}},
+        "algorithm": {"adv_estimator": "reinforce_plus_plus", "gamma": case["gamma"]},
+    })  # fmt: skip
+    audit = _upload(api, run_id, make_batch(0, tensors=tensors, reported=reported))
+    assert audit["ok"] is True, audit["explanation"]
+    adv = audit["advantages"]
+    assert (adv["scope"], adv["rows"], adv["batch_size"]) == ("batch_statistics", 16, 64)
+    assert abs(adv["fitted"]["std"] - case["batch_stats"]["std"]) < 1e-4 * case["batch_stats"]["std"]
+    tampered = tensors["advantages"].clone()
+    tampered[0] = tampered[0].flip(0) * mask[0]  # one response's advantages in the wrong order
+    audit = _upload(
+        api, run_id, make_batch(1, tensors={**tensors, "advantages": tampered}, reported=reported)
+    )
+    assert audit["ok"] is False and audit["advantages"]["ok"] is False
+    assert (
+        "are not REINFORCE_PLUS_PLUS advantages (adv_estimator='reinforce_plus_plus') for any batch"
+        in (audit["explanation"])
+    )
