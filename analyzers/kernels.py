@@ -903,8 +903,39 @@ def _fused_geo_mean(batch: TokenBatch, config: LossConfig) -> dict[str, float] |
     }
 
 
+def _native_dppo(batch: TokenBatch, config: LossConfig, binary_kl: bool) -> dict[str, float] | None:
+    # torch: r = exp(clamp(lp - old, +-20)), p = exp(lp), q = exp(old), and for KL the log of the fraction
+    # the loop computes; the loop: everything else (csrc/losses_b.h)
+    nt = batch.native.tensors
+    lp, old = nt["log_prob"], nt["old_log_prob"]
+    bufs = [_take(batch.shape, batch.dtype, batch.mask.device) for _ in range(3 + binary_kl)]
+    r, p, q = bufs[:3]
+    try:
+        torch.sub(lp, old, out=r).clamp_(-20.0, 20.0).exp_()
+        torch.exp(lp, out=p)
+        torch.exp(old, out=q)
+        log_frac = batch.native.dppo_frac(p, q, bufs[3]).log_() if binary_kl else None
+        rows, kl_sum, kept, lower = batch.native.dppo(
+            r, p, q, log_frac, config.clip_low, config.clip_high, config.clip_ratio_c
+        )
+    finally:
+        _give(*bufs)
+    batch._native_aux(*batch._aux_plan(config))
+    n = batch.n_tokens
+    return _finish(
+        batch,
+        config,
+        rows,
+        pg_clipfrac=_fraction(n - kept, n),
+        ppo_kl=_ppo_kl(batch, kl_sum),
+        pg_clipfrac_lower=_fraction(lower, n),
+    )
+
+
 def _fused_dppo(batch: TokenBatch, config: LossConfig, *, binary_kl: bool) -> dict[str, float] | None:
     # valid = (A > 0 ? pos : neg) of the probability-divergence test; l = -A sg(min(r, c)) logp valid
+    if batch.native:
+        return _native_dppo(batch, config, binary_kl)
     low, high, c = config.clip_low, config.clip_high, config.clip_ratio_c
     kl_sum = kept = lower = 0.0
     with batch._pass(1) as p:
@@ -959,6 +990,44 @@ def _masked_mean_exact(batch: TokenBatch, name: str) -> Tensor:
     return values.sum() / count
 
 
+def _native_clip_cov(
+    batch: TokenBatch, config: LossConfig, mean_a: float, mean_lp: float
+) -> dict[str, float] | None:
+    # torch: r = exp(lp - old); the loop: loss row sums, kl sum and the candidates' flat indices in verl's
+    # row-major order; then verl's torch.randperm draw, and the drawn tokens' losses taken off their rows
+    nt = batch.native.tensors
+    lo, hi = 1 - config.clip_low, 1 + config.clip_high
+    r = _take(batch.shape, batch.dtype, batch.mask.device)
+    try:
+        torch.sub(nt["log_prob"], nt["old_log_prob"], out=r).exp_()
+        rows, kl_sum, cand = batch.native.clip_cov(
+            r, lo, hi, mean_a, mean_lp, config.clip_cov_lb, config.clip_cov_ub
+        )
+        # nothing drawn unless every sum is finite (else verl's own function draws, once)
+        batch._native_aux(*batch._aux_plan(config))
+        if not (math.isfinite(kl_sum) and math.isfinite(float(rows.sum()))):
+            return None
+        if batch._aux_metrics(config, {"pg_loss": 0.0}, fast=True) is None:
+            return None
+        clip_num = max(int(config.clip_cov_ratio * batch.n_tokens), 1)
+        n_drawn = 0
+        if len(cand):
+            chosen = cand[torch.randperm(len(cand))[: min(clip_num, len(cand))]]
+            n_drawn = len(chosen)
+            adv, ratio = nt["advantages"].view(-1)[chosen], r.view(-1)[chosen]
+            dropped = torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, lo, hi))
+            rows.index_add_(0, chosen // batch.width, dropped.to(torch.float64), alpha=-1)
+    finally:
+        _give(r)
+    return _finish(
+        batch,
+        config,
+        rows.tolist(),
+        pg_clipfrac=_fraction(n_drawn, batch.n_tokens),
+        ppo_kl=_ppo_kl(batch, kl_sum),
+    )
+
+
 def _fused_clip_cov(batch: TokenBatch, config: LossConfig) -> dict[str, float] | None:
     # vanilla clip without the dual clip or the +-20 clamp; then min(k, n) of the n unclipped valid tokens
     # with lb < cov < ub, cov = (A - mean A)(logp - mean logp), drawn with verl's torch.randperm(n), lose
@@ -968,6 +1037,8 @@ def _fused_clip_cov(batch: TokenBatch, config: LossConfig) -> dict[str, float] |
     lo, hi = 1 - config.clip_low, 1 + config.clip_high
     mean_a = _masked_mean_exact(batch, "advantages")
     mean_lp = _masked_mean_exact(batch, "log_prob")
+    if batch.native:
+        return _native_clip_cov(batch, config, float(mean_a), float(mean_lp))
     lb, ub = config.clip_cov_lb, config.clip_cov_ub
     kl_sum = 0.0
     found: list[Tensor] = []
@@ -992,7 +1063,10 @@ def _fused_clip_cov(batch: TokenBatch, config: LossConfig) -> dict[str, float] |
                 found.append(idx)
             p.aux_block(m)
         (rows,) = p.rows()
-    if not math.isfinite(kl_sum):
+    # nothing drawn unless every sum is finite (else verl's own function draws, once)
+    if not (math.isfinite(kl_sum) and math.isfinite(_total(rows))):
+        return None
+    if batch._aux_metrics(config, {"pg_loss": 0.0}, fast=True) is None:
         return None
     candidates = torch.cat(found) if found else torch.empty((0, 2), dtype=torch.long)
     clip_num = max(int(config.clip_cov_ratio * batch.n_tokens), 1)
@@ -1016,12 +1090,38 @@ def _fused_clip_cov(batch: TokenBatch, config: LossConfig) -> dict[str, float] |
     )
 
 
+def _native_kl_cov(batch: TokenBatch, config: LossConfig) -> dict[str, float] | None:
+    # torch: r = exp(lp - old), the two means of the compacted tokens and the top-k; the loops: the loss
+    # row sums, |log r| sum and the compaction, then the covariance, then the top-k's flat positions
+    nt = batch.native.tensors
+    n = batch.n_tokens
+    lp, old = nt["log_prob"], nt["old_log_prob"]
+    r = _take(batch.shape, batch.dtype, batch.mask.device)
+    try:
+        torch.sub(lp, old, out=r).exp_()
+        rows, abs_sum, va, vl = batch.native.kl_cov(r, n)
+        if n and math.isfinite(abs_sum) and math.isfinite(float(rows.sum())):
+            cov = batch.native.cov(va, vl, float(va.mean()), float(vl.mean()))
+            k = max(1, int(n * config.kl_cov_ratio))
+            flat = batch.native.nth_valid(batch.n_row, torch.topk(cov, k, largest=True).indices)
+            base = -nt["advantages"].view(-1)[flat] * r.view(-1)[flat]
+            d = lp.view(-1)[flat] - old.view(-1)[flat]
+            with_kl = base + config.ppo_kl_coef * d.abs()
+            rows.index_add_(0, flat // batch.width, with_kl.to(torch.float64) - base.to(torch.float64))
+    finally:
+        _give(r)
+    batch._native_aux(*batch._aux_plan(config))
+    return _finish(batch, config, rows.tolist(), ppo_kl=abs_sum / _eps_count(n))
+
+
 def _fused_kl_cov(batch: TokenBatch, config: LossConfig) -> dict[str, float] | None:
     # l = -A r (no clip, no clamp), + ppo_kl_coef |log r| on the top-k valid tokens by covariance
     # (A - mean A)(logp - mean logp) over the valid tokens in row-major order (verl's torch.topk, on
     # the same compacted vectors, so the same tokens and the same means bit for bit)
     if not config.kl_cov_ratio > 0:
         raise ValueError("kl_cov_ratio must be > 0 for loss_mode 'kl_cov'")
+    if batch.native:
+        return _native_kl_cov(batch, config)
     n = batch.n_tokens
     valid_adv = torch.empty(n, dtype=batch.dtype)
     valid_lp = torch.empty(n, dtype=batch.dtype)

@@ -171,4 +171,104 @@ class Inputs:
 
     # -- losses B (dppo_tv, dppo_kl, clip_cov, kl_cov): csrc/losses_b.h --------------------------------
 
+    def _need(self, *names: str) -> None:
+        if not set(names) <= self.tensors.keys():
+            raise ValueError(f"this pass reads {', '.join(names)}")
+
+    def dppo(
+        self, r: Tensor, p: Tensor, q: Tensor, log_frac: Tensor | None, lo: float, hi: float, c: float
+    ) -> tuple[list[float], float, int, int]:
+        """DPPO-Binary-TV (``log_frac`` None) or -KL: row sums of verl's per-token loss, the masked sum of
+        the clamped log-ratio, the count of valid-by-divergence tokens under the mask and of those the
+        ones with ``r > c``. ``r = exp(clamp(lp - old, -20, 20))``, ``p = exp(lp)``, ``q = exp(old)``,
+        ``log_frac = log(dppo_frac(p, q))``; ``lo`` / ``hi`` are the divergence bounds."""
+        self._need("log_prob", "old_log_prob", "advantages")
+        bufs = [self.scratch(x).data_ptr() for x in (r, p, q)]
+        frac = 0 if log_frac is None else self.scratch(log_frac).data_ptr()
+        out = torch.empty(self.rows, dtype=torch.float64)
+        kl, kept, lower = _MODULE.dppo(
+            self.f64, log_frac is not None, self._p("log_prob"), self._p("old_log_prob"), *bufs, frac,
+            self._p("advantages"), self.mask.data_ptr(), self.rows, self.width, lo, hi, c, out.data_ptr(),
+        )  # fmt: skip
+        return out.tolist(), kl, kept, lower
+
+    def dppo_frac(self, p: Tensor, q: Tensor, out: Tensor) -> Tensor:
+        """``out = ((1 - q) + 1e-8) / ((1 - p) + 1e-8)`` (dppo_kl's log argument, verl's ops)."""
+        p, q, out = self.scratch(p), self.scratch(q), self.scratch(out)
+        _MODULE.dppo_frac(self.f64, p.data_ptr(), q.data_ptr(), p.numel(), out.data_ptr())
+        return out
+
+    def clip_cov(
+        self, r: Tensor, lo: float, hi: float, mean_a: float, mean_lp: float, lb: float, ub: float
+    ) -> tuple[Tensor, float, Tensor]:
+        """Clip-Cov's one pass: row sums (float64 tensor) of the clipped loss of every token, the masked
+        sum of ``lp - old`` and the flat indices (row-major, int64) of the candidates to drop: valid,
+        not clipped, ``lb < cov < ub``. ``r = exp(lp - old)``; ``mean_*`` verl's masked means."""
+        self._need("log_prob", "old_log_prob", "advantages")
+        r = self.scratch(r)
+        out = torch.empty(self.rows, dtype=torch.float64)
+        cand = torch.empty(self.rows * self.width, dtype=torch.int64)
+        kl, n = _MODULE.clip_cov(
+            self.f64, self._p("log_prob"), self._p("old_log_prob"), r.data_ptr(), self._p("advantages"),
+            self.mask.data_ptr(), self.rows, self.width, lo, hi, mean_a, mean_lp, lb, ub, out.data_ptr(),
+            cand.data_ptr(), cand.numel(),
+        )  # fmt: skip
+        return out, kl, cand[:n]
+
+    def kl_cov(self, r: Tensor, n_valid: int) -> tuple[Tensor, float, Tensor, Tensor]:
+        """KL-Cov's one pass: row sums (float64 tensor) of ``-A r`` times the mask, the masked sum of ``|lp - old|`` and
+        verl's ``advantages[mask]``, ``log_prob[mask]`` (``n_valid`` of them, row-major). ``r = exp(lp - old)``."""
+        self._need("log_prob", "old_log_prob", "advantages")
+        r = self.scratch(r)
+        dtype = torch.float64 if self.f64 else torch.float32
+        out = torch.empty(self.rows, dtype=torch.float64)
+        va, vl = torch.empty(n_valid, dtype=dtype), torch.empty(n_valid, dtype=dtype)
+        abs_sum, n = _MODULE.kl_cov(
+            self.f64, self._p("log_prob"), self._p("old_log_prob"), r.data_ptr(), self._p("advantages"),
+            self.mask.data_ptr(), self.rows, self.width, out.data_ptr(), va.data_ptr(), vl.data_ptr(), n_valid,
+        )  # fmt: skip
+        if n != n_valid:
+            raise ValueError(f"the mask has {n} valid tokens, not {n_valid}")
+        return out, abs_sum, va, vl
+
+    def cov(self, va: Tensor, vl: Tensor, mean_a: float, mean_lp: float) -> Tensor:
+        """``(va - mean_a) (vl - mean_lp)`` of :meth:`kl_cov`'s compacted tokens (verl's ops)."""
+        dtype = torch.float64 if self.f64 else torch.float32
+        n = va.numel()
+        for x in (va, vl):
+            if (
+                x.dtype != dtype
+                or x.dim() != 1
+                or x.numel() != n
+                or not x.is_contiguous()
+                or x.device.type != "cpu"
+            ):
+                raise ValueError("cov reads two contiguous CPU vectors of the inputs' dtype and one length")
+        out = torch.empty(n, dtype=dtype)
+        _MODULE.cov(self.f64, va.data_ptr(), vl.data_ptr(), n, mean_a, mean_lp, out.data_ptr())
+        return out
+
+    def nth_valid(self, n_row: Tensor, sel: Tensor) -> Tensor:
+        """Flat indices of the ``sel``-th valid tokens (row-major), ``n_row`` the per-row counts."""
+        if n_row.shape != (self.rows,):
+            raise ValueError("one count per row")
+        offsets = torch.zeros(self.rows + 1, dtype=torch.int64)
+        torch.cumsum(n_row.to(torch.int64), 0, out=offsets[1:])
+        sel = sel.to(torch.int64).contiguous()
+        if sel.dim() != 1 or (len(sel) and (int(sel.min()) < 0 or int(sel.max()) >= int(offsets[-1]))):
+            raise ValueError("indices of valid tokens out of range")
+        out = torch.empty(len(sel), dtype=torch.int64)
+        _MODULE.nth_valid(
+            self.mask.data_ptr(),
+            self.rows,
+            self.width,
+            offsets.data_ptr(),
+            sel.data_ptr(),
+            len(sel),
+            out.data_ptr(),
+        )
+        if len(sel) and int(out.min()) < 0:
+            raise ValueError("the per-row counts do not match the mask")
+        return out
+
     # -- rollout correction: csrc/rollout.h -------------------------------------------------------------

@@ -1,2 +1,244 @@
 /* Kernels: dppo_tv, dppo_kl, clip_cov, kl_cov (bypass_mode reuses vanilla and rollout).
  * Included by kernels.h once per instruction set (names through K(...), vectors as in kernels.h). */
+
+/* ---- DPPO-Binary-TV / -KL (verl's compute_policy_loss_dppo_tv / _dppo_kl) ---------------------------
+ * From torch: r = exp(clamp(lp - old, -20, 20)), p = exp(lp), q = exp(old), and for KL
+ * L = log(((1 - q) + 1e-8) / ((1 - p) + 1e-8)) (the fraction by dppo_frac below, the log by torch).
+ *   tv:  pos = (p - q) <= hi,                     neg = (p - q) >= -lo
+ *   kl:  b = q (old - lp) + (1 - q) L;  pos = b <= hi | p <= q,  neg = b <= lo | p >= q
+ * valid = A > 0 ? pos : neg (as torch.where: NaN in A picks neg); v = valid as 0 / 1;
+ * l = -A min(r, c) lp v, summed times the mask (the row sums are negated at the end: -(x) y = -(x y));
+ * kl: masked sum of the clamped log-ratio; kept: valid tokens under the mask; lower: of those, r > c. */
+#define DPPO_BODY(S, KL, LP, OLD, R, PP, QQ, LL, ADV, M)                                               \
+    {                                                                                                    \
+        const S##v m = K(mask_##S)(M);                                                                   \
+        const S##v lpv = K(ld_##S)(LP), oldv = K(ld_##S)(OLD);                                           \
+        S##v d = lpv - oldv;                                                                             \
+        d = CLAMP(S, d, -lim, lim);                                                                      \
+        K(acc_##S)(kl_acc, d * m);                                                                       \
+        const S##v rk = K(ld_##S)(R), p = K(ld_##S)(PP), q = K(ld_##S)(QQ), a = K(ld_##S)(ADV);          \
+        S##m pos, neg;                                                                                   \
+        if (KL) {                                                                                        \
+            const S##v b = q * (oldv - lpv) + (one - q) * K(ld_##S)(LL);                                 \
+            pos = (b <= hi) | (p <= q);                                                                  \
+            neg = (b <= lo) | (p >= q);                                                                  \
+        } else {                                                                                         \
+            const S##v diff = p - q;                                                                     \
+            pos = diff <= hi;                                                                            \
+            neg = diff >= nlo;                                                                           \
+        }                                                                                                \
+        const S##m g = a > zero;                                                                         \
+        const S##m valid = (pos & g) | (neg & ~g);                                                       \
+        const S##v v = K(sel_##S)(valid, one, zero);                                                     \
+        const S##v loss = ((a * CLAMP_MAX(S, rk, c)) * lpv) * v;                                         \
+        K(acc_##S)(acc, loss * m);                                                                       \
+        const S##m kv = valid & (m != zero);                                                             \
+        kc += kv;                                                                                        \
+        lc += kv & (rk > c);                                                                             \
+    }
+
+#define DEFINE_DPPO(NAME, KL, S, T)                                                                      \
+    static void K(NAME##_##S)(const T *lp, const T *old, const T *r, const T *pp, const T *qq,          \
+                              const T *ll, const T *adv, const uint8_t *mask, Py_ssize_t rows,           \
+                              Py_ssize_t width, T lo_, T hi_, T c_, double *row_out, double *kl_out,     \
+                              int64_t *kept_out, int64_t *lower_out) {                                   \
+        const S##v lo = SPLAT(S, T, lo_), nlo = SPLAT(S, T, -lo_), hi = SPLAT(S, T, hi_);                \
+        const S##v c = SPLAT(S, T, c_), zero = SPLAT(S, T, 0), one = SPLAT(S, T, 1);                     \
+        const S##v lim = SPLAT(S, T, 20);                                                                \
+        (void)lo, (void)nlo;                                                                             \
+        dacc kl_acc[2] = {0};                                                                            \
+        int64_t kept = 0, lower = 0;                                                                     \
+        for (Py_ssize_t i = 0; i < rows; i++) {                                                          \
+            const Py_ssize_t o = i * width;                                                              \
+            dacc acc[2] = {0};                                                                           \
+            S##m kc = {0}, lc = {0};                                                                     \
+            Py_ssize_t j = 0;                                                                            \
+            for (; j + N_##S <= width; j += N_##S)                                                       \
+                DPPO_BODY(S, KL, lp + o + j, old + o + j, r + o + j, pp + o + j, qq + o + j,             \
+                          KL ? ll + o + j : NULL, adv + o + j, mask + o + j);                            \
+            if (j < width) {                                                                             \
+                PAD(T, N_##S, lp, lp + o, j, width) PAD(T, N_##S, old, old + o, j, width);               \
+                PAD(T, N_##S, r, r + o, j, width) PAD(T, N_##S, p, pp + o, j, width);                    \
+                PAD(T, N_##S, q, qq + o, j, width) PAD(T, N_##S, l, KL ? ll + o : NULL, j, width);       \
+                PAD(T, N_##S, adv, adv + o, j, width) PAD(uint8_t, N_##S, m, mask + o, j, width);        \
+                DPPO_BODY(S, KL, lp_pad, old_pad, r_pad, p_pad, q_pad, l_pad, adv_pad, m_pad);           \
+            }                                                                                            \
+            row_out[i] = -K(acc_total)(acc);                                                             \
+            kept += K(count_##S)(kc);                                                                    \
+            lower += K(count_##S)(lc);                                                                   \
+        }                                                                                                \
+        *kl_out = K(acc_total)(kl_acc);                                                                  \
+        *kept_out = kept;                                                                                \
+        *lower_out = lower;                                                                              \
+    }
+DEFINE_DPPO(dppo_tv, 0, f32, float)
+DEFINE_DPPO(dppo_tv, 0, f64, double)
+DEFINE_DPPO(dppo_kl, 1, f32, float)
+DEFINE_DPPO(dppo_kl, 1, f64, double)
+
+/* dppo_kl's log argument, ((1 - q) + 1e-8) / ((1 - p) + 1e-8), over n tokens (torch then takes the log) */
+#define DEFINE_DPPO_FRAC(S, T)                                                                           \
+    static void K(dppo_frac_##S)(const T *pp, const T *qq, Py_ssize_t n, T *out) {                       \
+        const S##v one = SPLAT(S, T, 1), eps = SPLAT(S, T, 1e-8);                                        \
+        Py_ssize_t j = 0;                                                                                \
+        for (; j + N_##S <= n; j += N_##S) {                                                             \
+            const S##v f = ((one - K(ld_##S)(qq + j)) + eps) / ((one - K(ld_##S)(pp + j)) + eps);        \
+            memcpy(out + j, &f, sizeof f);                                                               \
+        }                                                                                                \
+        for (; j < n; j++) out[j] = ((T)1 - qq[j] + (T)1e-8) / ((T)1 - pp[j] + (T)1e-8);                 \
+    }
+DEFINE_DPPO_FRAC(f32, float)
+DEFINE_DPPO_FRAC(f64, double)
+
+/* Append the flat indices base + l of the lanes set in `take` to out[*k...] (row-major order): every
+ * lane writes at out[*k] and only a set lane advances *k, so the writes need out to have N slots past
+ * *k; nearer the end of out (cap) each write is checked, and *k goes on counting past cap (the caller
+ * sees the true count). */
+#define APPEND_LANES(N, take, base, out, k, cap, ...)                                                    \
+    if ((k) + (N) <= (cap)) {                                                                            \
+        for (int l = 0; l < (N); l++) {                                                                  \
+            __VA_ARGS__;                                                                                 \
+            (k) -= (take)[l];                                                                            \
+        }                                                                                                \
+    } else {                                                                                             \
+        for (int l = 0; l < (N); l++)                                                                    \
+            if ((take)[l]) {                                                                             \
+                if ((k) < (cap)) {                                                                       \
+                    __VA_ARGS__;                                                                         \
+                }                                                                                        \
+                (k)++;                                                                                   \
+            }                                                                                            \
+    }
+
+/* ---- Clip-Cov (verl's compute_policy_loss_clip_cov) -------------------------------------------------
+ * r = exp(lp - old) from torch (no clamp). l = A- max(r, lo) - A+ min(r, hi) with a = A m (= verl's
+ * max(-A r, -A clamp(r, lo, hi)), as in vanilla without the dual clip); z = a r + l > 0 where verl's
+ * pg_losses2 > pg_losses1. Candidates: valid, not clipped, lb < cov < ub with
+ * cov = (A - mean_a) (lp - mean_lp) (the means verl's masked_mean gives, from torch); their flat indices
+ * go to cand in row-major order (verl's torch.nonzero order), at most cap of them. kl: masked sum of
+ * lp - old. The loss row sums are of every token: the caller subtracts the drawn ones. */
+#define CLIP_COV_BODY(S, IDX, LP, OLD, R, ADV, M)                                                        \
+    {                                                                                                    \
+        const S##v m = K(mask_##S)(M);                                                                   \
+        const S##v lpv = K(ld_##S)(LP), av = K(ld_##S)(ADV);                                             \
+        K(acc_##S)(kl_acc, (lpv - K(ld_##S)(OLD)) * m);                                                  \
+        const S##v a = av * m;                                                                           \
+        const S##v ap = CLAMP_MIN(S, a, zero);                                                           \
+        const S##v an = ap - a;                                                                          \
+        const S##v rk = K(ld_##S)(R);                                                                    \
+        const S##v loss = CLAMP_MIN(S, rk, lo) * an - CLAMP_MAX(S, rk, hi) * ap;                         \
+        K(acc_##S)(acc, loss);                                                                           \
+        const S##v z = a * rk + loss;                                                                    \
+        const S##v cov = (av - mean_a) * (lpv - mean_lp);                                                \
+        const S##m take = (m != zero) & ~(z > zero) & (cov < ub) & (cov > lb);                           \
+        APPEND_LANES(N_##S, take, IDX, cand, k, cap, cand[k] = (IDX) + l)                                \
+    }
+
+#define DEFINE_CLIP_COV(S, T)                                                                            \
+    static void K(clip_cov_##S)(const T *lp, const T *old, const T *r, const T *adv,                    \
+                                const uint8_t *mask, Py_ssize_t rows, Py_ssize_t width, T lo_, T hi_,    \
+                                T mean_a_, T mean_lp_, T lb_, T ub_, double *row_out, int64_t *cand,     \
+                                Py_ssize_t cap, double *kl_out, int64_t *n_out) {                        \
+        const S##v lo = SPLAT(S, T, lo_), hi = SPLAT(S, T, hi_), zero = SPLAT(S, T, 0);                  \
+        const S##v mean_a = SPLAT(S, T, mean_a_), mean_lp = SPLAT(S, T, mean_lp_);                       \
+        const S##v lb = SPLAT(S, T, lb_), ub = SPLAT(S, T, ub_);                                         \
+        dacc kl_acc[2] = {0};                                                                            \
+        Py_ssize_t k = 0;                                                                                \
+        for (Py_ssize_t i = 0; i < rows; i++) {                                                          \
+            const Py_ssize_t o = i * width;                                                              \
+            dacc acc[2] = {0};                                                                           \
+            Py_ssize_t j = 0;                                                                            \
+            for (; j + N_##S <= width; j += N_##S)                                                       \
+                CLIP_COV_BODY(S, o + j, lp + o + j, old + o + j, r + o + j, adv + o + j, mask + o + j); \
+            if (j < width) {                                                                             \
+                PAD(T, N_##S, lp, lp + o, j, width) PAD(T, N_##S, old, old + o, j, width);               \
+                PAD(T, N_##S, r, r + o, j, width) PAD(T, N_##S, adv, adv + o, j, width);                 \
+                PAD(uint8_t, N_##S, m, mask + o, j, width);                                              \
+                CLIP_COV_BODY(S, o + j, lp_pad, old_pad, r_pad, adv_pad, m_pad);                         \
+            }                                                                                            \
+            row_out[i] = K(acc_total)(acc);                                                              \
+        }                                                                                                \
+        *kl_out = K(acc_total)(kl_acc);                                                                  \
+        *n_out = k;                                                                                      \
+    }
+DEFINE_CLIP_COV(f32, float)
+DEFINE_CLIP_COV(f64, double)
+
+/* ---- KL-Cov (verl's compute_policy_loss_kl_cov) -----------------------------------------------------
+ * r = exp(lp - old) from torch (no clamp). Row sums of -A r times the mask (negated at the end), the
+ * masked sum of |lp - old|, and verl's compaction advantages[mask] / log_prob[mask] (row-major order)
+ * into va / vl (at most cap tokens; the count is returned). */
+#define KL_COV_BODY(S, LP, OLD, R, ADV, M)                                                               \
+    {                                                                                                    \
+        const S##v m = K(mask_##S)(M);                                                                   \
+        const S##v lpv = K(ld_##S)(LP), av = K(ld_##S)(ADV);                                             \
+        const S##v d = lpv - K(ld_##S)(OLD);                                                             \
+        K(acc_##S)(abs_acc, K(sel_##S)(d < zero, -d, d) * m);                                            \
+        K(acc_##S)(acc, (av * K(ld_##S)(R)) * m);                                                        \
+        const S##m take = m != zero;                                                                     \
+        APPEND_LANES(N_##S, take, 0, va, k, cap, va[k] = (ADV)[l]; vl[k] = (LP)[l])                      \
+    }
+
+#define DEFINE_KL_COV(S, T)                                                                              \
+    static void K(kl_cov_##S)(const T *lp, const T *old, const T *r, const T *adv, const uint8_t *mask, \
+                              Py_ssize_t rows, Py_ssize_t width, double *row_out, T *va, T *vl,          \
+                              Py_ssize_t cap, double *abs_out, int64_t *n_out) {                         \
+        const S##v zero = SPLAT(S, T, 0);                                                                \
+        dacc abs_acc[2] = {0};                                                                           \
+        Py_ssize_t k = 0;                                                                                \
+        for (Py_ssize_t i = 0; i < rows; i++) {                                                          \
+            const Py_ssize_t o = i * width;                                                              \
+            dacc acc[2] = {0};                                                                           \
+            Py_ssize_t j = 0;                                                                            \
+            for (; j + N_##S <= width; j += N_##S)                                                       \
+                KL_COV_BODY(S, lp + o + j, old + o + j, r + o + j, adv + o + j, mask + o + j);           \
+            if (j < width) {                                                                             \
+                PAD(T, N_##S, lp, lp + o, j, width) PAD(T, N_##S, old, old + o, j, width);               \
+                PAD(T, N_##S, r, r + o, j, width) PAD(T, N_##S, adv, adv + o, j, width);                 \
+                PAD(uint8_t, N_##S, m, mask + o, j, width);                                              \
+                KL_COV_BODY(S, lp_pad, old_pad, r_pad, adv_pad, m_pad);                                  \
+            }                                                                                            \
+            row_out[i] = -K(acc_total)(acc);                                                             \
+        }                                                                                                \
+        *abs_out = K(acc_total)(abs_acc);                                                                \
+        *n_out = k;                                                                                      \
+    }
+DEFINE_KL_COV(f32, float)
+DEFINE_KL_COV(f64, double)
+
+/* kl_cov's covariance of the compacted tokens, (va - mean_a) (vl - mean_lp), over n of them */
+#define DEFINE_COV(S, T)                                                                                 \
+    static void K(cov_##S)(const T *va, const T *vl, Py_ssize_t n, T mean_a_, T mean_lp_, T *out) {      \
+        const S##v mean_a = SPLAT(S, T, mean_a_), mean_lp = SPLAT(S, T, mean_lp_);                       \
+        Py_ssize_t j = 0;                                                                                \
+        for (; j + N_##S <= n; j += N_##S) {                                                             \
+            const S##v v = (K(ld_##S)(va + j) - mean_a) * (K(ld_##S)(vl + j) - mean_lp);                 \
+            memcpy(out + j, &v, sizeof v);                                                               \
+        }                                                                                                \
+        for (; j < n; j++) out[j] = (va[j] - mean_a_) * (vl[j] - mean_lp_);                              \
+    }
+DEFINE_COV(f32, float)
+DEFINE_COV(f64, double)
+
+/* kl_cov: the flat index of the q-th valid token (row-major) for each q of sel, from the per-row counts'
+ * running sums offsets[0..rows] (offsets[0] = 0): the row by bisection, then a scan of that row */
+static void K(nth_valid)(const uint8_t *mask, Py_ssize_t rows, Py_ssize_t width, const int64_t *offsets,
+                         const int64_t *sel, Py_ssize_t k, int64_t *out) {
+    for (Py_ssize_t s = 0; s < k; s++) {
+        const int64_t q = sel[s];
+        Py_ssize_t a = 0, b = rows; /* the row i with offsets[i] <= q < offsets[i + 1] */
+        while (b - a > 1) {
+            const Py_ssize_t mid = a + (b - a) / 2;
+            if (offsets[mid] <= q) a = mid;
+            else b = mid;
+        }
+        int64_t left = q - offsets[a], at = -1;
+        const uint8_t *row = mask + a * width;
+        for (Py_ssize_t j = 0; j < width; j++)
+            if (row[j] && left-- == 0) {
+                at = a * width + j;
+                break;
+            }
+        out[s] = at;
+    }
+}

@@ -1,3 +1,116 @@
 /* Python entry points: dppo_tv, dppo_kl, clip_cov, kl_cov (bypass_mode reuses vanilla and rollout).
  * Included by _fused.c after DISPATCH; LOSSES_B_METHODS lists the PyMethodDef entries. */
-#define LOSSES_B_METHODS
+
+static PyObject *py_dppo(PyObject *self, PyObject *args) {
+    int f64, kl_kind;
+    ptr_t lp, old, r, p, q, l, adv, mask, row_out;
+    Py_ssize_t rows, width;
+    double lo, hi, c, kl = 0.0;
+    int64_t kept = 0, lower = 0;
+    if (!PyArg_ParseTuple(args, "ppKKKKKKKKnndddK", &f64, &kl_kind, &lp, &old, &r, &p, &q, &l, &adv, &mask,
+                          &rows, &width, &lo, &hi, &c, &row_out))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS;
+#define DPPO_ARGS(T) P(T, lp), P(T, old), P(T, r), P(T, p), P(T, q), P(T, l), P(T, adv), P(uint8_t, mask), rows, width
+    if (f64 && kl_kind)
+        DISPATCH(dppo_kl_f64, DPPO_ARGS(double), lo, hi, c, P(double, row_out), &kl, &kept, &lower);
+    else if (f64)
+        DISPATCH(dppo_tv_f64, DPPO_ARGS(double), lo, hi, c, P(double, row_out), &kl, &kept, &lower);
+    else if (kl_kind)
+        DISPATCH(dppo_kl_f32, DPPO_ARGS(float), (float)lo, (float)hi, (float)c, P(double, row_out), &kl, &kept,
+                 &lower);
+    else
+        DISPATCH(dppo_tv_f32, DPPO_ARGS(float), (float)lo, (float)hi, (float)c, P(double, row_out), &kl, &kept,
+                 &lower);
+#undef DPPO_ARGS
+    Py_END_ALLOW_THREADS;
+    return Py_BuildValue("dLL", kl, (long long)kept, (long long)lower);
+}
+
+static PyObject *py_dppo_frac(PyObject *self, PyObject *args) {
+    int f64;
+    ptr_t p, q, out;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "pKKnK", &f64, &p, &q, &n, &out)) return NULL;
+    Py_BEGIN_ALLOW_THREADS;
+    if (f64)
+        DISPATCH(dppo_frac_f64, P(double, p), P(double, q), n, P(double, out));
+    else
+        DISPATCH(dppo_frac_f32, P(float, p), P(float, q), n, P(float, out));
+    Py_END_ALLOW_THREADS;
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_clip_cov(PyObject *self, PyObject *args) {
+    int f64;
+    ptr_t lp, old, r, adv, mask, row_out, cand;
+    Py_ssize_t rows, width, cap;
+    double lo, hi, mean_a, mean_lp, lb, ub, kl = 0.0;
+    int64_t n = 0;
+    if (!PyArg_ParseTuple(args, "pKKKKKnnddddddKKn", &f64, &lp, &old, &r, &adv, &mask, &rows, &width, &lo, &hi,
+                          &mean_a, &mean_lp, &lb, &ub, &row_out, &cand, &cap))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS;
+    if (f64)
+        DISPATCH(clip_cov_f64, P(double, lp), P(double, old), P(double, r), P(double, adv), P(uint8_t, mask), rows,
+                 width, lo, hi, mean_a, mean_lp, lb, ub, P(double, row_out), P(int64_t, cand), cap, &kl, &n);
+    else
+        DISPATCH(clip_cov_f32, P(float, lp), P(float, old), P(float, r), P(float, adv), P(uint8_t, mask), rows,
+                 width, (float)lo, (float)hi, (float)mean_a, (float)mean_lp, (float)lb, (float)ub,
+                 P(double, row_out), P(int64_t, cand), cap, &kl, &n);
+    Py_END_ALLOW_THREADS;
+    return Py_BuildValue("dL", kl, (long long)n);
+}
+
+static PyObject *py_kl_cov(PyObject *self, PyObject *args) {
+    int f64;
+    ptr_t lp, old, r, adv, mask, row_out, va, vl;
+    Py_ssize_t rows, width, cap;
+    double abs_sum = 0.0;
+    int64_t n = 0;
+    if (!PyArg_ParseTuple(args, "pKKKKKnnKKKn", &f64, &lp, &old, &r, &adv, &mask, &rows, &width, &row_out, &va,
+                          &vl, &cap))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS;
+    if (f64)
+        DISPATCH(kl_cov_f64, P(double, lp), P(double, old), P(double, r), P(double, adv), P(uint8_t, mask), rows,
+                 width, P(double, row_out), P(double, va), P(double, vl), cap, &abs_sum, &n);
+    else
+        DISPATCH(kl_cov_f32, P(float, lp), P(float, old), P(float, r), P(float, adv), P(uint8_t, mask), rows,
+                 width, P(double, row_out), P(float, va), P(float, vl), cap, &abs_sum, &n);
+    Py_END_ALLOW_THREADS;
+    return Py_BuildValue("dL", abs_sum, (long long)n);
+}
+
+static PyObject *py_cov(PyObject *self, PyObject *args) {
+    int f64;
+    ptr_t va, vl, out;
+    Py_ssize_t n;
+    double mean_a, mean_lp;
+    if (!PyArg_ParseTuple(args, "pKKnddK", &f64, &va, &vl, &n, &mean_a, &mean_lp, &out)) return NULL;
+    Py_BEGIN_ALLOW_THREADS;
+    if (f64)
+        DISPATCH(cov_f64, P(double, va), P(double, vl), n, mean_a, mean_lp, P(double, out));
+    else
+        DISPATCH(cov_f32, P(float, va), P(float, vl), n, (float)mean_a, (float)mean_lp, P(float, out));
+    Py_END_ALLOW_THREADS;
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_nth_valid(PyObject *self, PyObject *args) {
+    ptr_t mask, offsets, sel, out;
+    Py_ssize_t rows, width, k;
+    if (!PyArg_ParseTuple(args, "KnnKKnK", &mask, &rows, &width, &offsets, &sel, &k, &out)) return NULL;
+    Py_BEGIN_ALLOW_THREADS;
+    DISPATCH(nth_valid, P(uint8_t, mask), rows, width, P(int64_t, offsets), P(int64_t, sel), k, P(int64_t, out));
+    Py_END_ALLOW_THREADS;
+    Py_RETURN_NONE;
+}
+
+#define LOSSES_B_METHODS                                                                                   \
+    {"dppo", py_dppo, METH_VARARGS, "DPPO-Binary TV / KL: row sums of the loss, kl sum, kept and lower counts"}, \
+    {"dppo_frac", py_dppo_frac, METH_VARARGS, "dppo_kl's log argument ((1 - q) + 1e-8) / ((1 - p) + 1e-8)"},  \
+    {"clip_cov", py_clip_cov, METH_VARARGS, "Clip-Cov: loss row sums, kl sum, candidate flat indices"},        \
+    {"kl_cov", py_kl_cov, METH_VARARGS, "KL-Cov: loss row sums, |log-ratio| sum, compacted adv / log_prob"},   \
+    {"cov", py_cov, METH_VARARGS, "KL-Cov's covariance of the compacted tokens"},                              \
+    {"nth_valid", py_nth_valid, METH_VARARGS, "flat indices of the q-th valid tokens"},
