@@ -904,22 +904,18 @@ def _fused_geo_mean(batch: TokenBatch, config: LossConfig) -> dict[str, float] |
 
 
 def _native_dppo(batch: TokenBatch, config: LossConfig, binary_kl: bool) -> dict[str, float] | None:
-    # torch: r = exp(clamp(lp - old, +-20)), p = exp(lp), q = exp(old), and for KL the log of the fraction
-    # the loop computes; the loop: everything else (csrc/losses_b.h)
-    nt = batch.native.tensors
-    lp, old = nt["log_prob"], nt["old_log_prob"]
-    bufs = [_take(batch.shape, batch.dtype, batch.mask.device) for _ in range(3 + binary_kl)]
-    r, p, q = bufs[:3]
+    # the loop packs the valid tokens' clamp(lp - old, +-20), lp and old; torch takes exp of them (r, p, q)
+    # and for KL the log of the fraction the loop computes; the loop then does everything else
+    # (csrc/losses_b.h). Masked tokens need none of them.
+    x = _take((3, batch.n_tokens), batch.dtype, batch.mask.device)
     try:
-        torch.sub(lp, old, out=r).clamp_(-20.0, 20.0).exp_()
-        torch.exp(lp, out=p)
-        torch.exp(old, out=q)
-        log_frac = batch.native.dppo_frac(p, q, bufs[3]).log_() if binary_kl else None
+        batch.native.dppo_pack(batch.n_tokens, x).exp_()
+        log_frac = batch.native.dppo_frac(x).log_() if binary_kl else None
         rows, kl_sum, kept, lower = batch.native.dppo(
-            r, p, q, log_frac, config.clip_low, config.clip_high, config.clip_ratio_c
+            x, log_frac, config.clip_low, config.clip_high, config.clip_ratio_c
         )
     finally:
-        _give(*bufs)
+        _give(x)
     batch._native_aux(*batch._aux_plan(config))
     n = batch.n_tokens
     return _finish(

@@ -175,27 +175,55 @@ class Inputs:
         if not set(names) <= self.tensors.keys():
             raise ValueError(f"this pass reads {', '.join(names)}")
 
+    def dppo_pack(self, n_valid: int, out: Tensor | None = None) -> Tensor:
+        """``(3, n_valid)``: the valid tokens' ``clamp(lp - old, -20, 20)``, ``lp`` and ``old`` (row-major),
+        the values whose ``exp`` :meth:`dppo` reads (into ``out`` when given)."""
+        self._need("log_prob", "old_log_prob")
+        dtype = torch.float64 if self.f64 else torch.float32
+        x = torch.empty((3, n_valid), dtype=dtype) if out is None else self._packed(out, 3)
+        if x.shape[1] != n_valid:
+            raise ValueError("out: one column per valid token")
+        n = _MODULE.dppo_pack(
+            self.f64, self._p("log_prob"), self._p("old_log_prob"), self.mask.data_ptr(), self.rows, self.width,
+            x.data_ptr(), n_valid,
+        )  # fmt: skip
+        if n != n_valid:
+            raise ValueError(f"the mask has {n} valid tokens, not {n_valid}")
+        return x
+
+    def _packed(self, x: Tensor, rows: int) -> Tensor:
+        if x.dtype != (torch.float64 if self.f64 else torch.float32) or x.dim() != 2 or x.shape[0] != rows:
+            raise ValueError("not a packed buffer of these inputs")
+        if not x.is_contiguous() or x.device.type != "cpu":
+            raise ValueError("packed buffers are contiguous CPU tensors")
+        return x
+
     def dppo(
-        self, r: Tensor, p: Tensor, q: Tensor, log_frac: Tensor | None, lo: float, hi: float, c: float
+        self, x: Tensor, log_frac: Tensor | None, lo: float, hi: float, c: float
     ) -> tuple[list[float], float, int, int]:
         """DPPO-Binary-TV (``log_frac`` None) or -KL: row sums of verl's per-token loss, the masked sum of
         the clamped log-ratio, the count of valid-by-divergence tokens under the mask and of those the
-        ones with ``r > c``. ``r = exp(clamp(lp - old, -20, 20))``, ``p = exp(lp)``, ``q = exp(old)``,
-        ``log_frac = log(dppo_frac(p, q))``; ``lo`` / ``hi`` are the divergence bounds."""
+        ones with ``r > c``. ``x``: :meth:`dppo_pack`'s buffer after ``exp`` (r, p, q of the valid
+        tokens); ``log_frac = log(dppo_frac(p, q))``; ``lo`` / ``hi`` are the divergence bounds."""
         self._need("log_prob", "old_log_prob", "advantages")
-        bufs = [self.scratch(x).data_ptr() for x in (r, p, q)]
-        frac = 0 if log_frac is None else self.scratch(log_frac).data_ptr()
+        x = self._packed(x, 3)
+        n = x.shape[1]
+        frac = 0 if log_frac is None else self._packed(log_frac.view(1, -1), 1).data_ptr()
+        if log_frac is not None and log_frac.numel() != n:
+            raise ValueError("log_frac: one value per valid token")
         out = torch.empty(self.rows, dtype=torch.float64)
         kl, kept, lower = _MODULE.dppo(
-            self.f64, log_frac is not None, self._p("log_prob"), self._p("old_log_prob"), *bufs, frac,
+            self.f64, log_frac is not None, self._p("log_prob"), self._p("old_log_prob"), x.data_ptr(), frac, n,
             self._p("advantages"), self.mask.data_ptr(), self.rows, self.width, lo, hi, c, out.data_ptr(),
         )  # fmt: skip
         return out.tolist(), kl, kept, lower
 
-    def dppo_frac(self, p: Tensor, q: Tensor, out: Tensor) -> Tensor:
-        """``out = ((1 - q) + 1e-8) / ((1 - p) + 1e-8)`` (dppo_kl's log argument, verl's ops)."""
-        p, q, out = self.scratch(p), self.scratch(q), self.scratch(out)
-        _MODULE.dppo_frac(self.f64, p.data_ptr(), q.data_ptr(), p.numel(), out.data_ptr())
+    def dppo_frac(self, x: Tensor) -> Tensor:
+        """``((1 - q) + 1e-8) / ((1 - p) + 1e-8)`` (dppo_kl's log argument, verl's ops) of the packed
+        ``p = x[1]``, ``q = x[2]``."""
+        x = self._packed(x, 3)
+        out = torch.empty(x.shape[1], dtype=x.dtype)
+        _MODULE.dppo_frac(self.f64, x[1].data_ptr(), x[2].data_ptr(), x.shape[1], out.data_ptr())
         return out
 
     def clip_cov(

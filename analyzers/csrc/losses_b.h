@@ -1,25 +1,115 @@
 /* Kernels: dppo_tv, dppo_kl, clip_cov, kl_cov (bypass_mode reuses vanilla and rollout).
  * Included by kernels.h once per instruction set (names through K(...), vectors as in kernels.h). */
 
+/* The valid tokens' values that only torch can finish (exp, log) are packed, in row-major order, into
+ * vectors of n_valid floats: torch then evaluates them on those tokens only (its exp / log of a value
+ * does not depend on where in a tensor it sits: tested), and the main loop reads them back in the same
+ * order. A group of N mask bytes is "all" (every byte 1, the bool mask's bytes), "none" (0) or mixed. */
+#define MASK_ALL_f32 0x0101010101010101ULL
+#define MASK_ALL_f64 0x01010101ULL
+#define MASK_BITS_f32(M) K(bits8)(M)
+#define MASK_BITS_f64(M) K(bits4)(M)
+static inline uint64_t K(bits8)(const uint8_t *p) {
+    uint64_t b;
+    memcpy(&b, p, 8);
+    return b;
+}
+static inline uint64_t K(bits4)(const uint8_t *p) {
+    uint32_t b;
+    memcpy(&b, p, 4);
+    return b;
+}
+
 /* ---- DPPO-Binary-TV / -KL (verl's compute_policy_loss_dppo_tv / _dppo_kl) ---------------------------
- * From torch: r = exp(clamp(lp - old, -20, 20)), p = exp(lp), q = exp(old), and for KL
- * L = log(((1 - q) + 1e-8) / ((1 - p) + 1e-8)) (the fraction by dppo_frac below, the log by torch).
+ * dppo_pack writes, for the valid tokens, x = [clamp(lp - old, -20, 20) | lp | old] (3 blocks of
+ * n_valid); torch takes exp of all of it: r = exp(clamp(lp - old)), p = exp(lp), q = exp(old), and for
+ * KL the log of dppo_frac(p, q) = ((1 - q) + 1e-8) / ((1 - p) + 1e-8): L. The main loop, per token:
  *   tv:  pos = (p - q) <= hi,                     neg = (p - q) >= -lo
  *   kl:  b = q (old - lp) + (1 - q) L;  pos = b <= hi | p <= q,  neg = b <= lo | p >= q
  * valid = A > 0 ? pos : neg (as torch.where: NaN in A picks neg); v = valid as 0 / 1;
  * l = -A min(r, c) lp v, summed times the mask (the row sums are negated at the end: -(x) y = -(x y));
- * kl: masked sum of the clamped log-ratio; kept: valid tokens under the mask; lower: of those, r > c. */
-#define DPPO_BODY(S, KL, LP, OLD, R, PP, QQ, LL, ADV, M)                                               \
+ * kl: masked sum of the clamped log-ratio; kept: valid tokens under the mask; lower: of those, r > c.
+ * Masked tokens read r = p = q = L = 0: their loss is (A 0) lp v times 0, still NaN where A or lp is
+ * not finite (and old's non-finite values reach the kl sum), so a non-finite input anywhere still
+ * makes a sum non-finite. */
+#define DPPO_PACK_BODY(S, T, LP, OLD, M)                                                                 \
+    {                                                                                                    \
+        const uint64_t bits = MASK_BITS_##S(M);                                                          \
+        if (bits == MASK_ALL_##S && k + N_##S <= cap) {                                                  \
+            const S##v lpv = K(ld_##S)(LP), oldv = K(ld_##S)(OLD);                                       \
+            S##v d = lpv - oldv;                                                                         \
+            d = CLAMP(S, d, -lim, lim);                                                                  \
+            memcpy(xd + k, &d, sizeof d);                                                                \
+            memcpy(xl + k, &lpv, sizeof lpv);                                                            \
+            memcpy(xo + k, &oldv, sizeof oldv);                                                          \
+            k += N_##S;                                                                                  \
+        } else if (bits) {                                                                               \
+            for (int l = 0; l < N_##S; l++)                                                              \
+                if ((M)[l]) {                                                                            \
+                    if (k < cap) {                                                                       \
+                        T d = (LP)[l] - (OLD)[l];                                                        \
+                        d = d < (T)-20 ? (T)-20 : d;                                                     \
+                        d = d > (T)20 ? (T)20 : d;                                                       \
+                        xd[k] = d, xl[k] = (LP)[l], xo[k] = (OLD)[l];                                    \
+                    }                                                                                    \
+                    k++;                                                                                 \
+                }                                                                                        \
+        }                                                                                                \
+    }
+
+#define DEFINE_DPPO_PACK(S, T)                                                                           \
+    static Py_ssize_t K(dppo_pack_##S)(const T *lp, const T *old, const uint8_t *mask, Py_ssize_t rows,  \
+                                       Py_ssize_t width, T *x, Py_ssize_t cap) {                         \
+        const S##v lim = SPLAT(S, T, 20);                                                                \
+        T *xd = x, *xl = x + cap, *xo = x + 2 * cap;                                                     \
+        Py_ssize_t k = 0;                                                                                \
+        for (Py_ssize_t i = 0; i < rows; i++) {                                                          \
+            const Py_ssize_t o = i * width;                                                              \
+            Py_ssize_t j = 0;                                                                            \
+            for (; j + N_##S <= width; j += N_##S) DPPO_PACK_BODY(S, T, lp + o + j, old + o + j, mask + o + j); \
+            if (j < width) {                                                                             \
+                PAD(T, N_##S, lp, lp + o, j, width) PAD(T, N_##S, old, old + o, j, width);               \
+                PAD(uint8_t, N_##S, m, mask + o, j, width);                                              \
+                DPPO_PACK_BODY(S, T, lp_pad, old_pad, m_pad);                                            \
+            }                                                                                            \
+        }                                                                                                \
+        return k;                                                                                        \
+    }
+DEFINE_DPPO_PACK(f32, float)
+DEFINE_DPPO_PACK(f64, double)
+
+/* rk, p, q, L of the N tokens at M from the packed vectors (0 where masked) */
+#define DPPO_UNPACK(S, T, KL, M)                                                                         \
+    const uint64_t bits = MASK_BITS_##S(M);                                                              \
+    S##v rk = zero, p = zero, q = zero, L = zero;                                                        \
+    if (bits == MASK_ALL_##S && k + N_##S <= cap) {                                                      \
+        rk = K(ld_##S)(xr + k), p = K(ld_##S)(xp + k), q = K(ld_##S)(xq + k);                            \
+        if (KL) L = K(ld_##S)(ll + k);                                                                   \
+        k += N_##S;                                                                                      \
+    } else if (bits) {                                                                                   \
+        T tr[N_##S] = {0}, tp[N_##S] = {0}, tq[N_##S] = {0}, tl[N_##S] = {0};                            \
+        for (int l = 0; l < N_##S; l++)                                                                  \
+            if ((M)[l] && k < cap) {                                                                     \
+                tr[l] = xr[k], tp[l] = xp[k], tq[l] = xq[k];                                             \
+                if (KL) tl[l] = ll[k];                                                                   \
+                k++;                                                                                     \
+            }                                                                                            \
+        memcpy(&rk, tr, sizeof rk), memcpy(&p, tp, sizeof p), memcpy(&q, tq, sizeof q);                  \
+        memcpy(&L, tl, sizeof L);                                                                        \
+    }
+
+#define DPPO_BODY(S, T, KL, LP, OLD, ADV, M)                                                             \
     {                                                                                                    \
         const S##v m = K(mask_##S)(M);                                                                   \
         const S##v lpv = K(ld_##S)(LP), oldv = K(ld_##S)(OLD);                                           \
         S##v d = lpv - oldv;                                                                             \
         d = CLAMP(S, d, -lim, lim);                                                                      \
         K(acc_##S)(kl_acc, d * m);                                                                       \
-        const S##v rk = K(ld_##S)(R), p = K(ld_##S)(PP), q = K(ld_##S)(QQ), a = K(ld_##S)(ADV);          \
+        DPPO_UNPACK(S, T, KL, M)                                                                         \
+        const S##v a = K(ld_##S)(ADV);                                                                   \
         S##m pos, neg;                                                                                   \
         if (KL) {                                                                                        \
-            const S##v b = q * (oldv - lpv) + (one - q) * K(ld_##S)(LL);                                 \
+            const S##v b = q * (oldv - lpv) + (one - q) * L;                                             \
             pos = (b <= hi) | (p <= q);                                                                  \
             neg = (b <= lo) | (p >= q);                                                                  \
         } else {                                                                                         \
@@ -37,31 +127,31 @@
         lc += kv & (rk > c);                                                                             \
     }
 
+/* x: dppo_pack's vectors after exp (cap = n_valid each), ll: L (KL only, n_valid) */
 #define DEFINE_DPPO(NAME, KL, S, T)                                                                      \
-    static void K(NAME##_##S)(const T *lp, const T *old, const T *r, const T *pp, const T *qq,          \
-                              const T *ll, const T *adv, const uint8_t *mask, Py_ssize_t rows,           \
-                              Py_ssize_t width, T lo_, T hi_, T c_, double *row_out, double *kl_out,     \
-                              int64_t *kept_out, int64_t *lower_out) {                                   \
+    static void K(NAME##_##S)(const T *lp, const T *old, const T *x, const T *ll, Py_ssize_t cap,       \
+                              const T *adv, const uint8_t *mask, Py_ssize_t rows, Py_ssize_t width,      \
+                              T lo_, T hi_, T c_, double *row_out, double *kl_out, int64_t *kept_out,    \
+                              int64_t *lower_out) {                                                      \
         const S##v lo = SPLAT(S, T, lo_), nlo = SPLAT(S, T, -lo_), hi = SPLAT(S, T, hi_);                \
         const S##v c = SPLAT(S, T, c_), zero = SPLAT(S, T, 0), one = SPLAT(S, T, 1);                     \
         const S##v lim = SPLAT(S, T, 20);                                                                \
+        const T *xr = x, *xp = x + cap, *xq = x + 2 * cap;                                               \
         (void)lo, (void)nlo;                                                                             \
         dacc kl_acc[2] = {0};                                                                            \
         int64_t kept = 0, lower = 0;                                                                     \
+        Py_ssize_t k = 0;                                                                                \
         for (Py_ssize_t i = 0; i < rows; i++) {                                                          \
             const Py_ssize_t o = i * width;                                                              \
             dacc acc[2] = {0};                                                                           \
             S##m kc = {0}, lc = {0};                                                                     \
             Py_ssize_t j = 0;                                                                            \
             for (; j + N_##S <= width; j += N_##S)                                                       \
-                DPPO_BODY(S, KL, lp + o + j, old + o + j, r + o + j, pp + o + j, qq + o + j,             \
-                          KL ? ll + o + j : NULL, adv + o + j, mask + o + j);                            \
+                DPPO_BODY(S, T, KL, lp + o + j, old + o + j, adv + o + j, mask + o + j);                 \
             if (j < width) {                                                                             \
                 PAD(T, N_##S, lp, lp + o, j, width) PAD(T, N_##S, old, old + o, j, width);               \
-                PAD(T, N_##S, r, r + o, j, width) PAD(T, N_##S, p, pp + o, j, width);                    \
-                PAD(T, N_##S, q, qq + o, j, width) PAD(T, N_##S, l, KL ? ll + o : NULL, j, width);       \
                 PAD(T, N_##S, adv, adv + o, j, width) PAD(uint8_t, N_##S, m, mask + o, j, width);        \
-                DPPO_BODY(S, KL, lp_pad, old_pad, r_pad, p_pad, q_pad, l_pad, adv_pad, m_pad);           \
+                DPPO_BODY(S, T, KL, lp_pad, old_pad, adv_pad, m_pad);                                    \
             }                                                                                            \
             row_out[i] = -K(acc_total)(acc);                                                             \
             kept += K(count_##S)(kc);                                                                    \

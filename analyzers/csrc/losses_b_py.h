@@ -1,17 +1,31 @@
 /* Python entry points: dppo_tv, dppo_kl, clip_cov, kl_cov (bypass_mode reuses vanilla and rollout).
  * Included by _fused.c after DISPATCH; LOSSES_B_METHODS lists the PyMethodDef entries. */
 
+static PyObject *py_dppo_pack(PyObject *self, PyObject *args) {
+    int f64;
+    ptr_t lp, old, mask, x;
+    Py_ssize_t rows, width, cap, n;
+    if (!PyArg_ParseTuple(args, "pKKKnnKn", &f64, &lp, &old, &mask, &rows, &width, &x, &cap)) return NULL;
+    Py_BEGIN_ALLOW_THREADS;
+    if (f64)
+        n = DISPATCH(dppo_pack_f64, P(double, lp), P(double, old), P(uint8_t, mask), rows, width, P(double, x), cap);
+    else
+        n = DISPATCH(dppo_pack_f32, P(float, lp), P(float, old), P(uint8_t, mask), rows, width, P(float, x), cap);
+    Py_END_ALLOW_THREADS;
+    return PyLong_FromSsize_t(n);
+}
+
 static PyObject *py_dppo(PyObject *self, PyObject *args) {
     int f64, kl_kind;
-    ptr_t lp, old, r, p, q, l, adv, mask, row_out;
-    Py_ssize_t rows, width;
+    ptr_t lp, old, x, l, adv, mask, row_out;
+    Py_ssize_t cap, rows, width;
     double lo, hi, c, kl = 0.0;
     int64_t kept = 0, lower = 0;
-    if (!PyArg_ParseTuple(args, "ppKKKKKKKKnndddK", &f64, &kl_kind, &lp, &old, &r, &p, &q, &l, &adv, &mask,
-                          &rows, &width, &lo, &hi, &c, &row_out))
+    if (!PyArg_ParseTuple(args, "ppKKKKnKKnndddK", &f64, &kl_kind, &lp, &old, &x, &l, &cap, &adv, &mask, &rows,
+                          &width, &lo, &hi, &c, &row_out))
         return NULL;
     Py_BEGIN_ALLOW_THREADS;
-#define DPPO_ARGS(T) P(T, lp), P(T, old), P(T, r), P(T, p), P(T, q), P(T, l), P(T, adv), P(uint8_t, mask), rows, width
+#define DPPO_ARGS(T) P(T, lp), P(T, old), P(T, x), P(T, l), cap, P(T, adv), P(uint8_t, mask), rows, width
     if (f64 && kl_kind)
         DISPATCH(dppo_kl_f64, DPPO_ARGS(double), lo, hi, c, P(double, row_out), &kl, &kept, &lower);
     else if (f64)
@@ -109,6 +123,7 @@ static PyObject *py_nth_valid(PyObject *self, PyObject *args) {
 
 #define LOSSES_B_METHODS                                                                                   \
     {"dppo", py_dppo, METH_VARARGS, "DPPO-Binary TV / KL: row sums of the loss, kl sum, kept and lower counts"}, \
+    {"dppo_pack", py_dppo_pack, METH_VARARGS, "DPPO: the valid tokens' clamped log-ratio, lp, old, packed"},  \
     {"dppo_frac", py_dppo_frac, METH_VARARGS, "dppo_kl's log argument ((1 - q) + 1e-8) / ((1 - p) + 1e-8)"},  \
     {"clip_cov", py_clip_cov, METH_VARARGS, "Clip-Cov: loss row sums, kl sum, candidate flat indices"},        \
     {"kl_cov", py_kl_cov, METH_VARARGS, "KL-Cov: loss row sums, |log-ratio| sum, compacted adv / log_prob"},   \

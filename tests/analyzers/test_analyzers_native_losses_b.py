@@ -257,7 +257,28 @@ def test_the_compacted_tokens_and_their_positions_are_verls():
     with pytest.raises(ValueError):
         inputs.kl_cov(r, n - 1)
     with pytest.raises(ValueError):
-        inputs.dppo(torch.empty(5, 36), r, r, None, 0.2, 0.2, 3.0)
+        inputs.dppo(torch.empty(3, n - 1, dtype=torch.float64), None, 0.2, 0.2, 3.0)
+    with pytest.raises(ValueError):
+        inputs.dppo_pack(n + 1)
+    x = inputs.dppo_pack(n)
+    d = (t["log_prob"] - t["old_log_prob"]).clamp(-20.0, 20.0)
+    assert torch.equal(x, torch.stack([d[mask], t["log_prob"][mask], t["old_log_prob"][mask]]))
+
+
+@pytest.mark.parametrize("fn", [torch.exp, torch.log])
+def test_torchs_exp_and_log_of_a_value_do_not_depend_on_where_it_sits(fn):
+    # the compiled passes evaluate exp / log on the valid tokens only, packed: the values verl gets from
+    # the full tensors only if torch's vector and tail code give each element the same float
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.float64):
+        x = torch.rand(300_001, generator=g, dtype=torch.float64).mul(60).sub(40).to(dtype)
+        x = x.abs() if fn is torch.log else x
+        full = fn(x)
+        pick = torch.rand(len(x), generator=g) < 0.37
+        assert torch.equal(fn(x[pick]), full[pick])
+        for start in range(0, 40, 3):
+            for length in range(1, 40):
+                assert torch.equal(fn(x[start : start + length]), full[start : start + length])
 
 
 @settings(max_examples=40, deadline=None)
