@@ -1087,25 +1087,18 @@ def _fused_clip_cov(batch: TokenBatch, config: LossConfig) -> dict[str, float] |
 
 
 def _native_kl_cov(batch: TokenBatch, config: LossConfig) -> dict[str, float] | None:
-    # torch: r = exp(lp - old), the two means of the compacted tokens and the top-k; the loops: the loss
-    # row sums, |log r| sum and the compaction, then the covariance, then the top-k's flat positions
-    nt = batch.native.tensors
+    # the loops: |log r| sum and verl's compaction of A, logp (and log r) under the mask, then the loss row
+    # sums and the covariance of the compacted tokens; torch: exp of the valid tokens' log r, the two means
+    # and the top-k (verl's ops on the same vectors); then the loop again: the top-k's positions and losses
     n = batch.n_tokens
-    lp, old = nt["log_prob"], nt["old_log_prob"]
-    r = _take(batch.shape, batch.dtype, batch.mask.device)
-    try:
-        torch.sub(lp, old, out=r).exp_()
-        rows, abs_sum, va, vl = batch.native.kl_cov(r, n)
-        if n and math.isfinite(abs_sum) and math.isfinite(float(rows.sum())):
-            cov = batch.native.cov(va, vl, float(va.mean()), float(vl.mean()))
-            k = max(1, int(n * config.kl_cov_ratio))
-            flat = batch.native.nth_valid(batch.n_row, torch.topk(cov, k, largest=True).indices)
-            base = -nt["advantages"].view(-1)[flat] * r.view(-1)[flat]
-            d = lp.view(-1)[flat] - old.view(-1)[flat]
-            with_kl = base + config.ppo_kl_coef * d.abs()
-            rows.index_add_(0, flat // batch.width, with_kl.to(torch.float64) - base.to(torch.float64))
-    finally:
-        _give(r)
+    abs_sum, adv_finite, va, vl, r = batch.native.kl_cov_pack(n)
+    if not adv_finite:  # (the loss sums no longer see the masked tokens' A)
+        return None
+    r.exp_()
+    rows, cov = batch.native.kl_cov_rows(va, vl, r, batch.n_row, float(va.mean()), float(vl.mean()))
+    if n and math.isfinite(abs_sum) and math.isfinite(float(rows.sum())):
+        large = torch.topk(cov, max(1, int(n * config.kl_cov_ratio)), largest=True).indices
+        batch.native.kl_cov_fix(rows, r, batch.n_row, large, config.ppo_kl_coef)
     batch._native_aux(*batch._aux_plan(config))
     return _finish(batch, config, rows.tolist(), ppo_kl=abs_sum / _eps_count(n))
 

@@ -17,6 +17,7 @@ reads): the C code trusts them, so nothing reaches it that could make it read ou
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 from contextlib import contextmanager
 from pathlib import Path
@@ -243,60 +244,65 @@ class Inputs:
         )  # fmt: skip
         return out, kl, cand[:n]
 
-    def kl_cov(self, r: Tensor, n_valid: int) -> tuple[Tensor, float, Tensor, Tensor]:
-        """KL-Cov's one pass: row sums (float64 tensor) of ``-A r`` times the mask, the masked sum of ``|lp - old|`` and
-        verl's ``advantages[mask]``, ``log_prob[mask]`` (``n_valid`` of them, row-major). ``r = exp(lp - old)``."""
+    def kl_cov_pack(self, n_valid: int) -> tuple[float, bool, Tensor, Tensor, Tensor]:
+        """KL-Cov's pass over the tokens: the masked sum of ``|lp - old|``, whether every advantage is
+        finite, and verl's ``advantages[mask]``, ``log_prob[mask]`` with ``lp - old`` of the same tokens
+        (``n_valid`` of them, row-major, three separate vectors)."""
         self._need("log_prob", "old_log_prob", "advantages")
-        r = self.scratch(r)
         dtype = torch.float64 if self.f64 else torch.float32
-        out = torch.empty(self.rows, dtype=torch.float64)
-        va, vl = torch.empty(n_valid, dtype=dtype), torch.empty(n_valid, dtype=dtype)
-        abs_sum, n = _MODULE.kl_cov(
-            self.f64, self._p("log_prob"), self._p("old_log_prob"), r.data_ptr(), self._p("advantages"),
-            self.mask.data_ptr(), self.rows, self.width, out.data_ptr(), va.data_ptr(), vl.data_ptr(), n_valid,
+        va, vl, vd = (torch.empty(n_valid, dtype=dtype) for _ in range(3))
+        abs_sum, a_sum, n = _MODULE.kl_cov_pack(
+            self.f64, self._p("log_prob"), self._p("old_log_prob"), self._p("advantages"), self.mask.data_ptr(),
+            self.rows, self.width, va.data_ptr(), vl.data_ptr(), vd.data_ptr(), n_valid,
         )  # fmt: skip
         if n != n_valid:
             raise ValueError(f"the mask has {n} valid tokens, not {n_valid}")
-        return out, abs_sum, va, vl
+        return abs_sum, math.isfinite(a_sum), va, vl, vd
 
-    def cov(self, va: Tensor, vl: Tensor, mean_a: float, mean_lp: float) -> Tensor:
-        """``(va - mean_a) (vl - mean_lp)`` of :meth:`kl_cov`'s compacted tokens (verl's ops)."""
+    def kl_cov_rows(
+        self, va: Tensor, vl: Tensor, r: Tensor, n_row: Tensor, mean_a: float, mean_lp: float
+    ) -> tuple[Tensor, Tensor]:
+        """Row sums (float64 tensor) of ``-A r`` over each row's packed tokens (``n_row`` per row) and
+        verl's covariance ``(va - mean_a) (vl - mean_lp)``, from :meth:`kl_cov_pack`'s vectors."""
         dtype = torch.float64 if self.f64 else torch.float32
         n = va.numel()
-        for x in (va, vl):
-            if (
-                x.dtype != dtype
-                or x.dim() != 1
-                or x.numel() != n
-                or not x.is_contiguous()
-                or x.device.type != "cpu"
-            ):
-                raise ValueError("cov reads two contiguous CPU vectors of the inputs' dtype and one length")
-        out = torch.empty(n, dtype=dtype)
-        _MODULE.cov(self.f64, va.data_ptr(), vl.data_ptr(), n, mean_a, mean_lp, out.data_ptr())
-        return out
+        for x in (va, vl, r):
+            if x.dtype != dtype or x.shape != (n,) or not x.is_contiguous() or x.device.type != "cpu":
+                raise ValueError(
+                    "kl_cov_rows reads contiguous CPU vectors of the inputs' dtype and one length"
+                )
+        n_row = n_row.to(torch.int64).contiguous()
+        if n_row.shape != (self.rows,) or int(n_row.min()) < 0 or int(n_row.sum()) != n:
+            raise ValueError("n_row: one count per row, summing to the vectors' length")
+        out, cov = torch.empty(self.rows, dtype=torch.float64), torch.empty(n, dtype=dtype)
+        _MODULE.kl_cov_rows(
+            self.f64, va.data_ptr(), vl.data_ptr(), r.data_ptr(), n_row.data_ptr(), self.rows, mean_a, mean_lp,
+            out.data_ptr(), cov.data_ptr(),
+        )  # fmt: skip
+        return out, cov
 
-    def nth_valid(self, n_row: Tensor, sel: Tensor) -> Tensor:
-        """Flat indices of the ``sel``-th valid tokens (row-major), ``n_row`` the per-row counts."""
+    def kl_cov_fix(self, rows: Tensor, r: Tensor, n_row: Tensor, sel: Tensor, coef: float) -> None:
+        """Add to ``rows`` (:meth:`kl_cov_rows`'s) what verl's loss adds on the packed tokens ``sel`` (the
+        top-k): ``(-A r + coef |lp - old|) - (-A r)`` per token, on its row."""
+        self._need("log_prob", "old_log_prob", "advantages")
+        dtype = torch.float64 if self.f64 else torch.float32
+        if rows.dtype != torch.float64 or rows.shape != (self.rows,) or not rows.is_contiguous():
+            raise ValueError("rows: kl_cov_rows's float64 row sums")
+        if r.dtype != dtype or r.dim() != 1 or not r.is_contiguous() or r.device.type != "cpu":
+            raise ValueError("r: the packed ratios")
         if n_row.shape != (self.rows,):
-            raise ValueError("one count per row")
+            raise ValueError("n_row: one count per row")
         offsets = torch.zeros(self.rows + 1, dtype=torch.int64)
-        torch.cumsum(n_row.to(torch.int64), 0, out=offsets[1:])
-        sel = sel.to(torch.int64).contiguous()
-        if sel.dim() != 1 or (len(sel) and (int(sel.min()) < 0 or int(sel.max()) >= int(offsets[-1]))):
-            raise ValueError("indices of valid tokens out of range")
-        out = torch.empty(len(sel), dtype=torch.int64)
-        _MODULE.nth_valid(
-            self.mask.data_ptr(),
-            self.rows,
-            self.width,
-            offsets.data_ptr(),
-            sel.data_ptr(),
-            len(sel),
-            out.data_ptr(),
-        )
-        if len(sel) and int(out.min()) < 0:
-            raise ValueError("the per-row counts do not match the mask")
-        return out
+        torch.cumsum(n_row, 0, out=offsets[1:])
+        if int(offsets[-1]) != r.numel():
+            raise ValueError("n_row must sum to the packed length")
+        sel = sel.to(torch.int64).contiguous().view(-1)
+        rc = _MODULE.kl_cov_fix(
+            self.f64, self._p("log_prob"), self._p("old_log_prob"), self._p("advantages"), self.mask.data_ptr(),
+            self.rows, self.width, offsets.data_ptr(), r.data_ptr(), sel.data_ptr(), sel.numel(), coef,
+            rows.data_ptr(),
+        )  # fmt: skip
+        if rc:
+            raise ValueError("a packed index out of range, or per-row counts that do not match the mask")
 
     # -- rollout correction: csrc/rollout.h -------------------------------------------------------------

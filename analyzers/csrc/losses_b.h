@@ -255,80 +255,138 @@ DEFINE_CLIP_COV(f32, float)
 DEFINE_CLIP_COV(f64, double)
 
 /* ---- KL-Cov (verl's compute_policy_loss_kl_cov) -----------------------------------------------------
- * r = exp(lp - old) from torch (no clamp). Row sums of -A r times the mask (negated at the end), the
- * masked sum of |lp - old|, and verl's compaction advantages[mask] / log_prob[mask] (row-major order)
- * into va / vl (at most cap tokens; the count is returned). */
-#define KL_COV_BODY(S, LP, OLD, R, ADV, M)                                                               \
+ * kl_cov_pack: the masked sum of |lp - old|, the masked sum of A (only its finiteness is used: a
+ * non-finite A anywhere makes it non-finite) and verl's compaction advantages[mask], log_prob[mask]
+ * (row-major) into va / vl, with d = lp - old of the same tokens into vd (at most cap tokens each; the
+ * count is returned). torch then takes r = exp(vd) (verl's ratio on those tokens) and the two means;
+ * kl_cov_rows: the row sums of -A r over each row's tokens (negated at the end) and verl's covariance
+ * cov = (va - mean_a) (vl - mean_lp). */
+#define KL_COV_PACK_BODY(S, T, LP, OLD, ADV, M)                                                          \
     {                                                                                                    \
         const S##v m = K(mask_##S)(M);                                                                   \
         const S##v lpv = K(ld_##S)(LP), av = K(ld_##S)(ADV);                                             \
         const S##v d = lpv - K(ld_##S)(OLD);                                                             \
         K(acc_##S)(abs_acc, K(sel_##S)(d < zero, -d, d) * m);                                            \
-        K(acc_##S)(acc, (av * K(ld_##S)(R)) * m);                                                        \
-        const S##m take = m != zero;                                                                     \
-        APPEND_LANES(N_##S, take, 0, va, k, cap, va[k] = (ADV)[l]; vl[k] = (LP)[l])                      \
+        K(acc_##S)(a_acc, av * m);                                                                       \
+        const uint64_t bits = MASK_BITS_##S(M);                                                          \
+        if (bits == MASK_ALL_##S && k + N_##S <= cap) {                                                  \
+            memcpy(va + k, &av, sizeof av);                                                              \
+            memcpy(vl + k, &lpv, sizeof lpv);                                                            \
+            memcpy(vd + k, &d, sizeof d);                                                                \
+            k += N_##S;                                                                                  \
+        } else if (bits) {                                                                               \
+            for (int l = 0; l < N_##S; l++)                                                              \
+                if ((M)[l]) {                                                                            \
+                    if (k < cap) va[k] = (ADV)[l], vl[k] = (LP)[l], vd[k] = (LP)[l] - (OLD)[l];          \
+                    k++;                                                                                 \
+                }                                                                                        \
+        }                                                                                                \
     }
 
-#define DEFINE_KL_COV(S, T)                                                                              \
-    static void K(kl_cov_##S)(const T *lp, const T *old, const T *r, const T *adv, const uint8_t *mask, \
-                              Py_ssize_t rows, Py_ssize_t width, double *row_out, T *va, T *vl,          \
-                              Py_ssize_t cap, double *abs_out, int64_t *n_out) {                         \
+#define DEFINE_KL_COV_PACK(S, T)                                                                         \
+    static Py_ssize_t K(kl_cov_pack_##S)(const T *lp, const T *old, const T *adv, const uint8_t *mask,  \
+                                         Py_ssize_t rows, Py_ssize_t width, T *va, T *vl, T *vd,         \
+                                         Py_ssize_t cap, double *abs_out, double *a_out) {               \
         const S##v zero = SPLAT(S, T, 0);                                                                \
-        dacc abs_acc[2] = {0};                                                                           \
+        dacc abs_acc[2] = {0}, a_acc[2] = {0};                                                           \
         Py_ssize_t k = 0;                                                                                \
         for (Py_ssize_t i = 0; i < rows; i++) {                                                          \
             const Py_ssize_t o = i * width;                                                              \
-            dacc acc[2] = {0};                                                                           \
             Py_ssize_t j = 0;                                                                            \
             for (; j + N_##S <= width; j += N_##S)                                                       \
-                KL_COV_BODY(S, lp + o + j, old + o + j, r + o + j, adv + o + j, mask + o + j);           \
+                KL_COV_PACK_BODY(S, T, lp + o + j, old + o + j, adv + o + j, mask + o + j);              \
             if (j < width) {                                                                             \
                 PAD(T, N_##S, lp, lp + o, j, width) PAD(T, N_##S, old, old + o, j, width);               \
-                PAD(T, N_##S, r, r + o, j, width) PAD(T, N_##S, adv, adv + o, j, width);                 \
-                PAD(uint8_t, N_##S, m, mask + o, j, width);                                              \
-                KL_COV_BODY(S, lp_pad, old_pad, r_pad, adv_pad, m_pad);                                  \
+                PAD(T, N_##S, adv, adv + o, j, width) PAD(uint8_t, N_##S, m, mask + o, j, width);        \
+                KL_COV_PACK_BODY(S, T, lp_pad, old_pad, adv_pad, m_pad);                                 \
+            }                                                                                            \
+        }                                                                                                \
+        *abs_out = K(acc_total)(abs_acc);                                                                \
+        *a_out = K(acc_total)(a_acc);                                                                    \
+        return k;                                                                                        \
+    }
+DEFINE_KL_COV_PACK(f32, float)
+DEFINE_KL_COV_PACK(f64, double)
+
+/* n_row: each row's token count (they sum to n, the length of va, vl, r and cov_out) */
+#define KL_COV_ROWS_BODY(S, VA, VL, R, OUT)                                                              \
+    {                                                                                                    \
+        const S##v a = K(ld_##S)(VA);                                                                    \
+        K(acc_##S)(acc, a * K(ld_##S)(R));                                                               \
+        const S##v cov = (a - mean_a) * (K(ld_##S)(VL) - mean_lp);                                       \
+        memcpy(OUT, &cov, sizeof cov);                                                                   \
+    }
+
+#define DEFINE_KL_COV_ROWS(S, T)                                                                         \
+    static void K(kl_cov_rows_##S)(const T *va, const T *vl, const T *r, const int64_t *n_row,          \
+                                   Py_ssize_t rows, T mean_a_, T mean_lp_, double *row_out, T *cov_out) { \
+        const S##v mean_a = SPLAT(S, T, mean_a_), mean_lp = SPLAT(S, T, mean_lp_);                       \
+        Py_ssize_t o = 0;                                                                                \
+        for (Py_ssize_t i = 0; i < rows; o += n_row[i], i++) {                                           \
+            const Py_ssize_t w = n_row[i];                                                               \
+            dacc acc[2] = {0};                                                                           \
+            Py_ssize_t j = 0;                                                                            \
+            for (; j + N_##S <= w; j += N_##S)                                                           \
+                KL_COV_ROWS_BODY(S, va + o + j, vl + o + j, r + o + j, cov_out + o + j);                 \
+            if (j < w) {                                                                                 \
+                PAD(T, N_##S, a, va + o, j, w) PAD(T, N_##S, l, vl + o, j, w);                           \
+                PAD(T, N_##S, r, r + o, j, w);                                                           \
+                T c_pad[N_##S];                                                                          \
+                KL_COV_ROWS_BODY(S, a_pad, l_pad, r_pad, c_pad);                                         \
+                memcpy(cov_out + o + j, c_pad, (size_t)(w - j) * sizeof(T));                             \
             }                                                                                            \
             row_out[i] = -K(acc_total)(acc);                                                             \
         }                                                                                                \
-        *abs_out = K(acc_total)(abs_acc);                                                                \
-        *n_out = k;                                                                                      \
     }
-DEFINE_KL_COV(f32, float)
-DEFINE_KL_COV(f64, double)
+DEFINE_KL_COV_ROWS(f32, float)
+DEFINE_KL_COV_ROWS(f64, double)
 
-/* kl_cov's covariance of the compacted tokens, (va - mean_a) (vl - mean_lp), over n of them */
-#define DEFINE_COV(S, T)                                                                                 \
-    static void K(cov_##S)(const T *va, const T *vl, Py_ssize_t n, T mean_a_, T mean_lp_, T *out) {      \
-        const S##v mean_a = SPLAT(S, T, mean_a_), mean_lp = SPLAT(S, T, mean_lp_);                       \
-        Py_ssize_t j = 0;                                                                                \
-        for (; j + N_##S <= n; j += N_##S) {                                                             \
-            const S##v v = (K(ld_##S)(va + j) - mean_a) * (K(ld_##S)(vl + j) - mean_lp);                 \
-            memcpy(out + j, &v, sizeof v);                                                               \
-        }                                                                                                \
-        for (; j < n; j++) out[j] = (va[j] - mean_a_) * (vl[j] - mean_lp_);                              \
-    }
-DEFINE_COV(f32, float)
-DEFINE_COV(f64, double)
-
-/* kl_cov: the flat index of the q-th valid token (row-major) for each q of sel, from the per-row counts'
- * running sums offsets[0..rows] (offsets[0] = 0): the row by bisection, then a scan of that row */
-static void K(nth_valid)(const uint8_t *mask, Py_ssize_t rows, Py_ssize_t width, const int64_t *offsets,
-                         const int64_t *sel, Py_ssize_t k, int64_t *out) {
-    for (Py_ssize_t s = 0; s < k; s++) {
-        const int64_t q = sel[s];
-        Py_ssize_t a = 0, b = rows; /* the row i with offsets[i] <= q < offsets[i + 1] */
-        while (b - a > 1) {
-            const Py_ssize_t mid = a + (b - a) / 2;
-            if (offsets[mid] <= q) a = mid;
-            else b = mid;
-        }
-        int64_t left = q - offsets[a], at = -1;
-        const uint8_t *row = mask + a * width;
-        for (Py_ssize_t j = 0; j < width; j++)
-            if (row[j] && left-- == 0) {
-                at = a * width + j;
-                break;
-            }
-        out[s] = at;
-    }
+/* kl_cov: the top-k tokens' loss -A r becomes verl's -A r + coef |lp - old|. sel holds indices into
+ * the packed vectors (r); the q-th packed token is the q-th valid one, row-major: its row by bisection
+ * of the per-row counts' running sums, then that row's mask 8 bytes at a time (non-zero bytes counted by
+ * folding each byte's bits onto its lowest), then byte by byte. Its row sum gets (-A r + coef |d|) - (-A r)
+ * in float64 (verl sums the first in place of the second). Returns -1 (nothing written past the
+ * offending index) when an index is out of range or a row's count does not match its mask. */
+static inline int K(nonzero_bytes)(uint64_t w) {
+    w |= w >> 4;
+    w |= w >> 2;
+    w |= w >> 1;
+    return __builtin_popcountll(w & 0x0101010101010101ULL);
 }
+#define DEFINE_KL_COV_FIX(S, T)                                                                          \
+    static int K(kl_cov_fix_##S)(const T *lp, const T *old, const T *adv, const uint8_t *mask,           \
+                                 Py_ssize_t rows, Py_ssize_t width, const int64_t *offsets, const T *r,  \
+                                 const int64_t *sel, Py_ssize_t k, T coef, double *row_out) {            \
+        for (Py_ssize_t s = 0; s < k; s++) {                                                             \
+            const int64_t q = sel[s];                                                                    \
+            if (q < 0 || q >= offsets[rows]) return -1;                                                  \
+            Py_ssize_t a = 0, b = rows; /* the row with offsets[a] <= q < offsets[a + 1] */              \
+            while (b - a > 1) {                                                                          \
+                const Py_ssize_t mid = a + (b - a) / 2;                                                  \
+                if (offsets[mid] <= q) a = mid;                                                          \
+                else b = mid;                                                                            \
+            }                                                                                            \
+            int64_t left = q - offsets[a], at = -1;                                                      \
+            const uint8_t *row = mask + a * width;                                                       \
+            Py_ssize_t j = 0;                                                                            \
+            for (; j + 8 <= width; j += 8) {                                                             \
+                const int c = K(nonzero_bytes)(K(bits8)(row + j));                                       \
+                if (c > left) break;                                                                     \
+                left -= c;                                                                               \
+            }                                                                                            \
+            for (; j < width; j++)                                                                       \
+                if (row[j] && left-- == 0) {                                                             \
+                    at = a * width + j;                                                                  \
+                    break;                                                                               \
+                }                                                                                        \
+            if (at < 0) return -1;                                                                       \
+            const T base = -adv[at] * r[q];                                                              \
+            T d = lp[at] - old[at];                                                                      \
+            d = d < 0 ? -d : d;                                                                          \
+            const T with_kl = base + coef * d;                                                           \
+            row_out[a] += (double)with_kl - (double)base;                                                \
+        }                                                                                                \
+        return 0;                                                                                        \
+    }
+DEFINE_KL_COV_FIX(f32, float)
+DEFINE_KL_COV_FIX(f64, double)

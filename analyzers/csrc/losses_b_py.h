@@ -76,49 +76,60 @@ static PyObject *py_clip_cov(PyObject *self, PyObject *args) {
     return Py_BuildValue("dL", kl, (long long)n);
 }
 
-static PyObject *py_kl_cov(PyObject *self, PyObject *args) {
+static PyObject *py_kl_cov_pack(PyObject *self, PyObject *args) {
     int f64;
-    ptr_t lp, old, r, adv, mask, row_out, va, vl;
-    Py_ssize_t rows, width, cap;
-    double abs_sum = 0.0;
-    int64_t n = 0;
-    if (!PyArg_ParseTuple(args, "pKKKKKnnKKKn", &f64, &lp, &old, &r, &adv, &mask, &rows, &width, &row_out, &va,
-                          &vl, &cap))
+    ptr_t lp, old, adv, mask, va, vl, vd;
+    Py_ssize_t rows, width, cap, n;
+    double abs_sum = 0.0, a_sum = 0.0;
+    if (!PyArg_ParseTuple(args, "pKKKKnnKKKn", &f64, &lp, &old, &adv, &mask, &rows, &width, &va, &vl, &vd, &cap))
         return NULL;
     Py_BEGIN_ALLOW_THREADS;
     if (f64)
-        DISPATCH(kl_cov_f64, P(double, lp), P(double, old), P(double, r), P(double, adv), P(uint8_t, mask), rows,
-                 width, P(double, row_out), P(double, va), P(double, vl), cap, &abs_sum, &n);
+        n = DISPATCH(kl_cov_pack_f64, P(double, lp), P(double, old), P(double, adv), P(uint8_t, mask), rows, width,
+                     P(double, va), P(double, vl), P(double, vd), cap, &abs_sum, &a_sum);
     else
-        DISPATCH(kl_cov_f32, P(float, lp), P(float, old), P(float, r), P(float, adv), P(uint8_t, mask), rows,
-                 width, P(double, row_out), P(float, va), P(float, vl), cap, &abs_sum, &n);
+        n = DISPATCH(kl_cov_pack_f32, P(float, lp), P(float, old), P(float, adv), P(uint8_t, mask), rows, width,
+                     P(float, va), P(float, vl), P(float, vd), cap, &abs_sum, &a_sum);
     Py_END_ALLOW_THREADS;
-    return Py_BuildValue("dL", abs_sum, (long long)n);
+    return Py_BuildValue("ddn", abs_sum, a_sum, n);
 }
 
-static PyObject *py_cov(PyObject *self, PyObject *args) {
+static PyObject *py_kl_cov_rows(PyObject *self, PyObject *args) {
     int f64;
-    ptr_t va, vl, out;
-    Py_ssize_t n;
+    ptr_t va, vl, r, n_row, row_out, cov;
+    Py_ssize_t rows;
     double mean_a, mean_lp;
-    if (!PyArg_ParseTuple(args, "pKKnddK", &f64, &va, &vl, &n, &mean_a, &mean_lp, &out)) return NULL;
+    if (!PyArg_ParseTuple(args, "pKKKKnddKK", &f64, &va, &vl, &r, &n_row, &rows, &mean_a, &mean_lp, &row_out,
+                          &cov))
+        return NULL;
     Py_BEGIN_ALLOW_THREADS;
     if (f64)
-        DISPATCH(cov_f64, P(double, va), P(double, vl), n, mean_a, mean_lp, P(double, out));
+        DISPATCH(kl_cov_rows_f64, P(double, va), P(double, vl), P(double, r), P(int64_t, n_row), rows, mean_a,
+                 mean_lp, P(double, row_out), P(double, cov));
     else
-        DISPATCH(cov_f32, P(float, va), P(float, vl), n, (float)mean_a, (float)mean_lp, P(float, out));
+        DISPATCH(kl_cov_rows_f32, P(float, va), P(float, vl), P(float, r), P(int64_t, n_row), rows, (float)mean_a,
+                 (float)mean_lp, P(double, row_out), P(float, cov));
     Py_END_ALLOW_THREADS;
     Py_RETURN_NONE;
 }
 
-static PyObject *py_nth_valid(PyObject *self, PyObject *args) {
-    ptr_t mask, offsets, sel, out;
+static PyObject *py_kl_cov_fix(PyObject *self, PyObject *args) {
+    int f64, rc;
+    ptr_t lp, old, adv, mask, offsets, r, sel, row_out;
     Py_ssize_t rows, width, k;
-    if (!PyArg_ParseTuple(args, "KnnKKnK", &mask, &rows, &width, &offsets, &sel, &k, &out)) return NULL;
+    double coef;
+    if (!PyArg_ParseTuple(args, "pKKKKnnKKKndK", &f64, &lp, &old, &adv, &mask, &rows, &width, &offsets, &r, &sel,
+                          &k, &coef, &row_out))
+        return NULL;
     Py_BEGIN_ALLOW_THREADS;
-    DISPATCH(nth_valid, P(uint8_t, mask), rows, width, P(int64_t, offsets), P(int64_t, sel), k, P(int64_t, out));
+    if (f64)
+        rc = DISPATCH(kl_cov_fix_f64, P(double, lp), P(double, old), P(double, adv), P(uint8_t, mask), rows, width,
+                      P(int64_t, offsets), P(double, r), P(int64_t, sel), k, coef, P(double, row_out));
+    else
+        rc = DISPATCH(kl_cov_fix_f32, P(float, lp), P(float, old), P(float, adv), P(uint8_t, mask), rows, width,
+                      P(int64_t, offsets), P(float, r), P(int64_t, sel), k, (float)coef, P(double, row_out));
     Py_END_ALLOW_THREADS;
-    Py_RETURN_NONE;
+    return PyLong_FromLong(rc);
 }
 
 #define LOSSES_B_METHODS                                                                                   \
@@ -126,6 +137,6 @@ static PyObject *py_nth_valid(PyObject *self, PyObject *args) {
     {"dppo_pack", py_dppo_pack, METH_VARARGS, "DPPO: the valid tokens' clamped log-ratio, lp, old, packed"},  \
     {"dppo_frac", py_dppo_frac, METH_VARARGS, "dppo_kl's log argument ((1 - q) + 1e-8) / ((1 - p) + 1e-8)"},  \
     {"clip_cov", py_clip_cov, METH_VARARGS, "Clip-Cov: loss row sums, kl sum, candidate flat indices"},        \
-    {"kl_cov", py_kl_cov, METH_VARARGS, "KL-Cov: loss row sums, |log-ratio| sum, compacted adv / log_prob"},   \
-    {"cov", py_cov, METH_VARARGS, "KL-Cov's covariance of the compacted tokens"},                              \
-    {"nth_valid", py_nth_valid, METH_VARARGS, "flat indices of the q-th valid tokens"},
+    {"kl_cov_pack", py_kl_cov_pack, METH_VARARGS, "KL-Cov: |log-ratio| sum, compacted adv / log_prob / log-ratio"}, \
+    {"kl_cov_rows", py_kl_cov_rows, METH_VARARGS, "KL-Cov: loss row sums and covariance of the compacted tokens"}, \
+    {"kl_cov_fix", py_kl_cov_fix, METH_VARARGS, "KL-Cov: the top-k tokens' loss with the |log-ratio| term"},

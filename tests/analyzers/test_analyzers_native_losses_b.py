@@ -71,7 +71,7 @@ def _spy(monkeypatch, name: str) -> list:
 
 @pytest.mark.parametrize("mode", MODES)
 def test_each_mode_runs_its_compiled_pass(mode, monkeypatch):
-    calls = _spy(monkeypatch, {"dppo_tv": "dppo", "dppo_kl": "dppo"}.get(mode, mode))
+    calls = _spy(monkeypatch, {"dppo_tv": "dppo", "dppo_kl": "dppo", "kl_cov": "kl_cov_rows"}.get(mode, mode))
     recompute(_config(mode), **_batch(4, 40))
     assert calls
 
@@ -246,16 +246,33 @@ def test_the_compacted_tokens_and_their_positions_are_verls():
         {k: t[k] for k in ("log_prob", "old_log_prob", "advantages")}, mask.view(torch.uint8)
     )
     n = int(mask.sum())
-    r = torch.exp(t["log_prob"] - t["old_log_prob"])
-    _, _, va, vl = inputs.kl_cov(r, n)
+    _, finite, va, vl, vd = inputs.kl_cov_pack(n)
+    assert finite
     assert torch.equal(va, t["advantages"][mask]) and torch.equal(vl, t["log_prob"][mask])
+    assert torch.equal(vd, (t["log_prob"] - t["old_log_prob"])[mask])
+    rows, cov = inputs.kl_cov_rows(va, vl, vd.exp(), mask.sum(-1), float(va.mean()), float(vl.mean()))
+    assert torch.equal(cov, (va - va.mean()) * (vl - vl.mean()))
+    want = (-t["advantages"] * torch.exp(t["log_prob"] - t["old_log_prob"]) * mask).sum(-1).double()
+    assert rows == pytest.approx(want, rel=1e-6)
+    with pytest.raises(ValueError):
+        inputs.kl_cov_rows(va, vl, vd, mask.sum(-1) + 1, 0.0, 0.0)
+    # the top-k's loss: -A r + coef |lp - old| in place of -A r, on the right rows
     sel = torch.tensor([0, 3, n - 1, 17])
-    flat = inputs.nth_valid(mask.sum(-1), sel)
-    assert torch.equal(flat, torch.nonzero(mask.reshape(-1), as_tuple=True)[0][sel])
+    fixed = rows.clone()
+    inputs.kl_cov_fix(fixed, vd.exp(), mask.sum(-1), sel, 0.1)
+    flat = torch.nonzero(mask.reshape(-1), as_tuple=True)[0][sel]
+    a, d = t["advantages"].view(-1)[flat], (t["log_prob"] - t["old_log_prob"]).view(-1)[flat]
+    base = -a * torch.exp(d)
+    extra = torch.zeros(5, dtype=torch.float64).index_add_(
+        0, flat // 37, (base + 0.1 * d.abs()).double() - base.double()
+    )
+    assert (fixed - rows).tolist() == pytest.approx(extra.tolist(), rel=1e-9, abs=1e-12)
+    assert (fixed != rows).sum() == len(set((flat // 37).tolist()))
+    for bad in (torch.tensor([n]), torch.tensor([-1])):
+        with pytest.raises(ValueError):
+            inputs.kl_cov_fix(rows.clone(), vd.exp(), mask.sum(-1), bad, 0.1)
     with pytest.raises(ValueError):
-        inputs.nth_valid(mask.sum(-1), torch.tensor([n]))
-    with pytest.raises(ValueError):
-        inputs.kl_cov(r, n - 1)
+        inputs.kl_cov_pack(n - 1)
     with pytest.raises(ValueError):
         inputs.dppo(torch.empty(3, n - 1, dtype=torch.float64), None, 0.2, 0.2, 3.0)
     with pytest.raises(ValueError):
