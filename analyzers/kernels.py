@@ -986,40 +986,39 @@ def _masked_mean_exact(batch: TokenBatch, name: str) -> Tensor:
     return values.sum() / count
 
 
-def _native_clip_cov(
-    batch: TokenBatch, config: LossConfig, mean_a: float, mean_lp: float
-) -> dict[str, float] | None:
-    # torch: r = exp(lp - old); the loop: loss row sums, kl sum and the candidates' flat indices in verl's
-    # row-major order; then verl's torch.randperm draw, and the drawn tokens' losses taken off their rows
-    nt = batch.native.tensors
+def _native_clip_cov(batch: TokenBatch, config: LossConfig) -> dict[str, float] | None:
+    # the loop: A m and logp m (torch sums them: verl's masked means), the kl sum and the valid tokens'
+    # log-ratio; torch: its exp; the loop: loss row sums and the candidates (flat and packed indices) in
+    # verl's row-major order; then verl's torch.randperm draw, and the loop takes the drawn losses off
     lo, hi = 1 - config.clip_low, 1 + config.clip_high
-    r = _take(batch.shape, batch.dtype, batch.mask.device)
+    n = batch.n_tokens
+    am, lm = (_take(batch.shape, batch.dtype, batch.mask.device) for _ in range(2))
     try:
-        torch.sub(nt["log_prob"], nt["old_log_prob"], out=r).exp_()
-        rows, kl_sum, cand = batch.native.clip_cov(
-            r, lo, hi, mean_a, mean_lp, config.clip_cov_lb, config.clip_cov_ub
-        )
-        # nothing drawn unless every sum is finite (else verl's own function draws, once)
-        batch._native_aux(*batch._aux_plan(config))
-        if not (math.isfinite(kl_sum) and math.isfinite(float(rows.sum()))):
-            return None
-        if batch._aux_metrics(config, {"pg_loss": 0.0}, fast=True) is None:
-            return None
-        clip_num = max(int(config.clip_cov_ratio * batch.n_tokens), 1)
-        n_drawn = 0
-        if len(cand):
-            chosen = cand[torch.randperm(len(cand))[: min(clip_num, len(cand))]]
-            n_drawn = len(chosen)
-            adv, ratio = nt["advantages"].view(-1)[chosen], r.view(-1)[chosen]
-            dropped = torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, lo, hi))
-            rows.index_add_(0, chosen // batch.width, dropped.to(torch.float64), alpha=-1)
+        kl_sum, r = batch.native.clip_cov_pack(n, am, lm)
+        count = torch.tensor(_eps_count(n), dtype=torch.float32)
+        mean_a, mean_lp = float(am.sum() / count), float(lm.sum() / count)
     finally:
-        _give(r)
+        _give(am, lm)
+    r.exp_()
+    rows, cand, cand_q = batch.native.clip_cov(
+        r, lo, hi, mean_a, mean_lp, config.clip_cov_lb, config.clip_cov_ub
+    )
+    # nothing drawn unless every sum is finite (else verl's own function draws, once)
+    batch._native_aux(*batch._aux_plan(config))
+    if not (math.isfinite(kl_sum) and math.isfinite(float(rows.sum()))):
+        return None
+    if batch._aux_metrics(config, {"pg_loss": 0.0}, fast=True) is None:
+        return None
+    n_drawn = 0
+    if len(cand):
+        sel = torch.randperm(len(cand))[: min(max(int(config.clip_cov_ratio * n), 1), len(cand))]
+        batch.native.clip_cov_fix(rows, r, cand, cand_q, sel, lo, hi)
+        n_drawn = len(sel)
     return _finish(
         batch,
         config,
         rows.tolist(),
-        pg_clipfrac=_fraction(n_drawn, batch.n_tokens),
+        pg_clipfrac=_fraction(n_drawn, n),
         ppo_kl=_ppo_kl(batch, kl_sum),
     )
 
@@ -1031,10 +1030,10 @@ def _fused_clip_cov(batch: TokenBatch, config: LossConfig) -> dict[str, float] |
     if not config.clip_cov_ratio > 0:
         raise ValueError("clip_cov_ratio must be > 0 for loss_mode 'clip_cov'")
     lo, hi = 1 - config.clip_low, 1 + config.clip_high
+    if batch.native:
+        return _native_clip_cov(batch, config)
     mean_a = _masked_mean_exact(batch, "advantages")
     mean_lp = _masked_mean_exact(batch, "log_prob")
-    if batch.native:
-        return _native_clip_cov(batch, config, float(mean_a), float(mean_lp))
     lb, ub = config.clip_cov_lb, config.clip_cov_ub
     kl_sum = 0.0
     found: list[Tensor] = []

@@ -227,22 +227,66 @@ class Inputs:
         _MODULE.dppo_frac(self.f64, x[1].data_ptr(), x[2].data_ptr(), x.shape[1], out.data_ptr())
         return out
 
+    def clip_cov_pack(self, n_valid: int, am: Tensor, lm: Tensor) -> tuple[float, Tensor]:
+        """Clip-Cov's first pass: ``A m`` into ``am`` and ``lp m`` into ``lm`` (token-sized; their sums are
+        verl's masked sums), the masked sum of ``lp - old``, and ``lp - old`` of the valid tokens packed
+        (row-major, ``n_valid``)."""
+        self._need("log_prob", "old_log_prob", "advantages")
+        am, lm = self.scratch(am), self.scratch(lm)
+        vd = torch.empty(n_valid, dtype=am.dtype)
+        kl, n = _MODULE.clip_cov_pack(
+            self.f64, self._p("log_prob"), self._p("old_log_prob"), self._p("advantages"), self.mask.data_ptr(),
+            self.rows, self.width, am.data_ptr(), lm.data_ptr(), vd.data_ptr(), n_valid,
+        )  # fmt: skip
+        if n != n_valid:
+            raise ValueError(f"the mask has {n} valid tokens, not {n_valid}")
+        return kl, vd
+
+    def _packed_ratio(self, r: Tensor) -> Tensor:
+        dtype = torch.float64 if self.f64 else torch.float32
+        if r.dtype != dtype or r.dim() != 1 or not r.is_contiguous() or r.device.type != "cpu":
+            raise ValueError("r: the packed ratios, a contiguous CPU vector of the inputs' dtype")
+        return r
+
     def clip_cov(
         self, r: Tensor, lo: float, hi: float, mean_a: float, mean_lp: float, lb: float, ub: float
-    ) -> tuple[Tensor, float, Tensor]:
-        """Clip-Cov's one pass: row sums (float64 tensor) of the clipped loss of every token, the masked
-        sum of ``lp - old`` and the flat indices (row-major, int64) of the candidates to drop: valid,
-        not clipped, ``lb < cov < ub``. ``r = exp(lp - old)``; ``mean_*`` verl's masked means."""
-        self._need("log_prob", "old_log_prob", "advantages")
-        r = self.scratch(r)
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Clip-Cov's loss row sums (float64 tensor, every token) and the candidates to drop (valid, not
+        clipped, ``lb < cov < ub``) as flat and as packed indices, row-major (verl's nonzero order).
+        ``r``: the packed ratios (:meth:`clip_cov_pack`'s vector after exp); ``mean_*``: verl's means."""
+        self._need("log_prob", "advantages")
+        r = self._packed_ratio(r)
         out = torch.empty(self.rows, dtype=torch.float64)
-        cand = torch.empty(self.rows * self.width, dtype=torch.int64)
-        kl, n = _MODULE.clip_cov(
-            self.f64, self._p("log_prob"), self._p("old_log_prob"), r.data_ptr(), self._p("advantages"),
-            self.mask.data_ptr(), self.rows, self.width, lo, hi, mean_a, mean_lp, lb, ub, out.data_ptr(),
-            cand.data_ptr(), cand.numel(),
+        cap = r.numel()
+        cand, cand_q = torch.empty(cap, dtype=torch.int64), torch.empty(cap, dtype=torch.int64)
+        n = _MODULE.clip_cov(
+            self.f64, self._p("log_prob"), self._p("advantages"), r.data_ptr(), r.numel(), self.mask.data_ptr(),
+            self.rows, self.width, lo, hi, mean_a, mean_lp, lb, ub, out.data_ptr(), cand.data_ptr(),
+            cand_q.data_ptr(), cap,
         )  # fmt: skip
-        return out, kl, cand[:n]
+        if n > cap:
+            raise ValueError("more candidates than packed tokens: r is not this mask's")
+        return out, cand[:n], cand_q[:n]
+
+    def clip_cov_fix(
+        self, rows: Tensor, r: Tensor, cand: Tensor, cand_q: Tensor, sel: Tensor, lo: float, hi: float
+    ) -> None:
+        """Take the drawn candidates ``cand[sel]``'s loss ``max(-A r, -A clamp(r, lo, hi))`` off ``rows``."""
+        self._need("advantages")
+        r = self._packed_ratio(r)
+        if rows.dtype != torch.float64 or rows.shape != (self.rows,) or not rows.is_contiguous():
+            raise ValueError("rows: clip_cov's float64 row sums")
+        n = cand.numel()
+        for x in (cand, cand_q):
+            if x.dtype != torch.int64 or x.shape != (n,) or not x.is_contiguous():
+                raise ValueError("cand / cand_q: clip_cov's index vectors")
+        sel = sel.to(torch.int64).contiguous().view(-1)
+        rc = _MODULE.clip_cov_fix(
+            self.f64, self._p("advantages"), r.data_ptr(), r.numel(), self.rows * self.width, self.width,
+            cand.data_ptr(), cand_q.data_ptr(), n, sel.data_ptr(), sel.numel(), lo, hi, rows.data_ptr(),
+        )  # fmt: skip
+        if rc:
+            raise ValueError("a drawn index out of range")
 
     def kl_cov_pack(self, n_valid: int) -> tuple[float, bool, Tensor, Tensor, Tensor]:
         """KL-Cov's pass over the tokens: the masked sum of ``|lp - old|``, whether every advantage is

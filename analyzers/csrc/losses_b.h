@@ -201,58 +201,152 @@ DEFINE_DPPO_FRAC(f64, double)
     }
 
 /* ---- Clip-Cov (verl's compute_policy_loss_clip_cov) -------------------------------------------------
- * r = exp(lp - old) from torch (no clamp). l = A- max(r, lo) - A+ min(r, hi) with a = A m (= verl's
- * max(-A r, -A clamp(r, lo, hi)), as in vanilla without the dual clip); z = a r + l > 0 where verl's
- * pg_losses2 > pg_losses1. Candidates: valid, not clipped, lb < cov < ub with
- * cov = (A - mean_a) (lp - mean_lp) (the means verl's masked_mean gives, from torch); their flat indices
- * go to cand in row-major order (verl's torch.nonzero order), at most cap of them. kl: masked sum of
- * lp - old. The loss row sums are of every token: the caller subtracts the drawn ones. */
-#define CLIP_COV_BODY(S, IDX, LP, OLD, R, ADV, M)                                                        \
+ * clip_cov_pack: A m and lp m of every token into am / lm (torch sums them: verl's masked means, the
+ * same values in the same (rows, width) reduction), the masked sum of lp - old, and lp - old of the
+ * valid tokens packed into vd (torch: r = exp(vd), verl's ratio there). Returns the packed count.
+ * clip_cov: l = A- max(r, lo) - A+ min(r, hi) with a = A m (= verl's max(-A r, -A clamp(r, lo, hi)), as
+ * in vanilla without the dual clip); z = a r + l > 0 where verl's pg_losses2 > pg_losses1. Candidates:
+ * valid, not clipped, lb < cov < ub with cov = (A - mean_a) (lp - mean_lp); their flat indices go to
+ * cand and their packed indices to cand_q, in row-major order (verl's torch.nonzero order), at most cap
+ * of them (the count returned goes on past cap). Masked tokens read r = 0: l is then 0, or NaN where A
+ * is not finite. The loss row sums are of every token: clip_cov_fix takes the drawn ones off. */
+#define CLIP_COV_PACK_BODY(S, T, LP, OLD, ADV, M, AMP, LMP)                                              \
     {                                                                                                    \
         const S##v m = K(mask_##S)(M);                                                                   \
         const S##v lpv = K(ld_##S)(LP), av = K(ld_##S)(ADV);                                             \
-        K(acc_##S)(kl_acc, (lpv - K(ld_##S)(OLD)) * m);                                                  \
+        const S##v d = lpv - K(ld_##S)(OLD);                                                             \
+        K(acc_##S)(kl_acc, d * m);                                                                       \
+        const S##v amv = av * m, lmv = lpv * m;                                                          \
+        memcpy(AMP, &amv, sizeof amv);                                                                   \
+        memcpy(LMP, &lmv, sizeof lmv);                                                                   \
+        const uint64_t bits = MASK_BITS_##S(M);                                                          \
+        if (bits == MASK_ALL_##S && k + N_##S <= cap) {                                                  \
+            memcpy(vd + k, &d, sizeof d);                                                                \
+            k += N_##S;                                                                                  \
+        } else if (bits) {                                                                               \
+            for (int l = 0; l < N_##S; l++)                                                              \
+                if ((M)[l]) {                                                                            \
+                    if (k < cap) vd[k] = (LP)[l] - (OLD)[l];                                             \
+                    k++;                                                                                 \
+                }                                                                                        \
+        }                                                                                                \
+    }
+
+#define DEFINE_CLIP_COV_PACK(S, T)                                                                       \
+    static Py_ssize_t K(clip_cov_pack_##S)(const T *lp, const T *old, const T *adv, const uint8_t *mask, \
+                                           Py_ssize_t rows, Py_ssize_t width, T *am, T *lm, T *vd,       \
+                                           Py_ssize_t cap, double *kl_out) {                             \
+        dacc kl_acc[2] = {0};                                                                            \
+        Py_ssize_t k = 0;                                                                                \
+        for (Py_ssize_t i = 0; i < rows; i++) {                                                          \
+            const Py_ssize_t o = i * width;                                                              \
+            Py_ssize_t j = 0;                                                                            \
+            for (; j + N_##S <= width; j += N_##S)                                                       \
+                CLIP_COV_PACK_BODY(S, T, lp + o + j, old + o + j, adv + o + j, mask + o + j, am + o + j, \
+                                   lm + o + j);                                                          \
+            if (j < width) {                                                                             \
+                PAD(T, N_##S, lp, lp + o, j, width) PAD(T, N_##S, old, old + o, j, width);               \
+                PAD(T, N_##S, adv, adv + o, j, width) PAD(uint8_t, N_##S, m, mask + o, j, width);        \
+                T am_pad[N_##S], lm_pad[N_##S];                                                          \
+                CLIP_COV_PACK_BODY(S, T, lp_pad, old_pad, adv_pad, m_pad, am_pad, lm_pad);               \
+                memcpy(am + o + j, am_pad, (size_t)(width - j) * sizeof(T));                             \
+                memcpy(lm + o + j, lm_pad, (size_t)(width - j) * sizeof(T));                             \
+            }                                                                                            \
+        }                                                                                                \
+        *kl_out = K(acc_total)(kl_acc);                                                                  \
+        return k;                                                                                        \
+    }
+DEFINE_CLIP_COV_PACK(f32, float)
+DEFINE_CLIP_COV_PACK(f64, double)
+
+#define CLIP_COV_BODY(S, T, IDX, LP, ADV, M)                                                             \
+    {                                                                                                    \
+        const S##v m = K(mask_##S)(M);                                                                   \
+        const S##v lpv = K(ld_##S)(LP), av = K(ld_##S)(ADV);                                             \
+        const uint64_t bits = MASK_BITS_##S(M);                                                          \
+        const Py_ssize_t k0 = kq;                                                                        \
+        S##v rk = zero;                                                                                  \
+        if (bits == MASK_ALL_##S && kq + N_##S <= n_packed) {                                            \
+            rk = K(ld_##S)(xr + kq);                                                                     \
+            kq += N_##S;                                                                                 \
+        } else if (bits) {                                                                               \
+            T tr[N_##S] = {0};                                                                           \
+            for (int l = 0; l < N_##S; l++)                                                              \
+                if ((M)[l] && kq < n_packed) tr[l] = xr[kq++];                                           \
+            memcpy(&rk, tr, sizeof rk);                                                                  \
+        }                                                                                                \
         const S##v a = av * m;                                                                           \
         const S##v ap = CLAMP_MIN(S, a, zero);                                                           \
         const S##v an = ap - a;                                                                          \
-        const S##v rk = K(ld_##S)(R);                                                                    \
         const S##v loss = CLAMP_MIN(S, rk, lo) * an - CLAMP_MAX(S, rk, hi) * ap;                         \
         K(acc_##S)(acc, loss);                                                                           \
         const S##v z = a * rk + loss;                                                                    \
         const S##v cov = (av - mean_a) * (lpv - mean_lp);                                                \
         const S##m take = (m != zero) & ~(z > zero) & (cov < ub) & (cov > lb);                           \
-        APPEND_LANES(N_##S, take, IDX, cand, k, cap, cand[k] = (IDX) + l)                                \
+        int32_t any[N_##S];                                                                              \
+        for (int l = 0; l < N_##S; l++) any[l] = (int32_t)take[l];                                       \
+        int32_t hit = 0;                                                                                 \
+        for (int l = 0; l < N_##S; l++) hit |= any[l];                                                   \
+        if (hit) {                                                                                       \
+            Py_ssize_t q = k0;                                                                           \
+            for (int l = 0; l < N_##S; l++) {                                                            \
+                if (any[l]) {                                                                            \
+                    if (nc < cap) cand[nc] = (IDX) + l, cand_q[nc] = q;                                  \
+                    nc++;                                                                                \
+                }                                                                                        \
+                q += (M)[l] != 0;                                                                        \
+            }                                                                                            \
+        }                                                                                                \
     }
 
 #define DEFINE_CLIP_COV(S, T)                                                                            \
-    static void K(clip_cov_##S)(const T *lp, const T *old, const T *r, const T *adv,                    \
-                                const uint8_t *mask, Py_ssize_t rows, Py_ssize_t width, T lo_, T hi_,    \
-                                T mean_a_, T mean_lp_, T lb_, T ub_, double *row_out, int64_t *cand,     \
-                                Py_ssize_t cap, double *kl_out, int64_t *n_out) {                        \
+    static Py_ssize_t K(clip_cov_##S)(const T *lp, const T *adv, const T *xr, Py_ssize_t n_packed,      \
+                                      const uint8_t *mask, Py_ssize_t rows, Py_ssize_t width, T lo_,     \
+                                      T hi_, T mean_a_, T mean_lp_, T lb_, T ub_, double *row_out,       \
+                                      int64_t *cand, int64_t *cand_q, Py_ssize_t cap) {                  \
         const S##v lo = SPLAT(S, T, lo_), hi = SPLAT(S, T, hi_), zero = SPLAT(S, T, 0);                  \
         const S##v mean_a = SPLAT(S, T, mean_a_), mean_lp = SPLAT(S, T, mean_lp_);                       \
         const S##v lb = SPLAT(S, T, lb_), ub = SPLAT(S, T, ub_);                                         \
-        dacc kl_acc[2] = {0};                                                                            \
-        Py_ssize_t k = 0;                                                                                \
+        Py_ssize_t kq = 0, nc = 0;                                                                       \
         for (Py_ssize_t i = 0; i < rows; i++) {                                                          \
             const Py_ssize_t o = i * width;                                                              \
             dacc acc[2] = {0};                                                                           \
             Py_ssize_t j = 0;                                                                            \
             for (; j + N_##S <= width; j += N_##S)                                                       \
-                CLIP_COV_BODY(S, o + j, lp + o + j, old + o + j, r + o + j, adv + o + j, mask + o + j); \
+                CLIP_COV_BODY(S, T, o + j, lp + o + j, adv + o + j, mask + o + j);                       \
             if (j < width) {                                                                             \
-                PAD(T, N_##S, lp, lp + o, j, width) PAD(T, N_##S, old, old + o, j, width);               \
-                PAD(T, N_##S, r, r + o, j, width) PAD(T, N_##S, adv, adv + o, j, width);                 \
+                PAD(T, N_##S, lp, lp + o, j, width) PAD(T, N_##S, adv, adv + o, j, width);               \
                 PAD(uint8_t, N_##S, m, mask + o, j, width);                                              \
-                CLIP_COV_BODY(S, o + j, lp_pad, old_pad, r_pad, adv_pad, m_pad);                         \
+                CLIP_COV_BODY(S, T, o + j, lp_pad, adv_pad, m_pad);                                      \
             }                                                                                            \
             row_out[i] = K(acc_total)(acc);                                                              \
         }                                                                                                \
-        *kl_out = K(acc_total)(kl_acc);                                                                  \
-        *n_out = k;                                                                                      \
+        return nc;                                                                                       \
     }
 DEFINE_CLIP_COV(f32, float)
 DEFINE_CLIP_COV(f64, double)
+
+/* clip_cov: take the drawn candidates' loss max(-A r, -A clamp(r, lo, hi)) (verl's floats) off their
+ * rows; sel indexes cand / cand_q (n_cand of them). Returns -1 on an index out of range. */
+#define DEFINE_CLIP_COV_FIX(S, T)                                                                        \
+    static int K(clip_cov_fix_##S)(const T *adv, const T *xr, Py_ssize_t n_packed, Py_ssize_t n_tokens,  \
+                                   Py_ssize_t width, const int64_t *cand, const int64_t *cand_q,         \
+                                   Py_ssize_t n_cand, const int64_t *sel, Py_ssize_t k, T lo, T hi,      \
+                                   double *row_out) {                                                    \
+        for (Py_ssize_t s = 0; s < k; s++) {                                                             \
+            const int64_t c = sel[s];                                                                    \
+            if (c < 0 || c >= n_cand) return -1;                                                         \
+            const int64_t at = cand[c], q = cand_q[c];                                                   \
+            if (at < 0 || at >= n_tokens || q < 0 || q >= n_packed) return -1;                           \
+            const T na = -adv[at], r = xr[q];                                                            \
+            const T rc = r < lo ? lo : (r > hi ? hi : r);                                                \
+            const T l1 = na * r, l2 = na * rc;                                                           \
+            row_out[at / width] -= (double)(l2 > l1 ? l2 : l1);                                          \
+        }                                                                                                \
+        return 0;                                                                                        \
+    }
+DEFINE_CLIP_COV_FIX(f32, float)
+DEFINE_CLIP_COV_FIX(f64, double)
 
 /* ---- KL-Cov (verl's compute_policy_loss_kl_cov) -----------------------------------------------------
  * kl_cov_pack: the masked sum of |lp - old|, the masked sum of A (only its finiteness is used: a

@@ -55,25 +55,62 @@ static PyObject *py_dppo_frac(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyObject *py_clip_cov(PyObject *self, PyObject *args) {
+static PyObject *py_clip_cov_pack(PyObject *self, PyObject *args) {
     int f64;
-    ptr_t lp, old, r, adv, mask, row_out, cand;
-    Py_ssize_t rows, width, cap;
-    double lo, hi, mean_a, mean_lp, lb, ub, kl = 0.0;
-    int64_t n = 0;
-    if (!PyArg_ParseTuple(args, "pKKKKKnnddddddKKn", &f64, &lp, &old, &r, &adv, &mask, &rows, &width, &lo, &hi,
-                          &mean_a, &mean_lp, &lb, &ub, &row_out, &cand, &cap))
+    ptr_t lp, old, adv, mask, am, lm, vd;
+    Py_ssize_t rows, width, cap, n;
+    double kl = 0.0;
+    if (!PyArg_ParseTuple(args, "pKKKKnnKKKn", &f64, &lp, &old, &adv, &mask, &rows, &width, &am, &lm, &vd, &cap))
         return NULL;
     Py_BEGIN_ALLOW_THREADS;
     if (f64)
-        DISPATCH(clip_cov_f64, P(double, lp), P(double, old), P(double, r), P(double, adv), P(uint8_t, mask), rows,
-                 width, lo, hi, mean_a, mean_lp, lb, ub, P(double, row_out), P(int64_t, cand), cap, &kl, &n);
+        n = DISPATCH(clip_cov_pack_f64, P(double, lp), P(double, old), P(double, adv), P(uint8_t, mask), rows,
+                     width, P(double, am), P(double, lm), P(double, vd), cap, &kl);
     else
-        DISPATCH(clip_cov_f32, P(float, lp), P(float, old), P(float, r), P(float, adv), P(uint8_t, mask), rows,
-                 width, (float)lo, (float)hi, (float)mean_a, (float)mean_lp, (float)lb, (float)ub,
-                 P(double, row_out), P(int64_t, cand), cap, &kl, &n);
+        n = DISPATCH(clip_cov_pack_f32, P(float, lp), P(float, old), P(float, adv), P(uint8_t, mask), rows, width,
+                     P(float, am), P(float, lm), P(float, vd), cap, &kl);
     Py_END_ALLOW_THREADS;
-    return Py_BuildValue("dL", kl, (long long)n);
+    return Py_BuildValue("dn", kl, n);
+}
+
+static PyObject *py_clip_cov(PyObject *self, PyObject *args) {
+    int f64;
+    ptr_t lp, adv, xr, mask, row_out, cand, cand_q;
+    Py_ssize_t n_packed, rows, width, cap, n;
+    double lo, hi, mean_a, mean_lp, lb, ub;
+    if (!PyArg_ParseTuple(args, "pKKKnKnnddddddKKKn", &f64, &lp, &adv, &xr, &n_packed, &mask, &rows, &width, &lo,
+                          &hi, &mean_a, &mean_lp, &lb, &ub, &row_out, &cand, &cand_q, &cap))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS;
+    if (f64)
+        n = DISPATCH(clip_cov_f64, P(double, lp), P(double, adv), P(double, xr), n_packed, P(uint8_t, mask), rows,
+                     width, lo, hi, mean_a, mean_lp, lb, ub, P(double, row_out), P(int64_t, cand),
+                     P(int64_t, cand_q), cap);
+    else
+        n = DISPATCH(clip_cov_f32, P(float, lp), P(float, adv), P(float, xr), n_packed, P(uint8_t, mask), rows,
+                     width, (float)lo, (float)hi, (float)mean_a, (float)mean_lp, (float)lb, (float)ub,
+                     P(double, row_out), P(int64_t, cand), P(int64_t, cand_q), cap);
+    Py_END_ALLOW_THREADS;
+    return PyLong_FromSsize_t(n);
+}
+
+static PyObject *py_clip_cov_fix(PyObject *self, PyObject *args) {
+    int f64, rc;
+    ptr_t adv, xr, cand, cand_q, sel, row_out;
+    Py_ssize_t n_packed, n_tokens, width, n_cand, k;
+    double lo, hi;
+    if (!PyArg_ParseTuple(args, "pKKnnnKKnKnddK", &f64, &adv, &xr, &n_packed, &n_tokens, &width, &cand, &cand_q,
+                          &n_cand, &sel, &k, &lo, &hi, &row_out))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS;
+    if (f64)
+        rc = DISPATCH(clip_cov_fix_f64, P(double, adv), P(double, xr), n_packed, n_tokens, width, P(int64_t, cand),
+                      P(int64_t, cand_q), n_cand, P(int64_t, sel), k, lo, hi, P(double, row_out));
+    else
+        rc = DISPATCH(clip_cov_fix_f32, P(float, adv), P(float, xr), n_packed, n_tokens, width, P(int64_t, cand),
+                      P(int64_t, cand_q), n_cand, P(int64_t, sel), k, (float)lo, (float)hi, P(double, row_out));
+    Py_END_ALLOW_THREADS;
+    return PyLong_FromLong(rc);
 }
 
 static PyObject *py_kl_cov_pack(PyObject *self, PyObject *args) {
@@ -136,7 +173,9 @@ static PyObject *py_kl_cov_fix(PyObject *self, PyObject *args) {
     {"dppo", py_dppo, METH_VARARGS, "DPPO-Binary TV / KL: row sums of the loss, kl sum, kept and lower counts"}, \
     {"dppo_pack", py_dppo_pack, METH_VARARGS, "DPPO: the valid tokens' clamped log-ratio, lp, old, packed"},  \
     {"dppo_frac", py_dppo_frac, METH_VARARGS, "dppo_kl's log argument ((1 - q) + 1e-8) / ((1 - p) + 1e-8)"},  \
-    {"clip_cov", py_clip_cov, METH_VARARGS, "Clip-Cov: loss row sums, kl sum, candidate flat indices"},        \
+    {"clip_cov_pack", py_clip_cov_pack, METH_VARARGS, "Clip-Cov: A m, lp m, kl sum, packed log-ratio"},       \
+    {"clip_cov", py_clip_cov, METH_VARARGS, "Clip-Cov: loss row sums, candidate flat and packed indices"},     \
+    {"clip_cov_fix", py_clip_cov_fix, METH_VARARGS, "Clip-Cov: the drawn candidates' loss off their rows"},    \
     {"kl_cov_pack", py_kl_cov_pack, METH_VARARGS, "KL-Cov: |log-ratio| sum, compacted adv / log_prob / log-ratio"}, \
     {"kl_cov_rows", py_kl_cov_rows, METH_VARARGS, "KL-Cov: loss row sums and covariance of the compacted tokens"}, \
     {"kl_cov_fix", py_kl_cov_fix, METH_VARARGS, "KL-Cov: the top-k tokens' loss with the |log-ratio| term"},
