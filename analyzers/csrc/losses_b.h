@@ -259,6 +259,13 @@ DEFINE_DPPO_FRAC(f64, double)
 DEFINE_CLIP_COV_PACK(f32, float)
 DEFINE_CLIP_COV_PACK(f64, double)
 
+/* whether any lane of a 32-byte lane mask is set */
+static inline int K(any_set)(const void *v, size_t n) {
+    uint64_t w[4];
+    memcpy(w, v, n < sizeof w ? n : sizeof w);
+    return ((w[0] | w[1]) | (w[2] | w[3])) != 0;
+}
+
 #define CLIP_COV_BODY(S, T, IDX, LP, ADV, M)                                                             \
     {                                                                                                    \
         const S##v m = K(mask_##S)(M);                                                                   \
@@ -283,18 +290,22 @@ DEFINE_CLIP_COV_PACK(f64, double)
         const S##v z = a * rk + loss;                                                                    \
         const S##v cov = (av - mean_a) * (lpv - mean_lp);                                                \
         const S##m take = (m != zero) & ~(z > zero) & (cov < ub) & (cov > lb);                           \
-        int32_t any[N_##S];                                                                              \
-        for (int l = 0; l < N_##S; l++) any[l] = (int32_t)take[l];                                       \
-        int32_t hit = 0;                                                                                 \
-        for (int l = 0; l < N_##S; l++) hit |= any[l];                                                   \
-        if (hit) {                                                                                       \
+        if (K(any_set)(&take, sizeof take)) { /* branch-free appends while N slots are left */           \
             Py_ssize_t q = k0;                                                                           \
-            for (int l = 0; l < N_##S; l++) {                                                            \
-                if (any[l]) {                                                                            \
-                    if (nc < cap) cand[nc] = (IDX) + l, cand_q[nc] = q;                                  \
-                    nc++;                                                                                \
+            if (nc + N_##S <= cap) {                                                                     \
+                for (int l = 0; l < N_##S; l++) {                                                        \
+                    cand[nc] = (IDX) + l, cand_q[nc] = q;                                                \
+                    nc -= take[l];                                                                       \
+                    q += (M)[l] != 0;                                                                    \
                 }                                                                                        \
-                q += (M)[l] != 0;                                                                        \
+            } else {                                                                                     \
+                for (int l = 0; l < N_##S; l++) {                                                        \
+                    if (take[l]) {                                                                       \
+                        if (nc < cap) cand[nc] = (IDX) + l, cand_q[nc] = q;                              \
+                        nc++;                                                                            \
+                    }                                                                                    \
+                    q += (M)[l] != 0;                                                                    \
+                }                                                                                        \
             }                                                                                            \
         }                                                                                                \
     }
