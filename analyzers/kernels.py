@@ -952,8 +952,35 @@ def _fused_geo_mean(batch: TokenBatch, config: LossConfig) -> dict[str, float] |
     }
 
 
+def _native_dppo(batch: TokenBatch, config: LossConfig, binary_kl: bool) -> dict[str, float] | None:
+    # the loop packs the valid tokens' clamp(lp - old, +-20), lp and old; torch takes exp of them (r, p, q)
+    # and for KL the log of the fraction the loop computes; the loop then does everything else
+    # (csrc/losses_b.h). Masked tokens need none of them.
+    x = _take((3, batch.n_tokens), batch.dtype, batch.mask.device)
+    try:
+        batch.native.dppo_pack(batch.n_tokens, x).exp_()
+        log_frac = batch.native.dppo_frac(x).log_() if binary_kl else None
+        rows, kl_sum, kept, lower = batch.native.dppo(
+            x, log_frac, config.clip_low, config.clip_high, config.clip_ratio_c
+        )
+    finally:
+        _give(x)
+    batch._native_aux(*batch._aux_plan(config))
+    n = batch.n_tokens
+    return _finish(
+        batch,
+        config,
+        rows,
+        pg_clipfrac=_fraction(n - kept, n),
+        ppo_kl=_ppo_kl(batch, kl_sum),
+        pg_clipfrac_lower=_fraction(lower, n),
+    )
+
+
 def _fused_dppo(batch: TokenBatch, config: LossConfig, *, binary_kl: bool) -> dict[str, float] | None:
     # valid = (A > 0 ? pos : neg) of the probability-divergence test; l = -A sg(min(r, c)) logp valid
+    if batch.native:
+        return _native_dppo(batch, config, binary_kl)
     low, high, c = config.clip_low, config.clip_high, config.clip_ratio_c
     kl_sum = kept = lower = 0.0
     with batch._pass(1) as p:
@@ -1008,6 +1035,43 @@ def _masked_mean_exact(batch: TokenBatch, name: str) -> Tensor:
     return values.sum() / count
 
 
+def _native_clip_cov(batch: TokenBatch, config: LossConfig) -> dict[str, float] | None:
+    # the loop: A m and logp m (torch sums them: verl's masked means), the kl sum and the valid tokens'
+    # log-ratio; torch: its exp; the loop: loss row sums and the candidates (flat and packed indices) in
+    # verl's row-major order; then verl's torch.randperm draw, and the loop takes the drawn losses off
+    lo, hi = 1 - config.clip_low, 1 + config.clip_high
+    n = batch.n_tokens
+    am, lm = (_take(batch.shape, batch.dtype, batch.mask.device) for _ in range(2))
+    try:
+        kl_sum, r = batch.native.clip_cov_pack(n, am, lm)
+        count = torch.tensor(_eps_count(n), dtype=torch.float32)
+        mean_a, mean_lp = float(am.sum() / count), float(lm.sum() / count)
+    finally:
+        _give(am, lm)
+    r.exp_()
+    rows, cand, cand_q = batch.native.clip_cov(
+        r, lo, hi, mean_a, mean_lp, config.clip_cov_lb, config.clip_cov_ub
+    )
+    # nothing drawn unless every sum is finite (else verl's own function draws, once)
+    batch._native_aux(*batch._aux_plan(config))
+    if not (math.isfinite(kl_sum) and math.isfinite(float(rows.sum()))):
+        return None
+    if batch._aux_metrics(config, {"pg_loss": 0.0}, fast=True) is None:
+        return None
+    n_drawn = 0
+    if len(cand):
+        sel = torch.randperm(len(cand))[: min(max(int(config.clip_cov_ratio * n), 1), len(cand))]
+        batch.native.clip_cov_fix(rows, r, cand, cand_q, sel, lo, hi)
+        n_drawn = len(sel)
+    return _finish(
+        batch,
+        config,
+        rows.tolist(),
+        pg_clipfrac=_fraction(n_drawn, n),
+        ppo_kl=_ppo_kl(batch, kl_sum),
+    )
+
+
 def _fused_clip_cov(batch: TokenBatch, config: LossConfig) -> dict[str, float] | None:
     # vanilla clip without the dual clip or the +-20 clamp; then min(k, n) of the n unclipped valid tokens
     # with lb < cov < ub, cov = (A - mean A)(logp - mean logp), drawn with verl's torch.randperm(n), lose
@@ -1015,6 +1079,8 @@ def _fused_clip_cov(batch: TokenBatch, config: LossConfig) -> dict[str, float] |
     if not config.clip_cov_ratio > 0:
         raise ValueError("clip_cov_ratio must be > 0 for loss_mode 'clip_cov'")
     lo, hi = 1 - config.clip_low, 1 + config.clip_high
+    if batch.native:
+        return _native_clip_cov(batch, config)
     mean_a = _masked_mean_exact(batch, "advantages")
     mean_lp = _masked_mean_exact(batch, "log_prob")
     lb, ub = config.clip_cov_lb, config.clip_cov_ub
@@ -1041,7 +1107,10 @@ def _fused_clip_cov(batch: TokenBatch, config: LossConfig) -> dict[str, float] |
                 found.append(idx)
             p.aux_block(m)
         (rows,) = p.rows()
-    if not math.isfinite(kl_sum):
+    # nothing drawn unless every sum is finite (else verl's own function draws, once)
+    if not (math.isfinite(kl_sum) and math.isfinite(_total(rows))):
+        return None
+    if batch._aux_metrics(config, {"pg_loss": 0.0}, fast=True) is None:
         return None
     candidates = torch.cat(found) if found else torch.empty((0, 2), dtype=torch.long)
     clip_num = max(int(config.clip_cov_ratio * batch.n_tokens), 1)
@@ -1065,12 +1134,31 @@ def _fused_clip_cov(batch: TokenBatch, config: LossConfig) -> dict[str, float] |
     )
 
 
+def _native_kl_cov(batch: TokenBatch, config: LossConfig) -> dict[str, float] | None:
+    # the loops: |log r| sum and verl's compaction of A, logp (and log r) under the mask, then the loss row
+    # sums and the covariance of the compacted tokens; torch: exp of the valid tokens' log r, the two means
+    # and the top-k (verl's ops on the same vectors); then the loop again: the top-k's positions and losses
+    n = batch.n_tokens
+    abs_sum, adv_finite, va, vl, r = batch.native.kl_cov_pack(n)
+    if not adv_finite:  # (the loss sums no longer see the masked tokens' A)
+        return None
+    r.exp_()
+    rows, cov = batch.native.kl_cov_rows(va, vl, r, batch.n_row, float(va.mean()), float(vl.mean()))
+    if n and math.isfinite(abs_sum) and math.isfinite(float(rows.sum())):
+        large = torch.topk(cov, max(1, int(n * config.kl_cov_ratio)), largest=True).indices
+        batch.native.kl_cov_fix(rows, r, batch.n_row, large, config.ppo_kl_coef)
+    batch._native_aux(*batch._aux_plan(config))
+    return _finish(batch, config, rows.tolist(), ppo_kl=abs_sum / _eps_count(n))
+
+
 def _fused_kl_cov(batch: TokenBatch, config: LossConfig) -> dict[str, float] | None:
     # l = -A r (no clip, no clamp), + ppo_kl_coef |log r| on the top-k valid tokens by covariance
     # (A - mean A)(logp - mean logp) over the valid tokens in row-major order (verl's torch.topk, on
     # the same compacted vectors, so the same tokens and the same means bit for bit)
     if not config.kl_cov_ratio > 0:
         raise ValueError("kl_cov_ratio must be > 0 for loss_mode 'kl_cov'")
+    if batch.native:
+        return _native_kl_cov(batch, config)
     n = batch.n_tokens
     valid_adv = torch.empty(n, dtype=batch.dtype)
     valid_lp = torch.empty(n, dtype=batch.dtype)

@@ -17,6 +17,7 @@ reads): the C code trusts them, so nothing reaches it that could make it read ou
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 from contextlib import contextmanager
 from pathlib import Path
@@ -271,5 +272,182 @@ class Inputs:
     # -- losses A (gpg, dro, cispo, sapo, gspo, geo_mean): csrc/losses_a.h ----------------------------
 
     # -- losses B (dppo_tv, dppo_kl, clip_cov, kl_cov): csrc/losses_b.h --------------------------------
+
+    def _need(self, *names: str) -> None:
+        if not set(names) <= self.tensors.keys():
+            raise ValueError(f"this pass reads {', '.join(names)}")
+
+    def dppo_pack(self, n_valid: int, out: Tensor | None = None) -> Tensor:
+        """``(3, n_valid)``: the valid tokens' ``clamp(lp - old, -20, 20)``, ``lp`` and ``old`` (row-major),
+        the values whose ``exp`` :meth:`dppo` reads (into ``out`` when given)."""
+        self._need("log_prob", "old_log_prob")
+        dtype = torch.float64 if self.f64 else torch.float32
+        x = torch.empty((3, n_valid), dtype=dtype) if out is None else self._packed(out, 3)
+        if x.shape[1] != n_valid:
+            raise ValueError("out: one column per valid token")
+        n = _MODULE.dppo_pack(
+            self.f64, self._p("log_prob"), self._p("old_log_prob"), self.mask.data_ptr(), self.rows, self.width,
+            x.data_ptr(), n_valid,
+        )  # fmt: skip
+        if n != n_valid:
+            raise ValueError(f"the mask has {n} valid tokens, not {n_valid}")
+        return x
+
+    def _packed(self, x: Tensor, rows: int) -> Tensor:
+        if x.dtype != (torch.float64 if self.f64 else torch.float32) or x.dim() != 2 or x.shape[0] != rows:
+            raise ValueError("not a packed buffer of these inputs")
+        if not x.is_contiguous() or x.device.type != "cpu":
+            raise ValueError("packed buffers are contiguous CPU tensors")
+        return x
+
+    def dppo(
+        self, x: Tensor, log_frac: Tensor | None, lo: float, hi: float, c: float
+    ) -> tuple[list[float], float, int, int]:
+        """DPPO-Binary-TV (``log_frac`` None) or -KL: row sums of verl's per-token loss, the masked sum of
+        the clamped log-ratio, the count of valid-by-divergence tokens under the mask and of those the
+        ones with ``r > c``. ``x``: :meth:`dppo_pack`'s buffer after ``exp`` (r, p, q of the valid
+        tokens); ``log_frac = log(dppo_frac(p, q))``; ``lo`` / ``hi`` are the divergence bounds."""
+        self._need("log_prob", "old_log_prob", "advantages")
+        x = self._packed(x, 3)
+        n = x.shape[1]
+        frac = 0 if log_frac is None else self._packed(log_frac.view(1, -1), 1).data_ptr()
+        if log_frac is not None and log_frac.numel() != n:
+            raise ValueError("log_frac: one value per valid token")
+        out = torch.empty(self.rows, dtype=torch.float64)
+        kl, kept, lower = _MODULE.dppo(
+            self.f64, log_frac is not None, self._p("log_prob"), self._p("old_log_prob"), x.data_ptr(), frac, n,
+            self._p("advantages"), self.mask.data_ptr(), self.rows, self.width, lo, hi, c, out.data_ptr(),
+        )  # fmt: skip
+        return out.tolist(), kl, kept, lower
+
+    def dppo_frac(self, x: Tensor) -> Tensor:
+        """``((1 - q) + 1e-8) / ((1 - p) + 1e-8)`` (dppo_kl's log argument, verl's ops) of the packed
+        ``p = x[1]``, ``q = x[2]``."""
+        x = self._packed(x, 3)
+        out = torch.empty(x.shape[1], dtype=x.dtype)
+        _MODULE.dppo_frac(self.f64, x[1].data_ptr(), x[2].data_ptr(), x.shape[1], out.data_ptr())
+        return out
+
+    def clip_cov_pack(self, n_valid: int, am: Tensor, lm: Tensor) -> tuple[float, Tensor]:
+        """Clip-Cov's first pass: ``A m`` into ``am`` and ``lp m`` into ``lm`` (token-sized; their sums are
+        verl's masked sums), the masked sum of ``lp - old``, and ``lp - old`` of the valid tokens packed
+        (row-major, ``n_valid``)."""
+        self._need("log_prob", "old_log_prob", "advantages")
+        am, lm = self.scratch(am), self.scratch(lm)
+        vd = torch.empty(n_valid, dtype=am.dtype)
+        kl, n = _MODULE.clip_cov_pack(
+            self.f64, self._p("log_prob"), self._p("old_log_prob"), self._p("advantages"), self.mask.data_ptr(),
+            self.rows, self.width, am.data_ptr(), lm.data_ptr(), vd.data_ptr(), n_valid,
+        )  # fmt: skip
+        if n != n_valid:
+            raise ValueError(f"the mask has {n} valid tokens, not {n_valid}")
+        return kl, vd
+
+    def _packed_ratio(self, r: Tensor) -> Tensor:
+        dtype = torch.float64 if self.f64 else torch.float32
+        if r.dtype != dtype or r.dim() != 1 or not r.is_contiguous() or r.device.type != "cpu":
+            raise ValueError("r: the packed ratios, a contiguous CPU vector of the inputs' dtype")
+        return r
+
+    def clip_cov(
+        self, r: Tensor, lo: float, hi: float, mean_a: float, mean_lp: float, lb: float, ub: float
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Clip-Cov's loss row sums (float64 tensor, every token) and the candidates to drop (valid, not
+        clipped, ``lb < cov < ub``) as flat and as packed indices, row-major (verl's nonzero order).
+        ``r``: the packed ratios (:meth:`clip_cov_pack`'s vector after exp); ``mean_*``: verl's means."""
+        self._need("log_prob", "advantages")
+        r = self._packed_ratio(r)
+        out = torch.empty(self.rows, dtype=torch.float64)
+        cap = r.numel()
+        cand, cand_q = torch.empty(cap, dtype=torch.int64), torch.empty(cap, dtype=torch.int64)
+        n = _MODULE.clip_cov(
+            self.f64, self._p("log_prob"), self._p("advantages"), r.data_ptr(), r.numel(), self.mask.data_ptr(),
+            self.rows, self.width, lo, hi, mean_a, mean_lp, lb, ub, out.data_ptr(), cand.data_ptr(),
+            cand_q.data_ptr(), cap,
+        )  # fmt: skip
+        if n > cap:
+            raise ValueError("more candidates than packed tokens: r is not this mask's")
+        return out, cand[:n], cand_q[:n]
+
+    def clip_cov_fix(
+        self, rows: Tensor, r: Tensor, cand: Tensor, cand_q: Tensor, sel: Tensor, lo: float, hi: float
+    ) -> None:
+        """Take the drawn candidates ``cand[sel]``'s loss ``max(-A r, -A clamp(r, lo, hi))`` off ``rows``."""
+        self._need("advantages")
+        r = self._packed_ratio(r)
+        if rows.dtype != torch.float64 or rows.shape != (self.rows,) or not rows.is_contiguous():
+            raise ValueError("rows: clip_cov's float64 row sums")
+        n = cand.numel()
+        for x in (cand, cand_q):
+            if x.dtype != torch.int64 or x.shape != (n,) or not x.is_contiguous():
+                raise ValueError("cand / cand_q: clip_cov's index vectors")
+        sel = sel.to(torch.int64).contiguous().view(-1)
+        rc = _MODULE.clip_cov_fix(
+            self.f64, self._p("advantages"), r.data_ptr(), r.numel(), self.rows * self.width, self.width,
+            cand.data_ptr(), cand_q.data_ptr(), n, sel.data_ptr(), sel.numel(), lo, hi, rows.data_ptr(),
+        )  # fmt: skip
+        if rc:
+            raise ValueError("a drawn index out of range")
+
+    def kl_cov_pack(self, n_valid: int) -> tuple[float, bool, Tensor, Tensor, Tensor]:
+        """KL-Cov's pass over the tokens: the masked sum of ``|lp - old|``, whether every advantage is
+        finite, and verl's ``advantages[mask]``, ``log_prob[mask]`` with ``lp - old`` of the same tokens
+        (``n_valid`` of them, row-major, three separate vectors)."""
+        self._need("log_prob", "old_log_prob", "advantages")
+        dtype = torch.float64 if self.f64 else torch.float32
+        va, vl, vd = (torch.empty(n_valid, dtype=dtype) for _ in range(3))
+        abs_sum, a_sum, n = _MODULE.kl_cov_pack(
+            self.f64, self._p("log_prob"), self._p("old_log_prob"), self._p("advantages"), self.mask.data_ptr(),
+            self.rows, self.width, va.data_ptr(), vl.data_ptr(), vd.data_ptr(), n_valid,
+        )  # fmt: skip
+        if n != n_valid:
+            raise ValueError(f"the mask has {n} valid tokens, not {n_valid}")
+        return abs_sum, math.isfinite(a_sum), va, vl, vd
+
+    def kl_cov_rows(
+        self, va: Tensor, vl: Tensor, r: Tensor, n_row: Tensor, mean_a: float, mean_lp: float
+    ) -> tuple[Tensor, Tensor]:
+        """Row sums (float64 tensor) of ``-A r`` over each row's packed tokens (``n_row`` per row) and
+        verl's covariance ``(va - mean_a) (vl - mean_lp)``, from :meth:`kl_cov_pack`'s vectors."""
+        dtype = torch.float64 if self.f64 else torch.float32
+        n = va.numel()
+        for x in (va, vl, r):
+            if x.dtype != dtype or x.shape != (n,) or not x.is_contiguous() or x.device.type != "cpu":
+                raise ValueError(
+                    "kl_cov_rows reads contiguous CPU vectors of the inputs' dtype and one length"
+                )
+        n_row = n_row.to(torch.int64).contiguous()
+        if n_row.shape != (self.rows,) or int(n_row.min()) < 0 or int(n_row.sum()) != n:
+            raise ValueError("n_row: one count per row, summing to the vectors' length")
+        out, cov = torch.empty(self.rows, dtype=torch.float64), torch.empty(n, dtype=dtype)
+        _MODULE.kl_cov_rows(
+            self.f64, va.data_ptr(), vl.data_ptr(), r.data_ptr(), n_row.data_ptr(), self.rows, mean_a, mean_lp,
+            out.data_ptr(), cov.data_ptr(),
+        )  # fmt: skip
+        return out, cov
+
+    def kl_cov_fix(self, rows: Tensor, r: Tensor, n_row: Tensor, sel: Tensor, coef: float) -> None:
+        """Add to ``rows`` (:meth:`kl_cov_rows`'s) what verl's loss adds on the packed tokens ``sel`` (the
+        top-k): ``(-A r + coef |lp - old|) - (-A r)`` per token, on its row."""
+        self._need("log_prob", "old_log_prob", "advantages")
+        dtype = torch.float64 if self.f64 else torch.float32
+        if rows.dtype != torch.float64 or rows.shape != (self.rows,) or not rows.is_contiguous():
+            raise ValueError("rows: kl_cov_rows's float64 row sums")
+        if r.dtype != dtype or r.dim() != 1 or not r.is_contiguous() or r.device.type != "cpu":
+            raise ValueError("r: the packed ratios")
+        if n_row.shape != (self.rows,):
+            raise ValueError("n_row: one count per row")
+        offsets = torch.zeros(self.rows + 1, dtype=torch.int64)
+        torch.cumsum(n_row, 0, out=offsets[1:])
+        if int(offsets[-1]) != r.numel():
+            raise ValueError("n_row must sum to the packed length")
+        sel = sel.to(torch.int64).contiguous().view(-1)
+        rc = _MODULE.kl_cov_fix(
+            self.f64, self._p("log_prob"), self._p("old_log_prob"), self._p("advantages"), self.mask.data_ptr(),
+            self.rows, self.width, offsets.data_ptr(), r.data_ptr(), sel.data_ptr(), sel.numel(), coef,
+            rows.data_ptr(),
+        )  # fmt: skip
+        if rc:
+            raise ValueError("a packed index out of range, or per-row counts that do not match the mask")
 
     # -- rollout correction: csrc/rollout.h -------------------------------------------------------------
