@@ -28,14 +28,14 @@ for package, folder in ROOTS.items():
 # torch ops). Built without fused multiply-add, so every per-token float is the one verl computes; the
 # source's hash is compiled in, so a stale build is detected and not used.
 CSRC = Path("analyzers/csrc")
+# the hash analyzers/native.py recomputes from the sources beside it: every .c/.h file, in name order
+SOURCE_SHA = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(CSRC.glob("*.[ch]")))).hexdigest()
 fused = Extension(
     "rlvitals.analyzers._fused",
     [str(CSRC / "_fused.c")],
     depends=[str(p) for p in sorted(CSRC.glob("*.h"))],
     extra_compile_args=["-O3", "-ffp-contract=off", "-fno-strict-aliasing", "-Wno-psabi"],
-    # the hash analyzers/native.py recomputes from the sources beside it (same order, same bytes)
-    define_macros=[("RLV_SOURCE_SHA", '"%s"' % hashlib.sha256(b"".join(
-        p.read_bytes() for p in sorted(CSRC.glob("*.[ch]")))).hexdigest())],
+    define_macros=[("RLV_SOURCE_SHA", f'"{SOURCE_SHA}"')],
     optional=True,
 )
 

@@ -120,8 +120,11 @@ class PolicyStats:
 
 
 class TokenBatch:
-    """One micro-batch, validated; computes verl's metrics for any :class:`LossConfig`.
+    """One micro-batch; computes verl's metrics for any :class:`LossConfig`.
 
+    Build it with :func:`rlvitals.analyzers.batch.token_batch`, which checks the tensors against the
+    batch contract once (``recompute`` and ``audit`` do); this class does not check them again (the
+    compiled loops check what they read themselves: :class:`~rlvitals.analyzers.native.Inputs`).
     Tensors are ``(batch, response_len)``. ``response_mask`` is bool or numeric (non-zero = valid).
     Float inputs of mixed dtype are promoted to a common dtype, as torch would promote them in verl.
     """
@@ -146,26 +149,6 @@ class TokenBatch:
             "rollout_is_weights": rollout_is_weights,
         }
         floats = {k: v for k, v in given.items() if v is not None}
-        for name, value in (*floats.items(), ("response_mask", response_mask)):
-            if not isinstance(value, torch.Tensor):
-                raise ValueError(f"{name} must be a torch.Tensor; got {type(value).__name__}")
-            if value.dim() != 2:
-                raise ValueError(f"{name} must be 2-D (batch, response_len); got shape {tuple(value.shape)}")
-            if value.shape != response_mask.shape:
-                raise ValueError(
-                    f"{name} has shape {tuple(value.shape)} but response_mask has {tuple(response_mask.shape)}"
-                )
-            if value.device != response_mask.device:
-                raise ValueError(
-                    f"{name} is on {value.device} but response_mask is on {response_mask.device}"
-                )
-        for name, value in floats.items():
-            if not value.is_floating_point():
-                raise ValueError(
-                    f"{name} must be float16, bfloat16, float32 or float64; got {str(value.dtype).replace('torch.', '')}"
-                )
-        if response_mask.is_complex():
-            raise ValueError("response_mask must be bool or 0/1 numbers; got a complex tensor")
         self.shape = tuple(response_mask.shape)
         self.width = self.shape[1]
         self.tensors = {k: v.detach() for k, v in floats.items()}
