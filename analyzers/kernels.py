@@ -742,8 +742,26 @@ def _fused_vanilla(batch: TokenBatch, config: LossConfig) -> dict[str, float] | 
     }
 
 
+def _native_aux_of(batch: TokenBatch, config: LossConfig) -> None:
+    """The entropy / KL row sums ``config`` needs, by the compiled loop (a torch-op pass's ``p.aux``)."""
+    batch._native_aux(*batch._aux_plan(config))
+
+
+def _native_ratio(batch: TokenBatch) -> Tensor:
+    """A pool buffer holding ``exp(clamp(logp - old, -20, 20))`` by torch (the loops read it); the
+    caller gives it back."""
+    nt = batch.native.tensors
+    r = _take(batch.shape, batch.dtype, batch.mask.device)
+    torch.sub(nt["log_prob"], nt["old_log_prob"], out=r).clamp_(-20.0, 20.0).exp_()
+    return r
+
+
 def _fused_gpg(batch: TokenBatch, config: LossConfig) -> dict[str, float] | None:
     # l = -logp * A  (verl's op order; -(x) * y == -(x * y) exactly), masked row sums
+    if batch.native:
+        rows = batch.native.gpg()
+        _native_aux_of(batch, config)
+        return _finish(batch, config, [-v for v in rows])
     with batch._pass(1) as p:
         p.aux(config)
         for m in p.blocks():
@@ -756,6 +774,10 @@ def _fused_gpg(batch: TokenBatch, config: LossConfig) -> dict[str, float] | None
 def _fused_dro(batch: TokenBatch, config: LossConfig) -> dict[str, float] | None:
     # l = -(logp * A - (0.5 beta) * (logp - logp_old)^2); ppo_kl = masked mean of -(logp - logp_old), no clamp
     half_beta = 0.5 * config.dro_beta
+    if batch.native:
+        rows, kl_sum = batch.native.dro(half_beta)
+        _native_aux_of(batch, config)
+        return _finish(batch, config, [-v for v in rows], ppo_kl=_ppo_kl(batch, kl_sum))
     kl_sum = 0.0
     with batch._pass(1) as p:
         p.aux(config)
@@ -774,6 +796,21 @@ def _fused_dro(batch: TokenBatch, config: LossConfig) -> dict[str, float] | None
 def _fused_cispo(batch: TokenBatch, config: LossConfig) -> dict[str, float] | None:
     # l = -clip(r, 1 - eps_low, 1 + eps_high) * A * logp; pg_clipfrac = share of valid tokens with r outside
     lo, hi = 1 - config.clip_low, 1 + config.clip_high
+    if batch.native:
+        r = _native_ratio(batch)
+        try:
+            rows, kl_sum, hits = batch.native.cispo(r, lo, hi)
+        finally:
+            _give(r)
+        _native_aux_of(batch, config)
+        return _finish(
+            batch,
+            config,
+            [-v for v in rows],
+            pg_clipfrac=_fraction(hits, batch.n_tokens),
+            ppo_kl=_ppo_kl(batch, kl_sum),
+            pg_clipfrac_lower=0.0,
+        )
     kl_sum = hits = 0.0
     with batch._pass(1) as p:
         p.aux(config)
@@ -802,6 +839,24 @@ def _fused_gspo(batch: TokenBatch, config: LossConfig) -> dict[str, float] | Non
     # l = max(-A s_i, -A clip(s_i)) = A- max(s_i, clip(s_i)) - A+ min(s_i, clip(s_i)) (monotone rounding)
     lo, hi = 1 - config.clip_low, 1 + config.clip_high
     lengths = batch.n_row.clamp(min=1)
+    if batch.native:
+        # (logp - old) m by the loop; its row sums, the sequence ratios and their exp by torch
+        d = batch.native.gspo_logratio(_take(batch.shape, batch.dtype, batch.mask.device))
+        try:
+            row_kl = d.sum(dim=-1)
+        finally:
+            _give(d)
+        s = torch.exp(torch.clamp(row_kl / lengths, max=10.0))
+        rows, hits = batch.native.gspo(s, lo, hi)
+        _native_aux_of(batch, config)
+        return _finish(
+            batch,
+            config,
+            rows,
+            pg_clipfrac=_fraction(hits, batch.n_tokens),
+            ppo_kl=_ppo_kl(batch, float(row_kl.sum(dtype=torch.float64))),
+            pg_clipfrac_lower=0.0,
+        )
     kl_sum = hits = 0.0
     with batch._pass(1) as p:
         p.aux(config)
@@ -838,6 +893,32 @@ def _fused_sapo(batch: TokenBatch, config: LossConfig) -> dict[str, float] | Non
     tau_pos, tau_neg = _scalar(config.tau_pos, dtype), _scalar(config.tau_neg, dtype)
     q_pos = float(torch.tensor(tau_pos, dtype=dtype).reciprocal() * 4.0)
     q_neg = float(torch.tensor(tau_neg, dtype=dtype).reciprocal() * 4.0)
+    if batch.native:
+        # r by torch; (r - 1) tau over it by the loop; sigmoid by torch; the loss row sums by the loop
+        r = _native_ratio(batch)
+        try:
+            kl_sum = batch.native.sapo_gate(r, tau_pos, tau_neg)
+            rows = batch.native.sapo(r.sigmoid_(), q_pos, q_neg)
+        finally:
+            _give(r)
+        _native_aux_of(batch, config)
+    else:
+        rows, kl_sum = _sapo_torch(batch, config, tau_pos, tau_neg, q_pos, q_neg)
+    return _finish(
+        batch,
+        config,
+        [-v for v in rows],
+        AggMode.SEQ_MEAN_TOKEN_MEAN,
+        pg_clipfrac=0.0,
+        ppo_kl=_ppo_kl(batch, kl_sum),
+        pg_clipfrac_lower=0.0,
+    )
+
+
+def _sapo_torch(
+    batch: TokenBatch, config: LossConfig, tau_pos: float, tau_neg: float, q_pos: float, q_neg: float
+) -> tuple[list[float], float]:
+    """The torch-op pass of :func:`_fused_sapo`: the row sums of ``(gates q) A m`` and the kl sum."""
     kl_sum = 0.0
     with batch._pass(1) as p:
         p.aux(config)
@@ -853,21 +934,40 @@ def _fused_sapo(batch: TokenBatch, config: LossConfig) -> dict[str, float] | Non
             p.row_sum(gates.mul_(adv).mul_(m), 0)
             p.aux_block(m)
         (rows,) = p.rows()
-    return _finish(
-        batch,
-        config,
-        [-v for v in rows],
-        AggMode.SEQ_MEAN_TOKEN_MEAN,
-        pg_clipfrac=0.0,
-        ppo_kl=_ppo_kl(batch, kl_sum),
-        pg_clipfrac_lower=0.0,
-    )
+    return rows, kl_sum
 
 
 def _fused_geo_mean(batch: TokenBatch, config: LossConfig) -> dict[str, float] | None:
     # sgn(A) min(sgn(A) d, sgn(A) clamp(d, -lo, hi)) = min(d, hi) (A > 0), max(d, -lo) (A < 0), 0 (A = 0);
     # row means of it and of A, then pg_loss = mean_i(-adv_i exp(mean_i)); clipped = (d != clamp(d))
     lo, hi = config.clip_low, config.clip_high
+    if batch.native:
+        kl_rows, adv_rows, kl_sum, hits_pos, hits_neg = batch.native.geo_mean(lo, hi)
+        _native_aux_of(batch, config)
+    else:
+        kl_rows, adv_rows, kl_sum, hits_pos, hits_neg = _geo_mean_torch(batch, config, lo, hi)
+    if not all(map(math.isfinite, kl_rows)) or not all(map(math.isfinite, adv_rows)):
+        return None
+    dtype = batch.dtype
+    lengths = batch.n_row + 1e-8
+    ratio = torch.exp(torch.tensor(kl_rows, dtype=dtype) / lengths)
+    pg_losses = -(torch.tensor(adv_rows, dtype=dtype) / lengths) * ratio
+    pg_loss = float(torch.mean(pg_losses))
+    if not (math.isfinite(pg_loss) and math.isfinite(kl_sum)):
+        return None
+    return {
+        "pg_loss": pg_loss,
+        "pg_clipfrac": _fraction(int(hits_pos), batch.n_tokens),
+        "ppo_kl": _ppo_kl(batch, kl_sum),
+        "pg_clipfrac_lower": _fraction(int(hits_neg), batch.n_tokens),
+    }
+
+
+def _geo_mean_torch(
+    batch: TokenBatch, config: LossConfig, lo: float, hi: float
+) -> tuple[list[float], list[float], float, float, float]:
+    """The torch-op pass of :func:`_fused_geo_mean`: row sums of the clipped log-ratio and of ``A m``,
+    the kl sum and the two clip counts."""
     kl_sum = hits_pos = hits_neg = 0.0
     with batch._pass(2) as p:
         p.aux(config)
@@ -886,21 +986,7 @@ def _fused_geo_mean(batch: TokenBatch, config: LossConfig) -> dict[str, float] |
             hits_neg += float(torch.dot(clipped, n.view(-1)))
             p.aux_block(m)
         kl_rows, adv_rows = p.rows()
-    if not all(map(math.isfinite, kl_rows)) or not all(map(math.isfinite, adv_rows)):
-        return None
-    dtype = batch.dtype
-    lengths = batch.n_row + 1e-8
-    ratio = torch.exp(torch.tensor(kl_rows, dtype=dtype) / lengths)
-    pg_losses = -(torch.tensor(adv_rows, dtype=dtype) / lengths) * ratio
-    pg_loss = float(torch.mean(pg_losses))
-    if not (math.isfinite(pg_loss) and math.isfinite(kl_sum)):
-        return None
-    return {
-        "pg_loss": pg_loss,
-        "pg_clipfrac": _fraction(int(hits_pos), batch.n_tokens),
-        "ppo_kl": _ppo_kl(batch, kl_sum),
-        "pg_clipfrac_lower": _fraction(int(hits_neg), batch.n_tokens),
-    }
+    return kl_rows, adv_rows, kl_sum, hits_pos, hits_neg
 
 
 def _fused_dppo(batch: TokenBatch, config: LossConfig, *, binary_kl: bool) -> dict[str, float] | None:

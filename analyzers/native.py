@@ -168,6 +168,101 @@ class Inputs:
         )
 
     # -- losses A (gpg, dro, cispo, sapo, gspo, geo_mean): csrc/losses_a.h ----------------------------
+    # Each returns row sums of the mode's torch-op pass (kernels._fused_<mode>) before its sign, as
+    # floats, and the masked sum of the log-ratio where the mode reports ppo_kl.
+
+    def _rows_out(self, n: int = 1) -> Tensor:
+        return torch.empty((n, self.rows), dtype=torch.float64)
+
+    def _per_row(self, values: Tensor) -> Tensor:
+        """``values`` if the loops may read it as one float per row, in the inputs' dtype."""
+        if (
+            values.shape != (self.rows,)
+            or values.dtype != (torch.float64 if self.f64 else torch.float32)
+            or not values.is_contiguous()
+            or values.device.type != "cpu"
+        ):
+            raise ValueError("per-row values do not match the inputs")
+        return values
+
+    def gpg(self) -> list[float]:
+        """Row sums of ``logp A m``."""
+        out = self._rows_out()
+        _MODULE.gpg(
+            self.f64, self._p("log_prob"), self._p("advantages"), self.mask.data_ptr(), self.rows, self.width,
+            out.data_ptr(),
+        )  # fmt: skip
+        return out[0].tolist()
+
+    def dro(self, half_beta: float) -> tuple[list[float], float]:
+        """Row sums of ``(logp A - half_beta (logp - old)^2) m`` and the masked sum of ``logp - old``."""
+        out = self._rows_out()
+        kl = _MODULE.dro(
+            self.f64, self._p("log_prob"), self._p("old_log_prob"), self._p("advantages"), self.mask.data_ptr(),
+            self.rows, self.width, half_beta, out.data_ptr(),
+        )  # fmt: skip
+        return out[0].tolist(), kl
+
+    def cispo(self, r: Tensor, lo: float, hi: float) -> tuple[list[float], float, int]:
+        """Row sums of ``clamp(r, lo, hi) A logp m``, the masked sum of ``clamp(logp - old, -20, 20)``
+        and the count of valid tokens with ``r != clamp(r, lo, hi)``; ``r`` holds the exp of that."""
+        r = self.scratch(r)
+        out = self._rows_out()
+        kl, hits = _MODULE.cispo(
+            self.f64, self._p("log_prob"), self._p("old_log_prob"), r.data_ptr(), self._p("advantages"),
+            self.mask.data_ptr(), self.rows, self.width, lo, hi, out.data_ptr(),
+        )  # fmt: skip
+        return out[0].tolist(), kl, hits
+
+    def sapo_gate(self, r: Tensor, tau_pos: float, tau_neg: float) -> float:
+        """Overwrite ``r`` (``exp(clamp(logp - old, -20, 20))``) with ``(r - 1) tau`` (``tau_pos``
+        where ``A > 0``, else ``tau_neg``); return the masked sum of the clamped log-ratio."""
+        r = self.scratch(r)
+        return _MODULE.sapo_gate(
+            self.f64, self._p("log_prob"), self._p("old_log_prob"), r.data_ptr(), self._p("advantages"),
+            self.mask.data_ptr(), self.rows, self.width, tau_pos, tau_neg, r.data_ptr(),
+        )  # fmt: skip
+
+    def sapo(self, gates: Tensor, q_pos: float, q_neg: float) -> list[float]:
+        """Row sums of ``((gates q) A) m``, ``q = q_pos`` where ``A > 0``, else ``q_neg``."""
+        gates = self.scratch(gates)
+        out = self._rows_out()
+        _MODULE.sapo(
+            self.f64, gates.data_ptr(), self._p("advantages"), self.mask.data_ptr(), self.rows, self.width,
+            q_pos, q_neg, out.data_ptr(),
+        )  # fmt: skip
+        return out[0].tolist()
+
+    def gspo_logratio(self, d: Tensor) -> Tensor:
+        """``d`` filled with ``(logp - old) m``."""
+        d = self.scratch(d)
+        _MODULE.gspo_logratio(
+            self.f64, self._p("log_prob"), self._p("old_log_prob"), self.mask.data_ptr(), self.rows,
+            self.width, d.data_ptr(),
+        )  # fmt: skip
+        return d
+
+    def gspo(self, s: Tensor, lo: float, hi: float) -> tuple[list[float], int]:
+        """Row sums of GSPO's loss for the sequence ratios ``s`` (one per row) and the count of tokens
+        it clips."""
+        s = self._per_row(s)
+        out = self._rows_out()
+        hits = _MODULE.gspo(
+            self.f64, self._p("advantages"), self.mask.data_ptr(), s.data_ptr(), self.rows, self.width, lo, hi,
+            out.data_ptr(),
+        )  # fmt: skip
+        return out[0].tolist(), hits
+
+    def geo_mean(self, lo: float, hi: float) -> tuple[list[float], list[float], float, int, int]:
+        """Row sums of the sign-clipped log-ratio and of ``A m``, the masked sum of ``logp - old`` and
+        the counts of clipped valid tokens with ``A > 0`` and with ``A < 0`` (bounds ``-lo``, ``hi``)."""
+        out = self._rows_out(2)
+        kl, pos, neg = _MODULE.geo_mean(
+            self.f64, self._p("log_prob"), self._p("old_log_prob"), self._p("advantages"), self.mask.data_ptr(),
+            self.rows, self.width, -lo, hi, out[0].data_ptr(), out[1].data_ptr(),
+        )  # fmt: skip
+        v, a = out.tolist()
+        return v, a, kl, pos, neg
 
     # -- losses B (dppo_tv, dppo_kl, clip_cov, kl_cov): csrc/losses_b.h --------------------------------
 

@@ -1,3 +1,153 @@
 /* Python entry points: gpg, dro, cispo, sapo, gspo, geo_mean.
- * Included by _fused.c after DISPATCH; LOSSES_A_METHODS lists the PyMethodDef entries. */
-#define LOSSES_A_METHODS
+ * Included by _fused.c after DISPATCH; LOSSES_A_METHODS lists the PyMethodDef entries.
+ * Every pointer comes from a tensor native.Inputs checked (its losses-A section). */
+
+static PyObject *py_gpg(PyObject *self, PyObject *args) {
+    int f64;
+    ptr_t lp, adv, mask, row_out;
+    Py_ssize_t rows, width;
+    if (!PyArg_ParseTuple(args, "pKKKnnK", &f64, &lp, &adv, &mask, &rows, &width, &row_out)) return NULL;
+    Py_BEGIN_ALLOW_THREADS;
+    if (f64)
+        DISPATCH(gpg_f64, P(double, lp), P(double, adv), P(uint8_t, mask), rows, width, P(double, row_out));
+    else
+        DISPATCH(gpg_f32, P(float, lp), P(float, adv), P(uint8_t, mask), rows, width, P(double, row_out));
+    Py_END_ALLOW_THREADS;
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_dro(PyObject *self, PyObject *args) {
+    int f64;
+    ptr_t lp, old, adv, mask, row_out;
+    Py_ssize_t rows, width;
+    double hb, kl = 0.0;
+    if (!PyArg_ParseTuple(args, "pKKKKnndK", &f64, &lp, &old, &adv, &mask, &rows, &width, &hb, &row_out))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS;
+    if (f64)
+        DISPATCH(dro_f64, P(double, lp), P(double, old), P(double, adv), P(uint8_t, mask), rows, width, hb,
+                 P(double, row_out), &kl);
+    else
+        DISPATCH(dro_f32, P(float, lp), P(float, old), P(float, adv), P(uint8_t, mask), rows, width, (float)hb,
+                 P(double, row_out), &kl);
+    Py_END_ALLOW_THREADS;
+    return PyFloat_FromDouble(kl);
+}
+
+static PyObject *py_cispo(PyObject *self, PyObject *args) {
+    int f64;
+    ptr_t lp, old, r, adv, mask, row_out;
+    Py_ssize_t rows, width;
+    double lo, hi, kl = 0.0;
+    int64_t hits = 0;
+    if (!PyArg_ParseTuple(args, "pKKKKKnnddK", &f64, &lp, &old, &r, &adv, &mask, &rows, &width, &lo, &hi,
+                          &row_out))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS;
+    if (f64)
+        DISPATCH(cispo_f64, P(double, lp), P(double, old), P(double, r), P(double, adv), P(uint8_t, mask), rows,
+                 width, lo, hi, P(double, row_out), &kl, &hits);
+    else
+        DISPATCH(cispo_f32, P(float, lp), P(float, old), P(float, r), P(float, adv), P(uint8_t, mask), rows,
+                 width, (float)lo, (float)hi, P(double, row_out), &kl, &hits);
+    Py_END_ALLOW_THREADS;
+    return Py_BuildValue("dL", kl, (long long)hits);
+}
+
+static PyObject *py_sapo_gate(PyObject *self, PyObject *args) {
+    int f64;
+    ptr_t lp, old, r, adv, mask, x;
+    Py_ssize_t rows, width;
+    double tp, tn, kl = 0.0;
+    if (!PyArg_ParseTuple(args, "pKKKKKnnddK", &f64, &lp, &old, &r, &adv, &mask, &rows, &width, &tp, &tn, &x))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS;
+    if (f64)
+        DISPATCH(sapo_gate_f64, P(double, lp), P(double, old), P(double, r), P(double, adv), P(uint8_t, mask),
+                 rows, width, tp, tn, P(double, x), &kl);
+    else
+        DISPATCH(sapo_gate_f32, P(float, lp), P(float, old), P(float, r), P(float, adv), P(uint8_t, mask), rows,
+                 width, (float)tp, (float)tn, P(float, x), &kl);
+    Py_END_ALLOW_THREADS;
+    return PyFloat_FromDouble(kl);
+}
+
+static PyObject *py_sapo(PyObject *self, PyObject *args) {
+    int f64;
+    ptr_t g, adv, mask, row_out;
+    Py_ssize_t rows, width;
+    double qp, qn;
+    if (!PyArg_ParseTuple(args, "pKKKnnddK", &f64, &g, &adv, &mask, &rows, &width, &qp, &qn, &row_out))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS;
+    if (f64)
+        DISPATCH(sapo_f64, P(double, g), P(double, adv), P(uint8_t, mask), rows, width, qp, qn, P(double, row_out));
+    else
+        DISPATCH(sapo_f32, P(float, g), P(float, adv), P(uint8_t, mask), rows, width, (float)qp, (float)qn,
+                 P(double, row_out));
+    Py_END_ALLOW_THREADS;
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_gspo_logratio(PyObject *self, PyObject *args) {
+    int f64;
+    ptr_t lp, old, mask, d;
+    Py_ssize_t rows, width;
+    if (!PyArg_ParseTuple(args, "pKKKnnK", &f64, &lp, &old, &mask, &rows, &width, &d)) return NULL;
+    Py_BEGIN_ALLOW_THREADS;
+    if (f64)
+        DISPATCH(gspo_logratio_f64, P(double, lp), P(double, old), P(uint8_t, mask), rows, width, P(double, d));
+    else
+        DISPATCH(gspo_logratio_f32, P(float, lp), P(float, old), P(uint8_t, mask), rows, width, P(float, d));
+    Py_END_ALLOW_THREADS;
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_gspo(PyObject *self, PyObject *args) {
+    int f64;
+    ptr_t adv, mask, s, row_out;
+    Py_ssize_t rows, width;
+    double lo, hi;
+    int64_t hits = 0;
+    if (!PyArg_ParseTuple(args, "pKKKnnddK", &f64, &adv, &mask, &s, &rows, &width, &lo, &hi, &row_out))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS;
+    if (f64)
+        DISPATCH(gspo_f64, P(double, adv), P(uint8_t, mask), P(double, s), rows, width, lo, hi, P(double, row_out),
+                 &hits);
+    else
+        DISPATCH(gspo_f32, P(float, adv), P(uint8_t, mask), P(float, s), rows, width, (float)lo, (float)hi,
+                 P(double, row_out), &hits);
+    Py_END_ALLOW_THREADS;
+    return PyLong_FromLongLong((long long)hits);
+}
+
+static PyObject *py_geo_mean(PyObject *self, PyObject *args) {
+    int f64;
+    ptr_t lp, old, adv, mask, row_out, adv_out;
+    Py_ssize_t rows, width;
+    double nlo, hi, kl = 0.0;
+    int64_t pos = 0, neg = 0;
+    if (!PyArg_ParseTuple(args, "pKKKKnnddKK", &f64, &lp, &old, &adv, &mask, &rows, &width, &nlo, &hi, &row_out,
+                          &adv_out))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS;
+    if (f64)
+        DISPATCH(geo_mean_f64, P(double, lp), P(double, old), P(double, adv), P(uint8_t, mask), rows, width, nlo,
+                 hi, P(double, row_out), P(double, adv_out), &kl, &pos, &neg);
+    else
+        DISPATCH(geo_mean_f32, P(float, lp), P(float, old), P(float, adv), P(uint8_t, mask), rows, width,
+                 (float)nlo, (float)hi, P(double, row_out), P(double, adv_out), &kl, &pos, &neg);
+    Py_END_ALLOW_THREADS;
+    return Py_BuildValue("dLL", kl, (long long)pos, (long long)neg);
+}
+
+#define LOSSES_A_METHODS                                                                                 \
+    {"gpg", py_gpg, METH_VARARGS, "gpg: row sums of logp A m"},                                          \
+    {"dro", py_dro, METH_VARARGS, "dro: row sums of (logp A - hb d^2) m, kl sum"},                       \
+    {"cispo", py_cispo, METH_VARARGS, "cispo: row sums of clamp(r) A logp m, kl sum, clip count"},       \
+    {"sapo_gate", py_sapo_gate, METH_VARARGS, "sapo: (r - 1) tau into a buffer, kl sum"},                \
+    {"sapo", py_sapo, METH_VARARGS, "sapo: row sums of (sigmoid q) A m"},                                \
+    {"gspo_logratio", py_gspo_logratio, METH_VARARGS, "gspo: (logp - old) m into a buffer"},             \
+    {"gspo", py_gspo, METH_VARARGS, "gspo: row sums of the sequence-ratio loss, clip count"},            \
+    {"geo_mean", py_geo_mean, METH_VARARGS, "geo_mean: row sums of the clipped log-ratio and A m, kl, clip counts"},
