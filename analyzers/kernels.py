@@ -742,9 +742,38 @@ def _fused_vanilla(batch: TokenBatch, config: LossConfig) -> dict[str, float] | 
     }
 
 
-def _native_aux_of(batch: TokenBatch, config: LossConfig) -> None:
-    """The entropy / KL row sums ``config`` needs, by the compiled loop (a torch-op pass's ``p.aux``)."""
-    batch._native_aux(*batch._aux_plan(config))
+class _Side:
+    """The entropy / KL row sums ``config`` still needs, computed inside a compiled loss pass (the loops
+    of csrc/losses_a.h run the aux loop's body too, so the batch is read once): ``args`` for the pass;
+    :meth:`store` caches what it returned as :meth:`TokenBatch._native_aux` does. The k3 buffer (exp
+    by torch) goes back to the pool when the block ends."""
+
+    def __init__(self, batch: TokenBatch, config: LossConfig) -> None:
+        self.batch, self.plan, self.e = batch, batch._aux_plan(config), None
+        entropy, kl, check = self.plan
+        if kl == "k3":
+            nt = batch.native.tensors
+            self.e = _take(batch.shape, batch.dtype, batch.mask.device)
+            torch.sub(nt["ref_log_prob"], nt["log_prob"], out=self.e).clamp_(-20.0, 20.0).exp_()
+        self.args = batch.native.side_terms(entropy=entropy, kl=kl, check=check, e=self.e)
+
+    def __enter__(self) -> _Side:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.e is not None:
+            _give(self.e)
+            self.e = None
+
+    def store(self, result: tuple) -> None:
+        (entropy, kl, check), (ent_rows, kl_rows, k2) = self.plan, result
+        cache = self.batch._cache
+        if entropy:
+            cache["entropy"] = self.batch._row_sums(ent_rows)
+        if kl is not None:
+            cache[("kl", kl)] = self.batch._row_sums(kl_rows)
+        if check:
+            cache["k2_finite"] = math.isfinite(k2)
 
 
 def _native_ratio(batch: TokenBatch) -> Tensor:
@@ -759,8 +788,9 @@ def _native_ratio(batch: TokenBatch) -> Tensor:
 def _fused_gpg(batch: TokenBatch, config: LossConfig) -> dict[str, float] | None:
     # l = -logp * A  (verl's op order; -(x) * y == -(x * y) exactly), masked row sums
     if batch.native:
-        rows = batch.native.gpg()
-        _native_aux_of(batch, config)
+        with _Side(batch, config) as side:
+            rows, aux = batch.native.gpg(side.args)
+        side.store(aux)
         return _finish(batch, config, [-v for v in rows])
     with batch._pass(1) as p:
         p.aux(config)
@@ -775,8 +805,9 @@ def _fused_dro(batch: TokenBatch, config: LossConfig) -> dict[str, float] | None
     # l = -(logp * A - (0.5 beta) * (logp - logp_old)^2); ppo_kl = masked mean of -(logp - logp_old), no clamp
     half_beta = 0.5 * config.dro_beta
     if batch.native:
-        rows, kl_sum = batch.native.dro(half_beta)
-        _native_aux_of(batch, config)
+        with _Side(batch, config) as side:
+            rows, kl_sum, aux = batch.native.dro(half_beta, side.args)
+        side.store(aux)
         return _finish(batch, config, [-v for v in rows], ppo_kl=_ppo_kl(batch, kl_sum))
     kl_sum = 0.0
     with batch._pass(1) as p:
@@ -799,10 +830,11 @@ def _fused_cispo(batch: TokenBatch, config: LossConfig) -> dict[str, float] | No
     if batch.native:
         r = _native_ratio(batch)
         try:
-            rows, kl_sum, hits = batch.native.cispo(r, lo, hi)
+            with _Side(batch, config) as side:
+                rows, kl_sum, hits, aux = batch.native.cispo(r, lo, hi, side.args)
         finally:
             _give(r)
-        _native_aux_of(batch, config)
+        side.store(aux)
         return _finish(
             batch,
             config,
@@ -841,14 +873,16 @@ def _fused_gspo(batch: TokenBatch, config: LossConfig) -> dict[str, float] | Non
     lengths = batch.n_row.clamp(min=1)
     if batch.native:
         # (logp - old) m by the loop; its row sums, the sequence ratios and their exp by torch
-        d = batch.native.gspo_logratio(_take(batch.shape, batch.dtype, batch.mask.device))
+        d = _take(batch.shape, batch.dtype, batch.mask.device)
         try:
+            with _Side(batch, config) as side:
+                _, aux = batch.native.gspo_logratio(d, side.args)
             row_kl = d.sum(dim=-1)
         finally:
             _give(d)
+        side.store(aux)
         s = torch.exp(torch.clamp(row_kl / lengths, max=10.0))
         rows, hits = batch.native.gspo(s, lo, hi)
-        _native_aux_of(batch, config)
         return _finish(
             batch,
             config,
@@ -897,11 +931,12 @@ def _fused_sapo(batch: TokenBatch, config: LossConfig) -> dict[str, float] | Non
         # r by torch; (r - 1) tau over it by the loop; sigmoid by torch; the loss row sums by the loop
         r = _native_ratio(batch)
         try:
-            kl_sum = batch.native.sapo_gate(r, tau_pos, tau_neg)
+            with _Side(batch, config) as side:
+                kl_sum, aux = batch.native.sapo_gate(r, tau_pos, tau_neg, side.args)
             rows = batch.native.sapo(r.sigmoid_(), q_pos, q_neg)
         finally:
             _give(r)
-        _native_aux_of(batch, config)
+        side.store(aux)
     else:
         rows, kl_sum = _sapo_torch(batch, config, tau_pos, tau_neg, q_pos, q_neg)
     return _finish(
@@ -942,8 +977,9 @@ def _fused_geo_mean(batch: TokenBatch, config: LossConfig) -> dict[str, float] |
     # row means of it and of A, then pg_loss = mean_i(-adv_i exp(mean_i)); clipped = (d != clamp(d))
     lo, hi = config.clip_low, config.clip_high
     if batch.native:
-        kl_rows, adv_rows, kl_sum, hits_pos, hits_neg = batch.native.geo_mean(lo, hi)
-        _native_aux_of(batch, config)
+        with _Side(batch, config) as side:
+            kl_rows, adv_rows, kl_sum, hits_pos, hits_neg, aux = batch.native.geo_mean(lo, hi, side.args)
+        side.store(aux)
     else:
         kl_rows, adv_rows, kl_sum, hits_pos, hits_neg = _geo_mean_torch(batch, config, lo, hi)
     if not all(map(math.isfinite, kl_rows)) or not all(map(math.isfinite, adv_rows)):

@@ -9,6 +9,29 @@
 static inline void K(st_f32)(float *p, f32v v) { memcpy(p, &v, sizeof v); }
 static inline void K(st_f64)(double *p, f64v v) { memcpy(p, &v, sizeof v); }
 
+/* The entropy / KL-estimator terms ride along in the pass of every loss here that reads logp (AUX_BODY
+ * of kernels.h, the same floats as the aux loop): ent may be NULL (no entropy), kind / check as there. */
+#define AUX_PARAMS(T)                                                                                    \
+    const T *ent, const T *ref, const T *e, int kind, int check, double *ent_out, double *kl_out,        \
+        double *k2_out
+#define AUX_CONSTS(S, T)                                                                                 \
+    const S##v zero = SPLAT(S, T, 0), one = SPLAT(S, T, 1), half = SPLAT(S, T, 0.5);                     \
+    const S##v lim = SPLAT(S, T, 20), ten = SPLAT(S, T, 10);                                             \
+    dacc k2_acc[2] = {0}
+#define AUX_PRE                                                                                          \
+    dacc ea[2] = {0};                                                                                    \
+    dacc ka[2] = {0}
+#define AUX_AT(S, LP, M) AUX_BODY(S, ent + o + j, LP, ref + o + j, e + o + j, M)
+#define AUX_TAIL(S, T)                                                                                   \
+    PAD(T, N_##S, ent, ent ? ent + o : NULL, j, width);                                                  \
+    PAD(T, N_##S, ref, ref ? ref + o : NULL, j, width);                                                  \
+    PAD(T, N_##S, e, e ? e + o : NULL, j, width);                                                        \
+    AUX_BODY(S, ent_pad, lp_pad, ref_pad, e_pad, m_pad)
+#define AUX_POST                                                                                         \
+    if (ent) ent_out[i] = K(acc_total)(ea);                                                              \
+    if (kind > 0) kl_out[i] = K(acc_total)(ka)
+#define AUX_END *k2_out = K(acc_total)(k2_acc)
+
 /* The row loop of every kernel here: PRE(i) before row i (row accumulators), BODY on whole vectors at
  * offset o + j, TAIL on the zero-padded rest (it declares its pads), POST(i) after the row. */
 #define ROW_LOOP(S, PRE, BODY, TAIL, POST)                                                               \
@@ -30,14 +53,24 @@ static inline void K(st_f64)(double *p, f64v v) { memcpy(p, &v, sizeof v); }
 
 #define DEFINE_GPG(S, T)                                                                                 \
     static void K(gpg_##S)(const T *lp, const T *adv, const uint8_t *mask, Py_ssize_t rows,              \
-                           Py_ssize_t width, double *row_out) {                                          \
-        ROW_LOOP(S, dacc acc[2] = {0}, GPG_BODY(S, lp + o + j, adv + o + j, mask + o + j),               \
+                           Py_ssize_t width, double *row_out, AUX_PARAMS(T)) {                           \
+        AUX_CONSTS(S, T);                                                                                \
+        ROW_LOOP(S, dacc acc[2] = {0}; AUX_PRE,                                                          \
+                 {                                                                                       \
+                     GPG_BODY(S, lp + o + j, adv + o + j, mask + o + j);                                 \
+                     AUX_AT(S, lp + o + j, mask + o + j);                                                \
+                 },                                                                                      \
                  {                                                                                       \
                      PAD(T, N_##S, lp, lp + o, j, width) PAD(T, N_##S, adv, adv + o, j, width);          \
                      PAD(uint8_t, N_##S, m, mask + o, j, width);                                         \
                      GPG_BODY(S, lp_pad, adv_pad, m_pad);                                                \
+                     AUX_TAIL(S, T);                                                                     \
                  },                                                                                      \
-                 row_out[i] = K(acc_total)(acc))                                                         \
+                 {                                                                                       \
+                     row_out[i] = K(acc_total)(acc);                                                     \
+                     AUX_POST;                                                                           \
+                 })                                                                                      \
+        AUX_END;                                                                                         \
     }
 DEFINE_GPG(f32, float)
 DEFINE_GPG(f64, double)
@@ -54,17 +87,27 @@ DEFINE_GPG(f64, double)
 
 #define DEFINE_DRO(S, T)                                                                                 \
     static void K(dro_##S)(const T *lp, const T *old, const T *adv, const uint8_t *mask, Py_ssize_t rows, \
-                           Py_ssize_t width, T hb_, double *row_out, double *kl_out) {                   \
+                           Py_ssize_t width, T hb_, double *row_out, double *lr_out, AUX_PARAMS(T)) {    \
         const S##v hb = SPLAT(S, T, hb_);                                                                \
+        AUX_CONSTS(S, T);                                                                                \
         dacc kl_acc[2] = {0};                                                                            \
-        ROW_LOOP(S, dacc acc[2] = {0}, DRO_BODY(S, lp + o + j, old + o + j, adv + o + j, mask + o + j),  \
+        ROW_LOOP(S, dacc acc[2] = {0}; AUX_PRE,                                                          \
+                 {                                                                                       \
+                     DRO_BODY(S, lp + o + j, old + o + j, adv + o + j, mask + o + j);                    \
+                     AUX_AT(S, lp + o + j, mask + o + j);                                                \
+                 },                                                                                      \
                  {                                                                                       \
                      PAD(T, N_##S, lp, lp + o, j, width) PAD(T, N_##S, old, old + o, j, width);          \
                      PAD(T, N_##S, adv, adv + o, j, width) PAD(uint8_t, N_##S, m, mask + o, j, width);   \
                      DRO_BODY(S, lp_pad, old_pad, adv_pad, m_pad);                                       \
+                     AUX_TAIL(S, T);                                                                     \
                  },                                                                                      \
-                 row_out[i] = K(acc_total)(acc))                                                         \
-        *kl_out = K(acc_total)(kl_acc);                                                                  \
+                 {                                                                                       \
+                     row_out[i] = K(acc_total)(acc);                                                     \
+                     AUX_POST;                                                                           \
+                 })                                                                                      \
+        *lr_out = K(acc_total)(kl_acc);                                                                  \
+        AUX_END;                                                                                         \
     }
 DEFINE_DRO(f32, float)
 DEFINE_DRO(f64, double)
@@ -86,25 +129,31 @@ DEFINE_DRO(f64, double)
 #define DEFINE_CISPO(S, T)                                                                               \
     static void K(cispo_##S)(const T *lp, const T *old, const T *r, const T *adv, const uint8_t *mask,   \
                              Py_ssize_t rows, Py_ssize_t width, T lo_, T hi_, double *row_out,           \
-                             double *kl_out, int64_t *hits_out) {                                        \
+                             double *lr_out, int64_t *hits_out, AUX_PARAMS(T)) {                         \
         const S##v lo = SPLAT(S, T, lo_), hi = SPLAT(S, T, hi_);                                         \
-        const S##v zero = SPLAT(S, T, 0), lim = SPLAT(S, T, 20);                                         \
+        AUX_CONSTS(S, T);                                                                                \
         dacc kl_acc[2] = {0};                                                                            \
         int64_t hits = 0;                                                                                \
-        ROW_LOOP(S, dacc acc[2] = {0}; S##m hc = {0},                                                    \
-                 CISPO_BODY(S, lp + o + j, old + o + j, r + o + j, adv + o + j, mask + o + j),           \
+        ROW_LOOP(S, dacc acc[2] = {0}; S##m hc = {0}; AUX_PRE,                                           \
+                 {                                                                                       \
+                     CISPO_BODY(S, lp + o + j, old + o + j, r + o + j, adv + o + j, mask + o + j);       \
+                     AUX_AT(S, lp + o + j, mask + o + j);                                                \
+                 },                                                                                      \
                  {                                                                                       \
                      PAD(T, N_##S, lp, lp + o, j, width) PAD(T, N_##S, old, old + o, j, width);          \
                      PAD(T, N_##S, r, r + o, j, width) PAD(T, N_##S, adv, adv + o, j, width);            \
                      PAD(uint8_t, N_##S, m, mask + o, j, width);                                         \
                      CISPO_BODY(S, lp_pad, old_pad, r_pad, adv_pad, m_pad);                              \
+                     AUX_TAIL(S, T);                                                                     \
                  },                                                                                      \
                  {                                                                                       \
                      row_out[i] = K(acc_total)(acc);                                                     \
                      hits += K(count_##S)(hc);                                                           \
+                     AUX_POST;                                                                           \
                  })                                                                                      \
-        *kl_out = K(acc_total)(kl_acc);                                                                  \
+        *lr_out = K(acc_total)(kl_acc);                                                                  \
         *hits_out = hits;                                                                                \
+        AUX_END;                                                                                         \
     }
 DEFINE_CISPO(f32, float)
 DEFINE_CISPO(f64, double)
@@ -123,23 +172,29 @@ DEFINE_CISPO(f64, double)
 
 #define DEFINE_SAPO_GATE(S, T)                                                                           \
     static void K(sapo_gate_##S)(const T *lp, const T *old, const T *r, const T *adv, const uint8_t *mask, \
-                                 Py_ssize_t rows, Py_ssize_t width, T tp_, T tn_, T *x, double *kl_out) { \
+                                 Py_ssize_t rows, Py_ssize_t width, T tp_, T tn_, T *x, double *lr_out,  \
+                                 AUX_PARAMS(T)) {                                                        \
         const S##v tp = SPLAT(S, T, tp_), tn = SPLAT(S, T, tn_);                                         \
-        const S##v zero = SPLAT(S, T, 0), one = SPLAT(S, T, 1), lim = SPLAT(S, T, 20);                   \
+        AUX_CONSTS(S, T);                                                                                \
         dacc kl_acc[2] = {0};                                                                            \
-        ROW_LOOP(S, (void)0,                                                                             \
-                 SAPO_GATE_BODY(S, lp + o + j, old + o + j, r + o + j, adv + o + j, mask + o + j,        \
-                                x + o + j),                                                              \
+        ROW_LOOP(S, AUX_PRE,                                                                             \
+                 {                                                                                       \
+                     AUX_AT(S, lp + o + j, mask + o + j);                                                \
+                     SAPO_GATE_BODY(S, lp + o + j, old + o + j, r + o + j, adv + o + j, mask + o + j,    \
+                                    x + o + j);                                                          \
+                 },                                                                                      \
                  {                                                                                       \
                      PAD(T, N_##S, lp, lp + o, j, width) PAD(T, N_##S, old, old + o, j, width);          \
                      PAD(T, N_##S, r, r + o, j, width) PAD(T, N_##S, adv, adv + o, j, width);            \
                      PAD(uint8_t, N_##S, m, mask + o, j, width);                                         \
                      T x_pad[N_##S];                                                                     \
+                     AUX_TAIL(S, T);                                                                     \
                      SAPO_GATE_BODY(S, lp_pad, old_pad, r_pad, adv_pad, m_pad, x_pad);                   \
                      memcpy(x + o + j, x_pad, (size_t)(width - j) * sizeof(T));                          \
                  },                                                                                      \
-                 (void)0)                                                                                \
-        *kl_out = K(acc_total)(kl_acc);                                                                  \
+                 AUX_POST)                                                                               \
+        *lr_out = K(acc_total)(kl_acc);                                                                  \
+        AUX_END;                                                                                         \
     }
 DEFINE_SAPO_GATE(f32, float)
 DEFINE_SAPO_GATE(f64, double)
@@ -176,16 +231,23 @@ DEFINE_SAPO(f64, double)
 
 #define DEFINE_GSPO_LOGRATIO(S, T)                                                                       \
     static void K(gspo_logratio_##S)(const T *lp, const T *old, const uint8_t *mask, Py_ssize_t rows,    \
-                                     Py_ssize_t width, T *d) {                                           \
-        ROW_LOOP(S, (void)0, GSPO_LOGRATIO_BODY(S, lp + o + j, old + o + j, mask + o + j, d + o + j),    \
+                                     Py_ssize_t width, T *d, AUX_PARAMS(T)) {                            \
+        AUX_CONSTS(S, T);                                                                                \
+        ROW_LOOP(S, AUX_PRE,                                                                             \
+                 {                                                                                       \
+                     AUX_AT(S, lp + o + j, mask + o + j);                                                \
+                     GSPO_LOGRATIO_BODY(S, lp + o + j, old + o + j, mask + o + j, d + o + j);            \
+                 },                                                                                      \
                  {                                                                                       \
                      PAD(T, N_##S, lp, lp + o, j, width) PAD(T, N_##S, old, old + o, j, width);          \
                      PAD(uint8_t, N_##S, m, mask + o, j, width);                                         \
                      T d_pad[N_##S];                                                                     \
+                     AUX_TAIL(S, T);                                                                     \
                      GSPO_LOGRATIO_BODY(S, lp_pad, old_pad, m_pad, d_pad);                               \
                      memcpy(d + o + j, d_pad, (size_t)(width - j) * sizeof(T));                          \
                  },                                                                                      \
-                 (void)0)                                                                                \
+                 AUX_POST)                                                                               \
+        AUX_END;                                                                                         \
     }
 DEFINE_GSPO_LOGRATIO(f32, float)
 DEFINE_GSPO_LOGRATIO(f64, double)
@@ -253,26 +315,34 @@ DEFINE_GSPO(f64, double)
 #define DEFINE_GEO_MEAN(S, T)                                                                            \
     static void K(geo_mean_##S)(const T *lp, const T *old, const T *adv, const uint8_t *mask,            \
                                 Py_ssize_t rows, Py_ssize_t width, T nlo_, T hi_, double *row_out,       \
-                                double *adv_out, double *kl_out, int64_t *pos_out, int64_t *neg_out) {   \
-        const S##v nlo = SPLAT(S, T, nlo_), hi = SPLAT(S, T, hi_), zero = SPLAT(S, T, 0);                \
+                                double *adv_out, double *lr_out, int64_t *pos_out, int64_t *neg_out,     \
+                                AUX_PARAMS(T)) {                                                         \
+        const S##v nlo = SPLAT(S, T, nlo_), hi = SPLAT(S, T, hi_);                                       \
+        AUX_CONSTS(S, T);                                                                                \
         dacc kl_acc[2] = {0};                                                                            \
         int64_t pos = 0, neg = 0;                                                                        \
-        ROW_LOOP(S, dacc acc[2] = {0}; dacc adv_acc[2] = {0}; S##m hp = {0}; S##m hn = {0},              \
-                 GEO_MEAN_BODY(S, lp + o + j, old + o + j, adv + o + j, mask + o + j),                   \
+        ROW_LOOP(S, dacc acc[2] = {0}; dacc adv_acc[2] = {0}; S##m hp = {0}; S##m hn = {0}; AUX_PRE,     \
+                 {                                                                                       \
+                     GEO_MEAN_BODY(S, lp + o + j, old + o + j, adv + o + j, mask + o + j);               \
+                     AUX_AT(S, lp + o + j, mask + o + j);                                                \
+                 },                                                                                      \
                  {                                                                                       \
                      PAD(T, N_##S, lp, lp + o, j, width) PAD(T, N_##S, old, old + o, j, width);          \
                      PAD(T, N_##S, adv, adv + o, j, width) PAD(uint8_t, N_##S, m, mask + o, j, width);   \
                      GEO_MEAN_BODY(S, lp_pad, old_pad, adv_pad, m_pad);                                  \
+                     AUX_TAIL(S, T);                                                                     \
                  },                                                                                      \
                  {                                                                                       \
                      row_out[i] = K(acc_total)(acc);                                                     \
                      adv_out[i] = K(acc_total)(adv_acc);                                                 \
                      pos += K(count_##S)(hp);                                                            \
                      neg += K(count_##S)(hn);                                                            \
+                     AUX_POST;                                                                           \
                  })                                                                                      \
-        *kl_out = K(acc_total)(kl_acc);                                                                  \
+        *lr_out = K(acc_total)(kl_acc);                                                                  \
         *pos_out = pos;                                                                                  \
         *neg_out = neg;                                                                                  \
+        AUX_END;                                                                                         \
     }
 DEFINE_GEO_MEAN(f32, float)
 DEFINE_GEO_MEAN(f64, double)

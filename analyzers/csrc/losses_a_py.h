@@ -1,75 +1,88 @@
 /* Python entry points: gpg, dro, cispo, sapo, gspo, geo_mean.
  * Included by _fused.c after DISPATCH; LOSSES_A_METHODS lists the PyMethodDef entries.
- * Every pointer comes from a tensor native.Inputs checked (its losses-A section). */
+ * Every pointer comes from a tensor native.Inputs checked (its losses-A section). The passes that read
+ * logp also take the aux loop's arguments (AUX_FMT: entropy, ref, e, kind, check, entropy / KL row
+ * outputs) and return its k2 check sum last. */
+#define AUX_FMT "KKKipKK"
+#define AUX_DECL                                                                                         \
+    ptr_t ent, ref, e, ent_out, kl_out;                                                                  \
+    int kind, check;                                                                                     \
+    double k2 = 0.0
+#define AUX_REFS &ent, &ref, &e, &kind, &check, &ent_out, &kl_out
+#define AUX_PASS(T) P(T, ent), P(T, ref), P(T, e), kind, check, P(double, ent_out), P(double, kl_out), &k2
 
 static PyObject *py_gpg(PyObject *self, PyObject *args) {
     int f64;
     ptr_t lp, adv, mask, row_out;
     Py_ssize_t rows, width;
-    if (!PyArg_ParseTuple(args, "pKKKnnK", &f64, &lp, &adv, &mask, &rows, &width, &row_out)) return NULL;
+    AUX_DECL;
+    if (!PyArg_ParseTuple(args, "pKKKnnK" AUX_FMT, &f64, &lp, &adv, &mask, &rows, &width, &row_out, AUX_REFS)) return NULL;
     Py_BEGIN_ALLOW_THREADS;
     if (f64)
-        DISPATCH(gpg_f64, P(double, lp), P(double, adv), P(uint8_t, mask), rows, width, P(double, row_out));
+        DISPATCH(gpg_f64, P(double, lp), P(double, adv), P(uint8_t, mask), rows, width, P(double, row_out), AUX_PASS(double));
     else
-        DISPATCH(gpg_f32, P(float, lp), P(float, adv), P(uint8_t, mask), rows, width, P(double, row_out));
+        DISPATCH(gpg_f32, P(float, lp), P(float, adv), P(uint8_t, mask), rows, width, P(double, row_out), AUX_PASS(float));
     Py_END_ALLOW_THREADS;
-    Py_RETURN_NONE;
+    return PyFloat_FromDouble(k2);
 }
 
 static PyObject *py_dro(PyObject *self, PyObject *args) {
     int f64;
     ptr_t lp, old, adv, mask, row_out;
     Py_ssize_t rows, width;
+    AUX_DECL;
     double hb, kl = 0.0;
-    if (!PyArg_ParseTuple(args, "pKKKKnndK", &f64, &lp, &old, &adv, &mask, &rows, &width, &hb, &row_out))
+    if (!PyArg_ParseTuple(args, "pKKKKnndK" AUX_FMT, &f64, &lp, &old, &adv, &mask, &rows, &width, &hb, &row_out, AUX_REFS))
         return NULL;
     Py_BEGIN_ALLOW_THREADS;
     if (f64)
         DISPATCH(dro_f64, P(double, lp), P(double, old), P(double, adv), P(uint8_t, mask), rows, width, hb,
-                 P(double, row_out), &kl);
+                 P(double, row_out), &kl, AUX_PASS(double));
     else
         DISPATCH(dro_f32, P(float, lp), P(float, old), P(float, adv), P(uint8_t, mask), rows, width, (float)hb,
-                 P(double, row_out), &kl);
+                 P(double, row_out), &kl, AUX_PASS(float));
     Py_END_ALLOW_THREADS;
-    return PyFloat_FromDouble(kl);
+    return Py_BuildValue("dd", kl, k2);
 }
 
 static PyObject *py_cispo(PyObject *self, PyObject *args) {
     int f64;
     ptr_t lp, old, r, adv, mask, row_out;
     Py_ssize_t rows, width;
+    AUX_DECL;
     double lo, hi, kl = 0.0;
     int64_t hits = 0;
-    if (!PyArg_ParseTuple(args, "pKKKKKnnddK", &f64, &lp, &old, &r, &adv, &mask, &rows, &width, &lo, &hi,
-                          &row_out))
+    if (!PyArg_ParseTuple(args, "pKKKKKnnddK" AUX_FMT, &f64, &lp, &old, &r, &adv, &mask, &rows, &width, &lo, &hi,
+                          &row_out, AUX_REFS))
         return NULL;
     Py_BEGIN_ALLOW_THREADS;
     if (f64)
         DISPATCH(cispo_f64, P(double, lp), P(double, old), P(double, r), P(double, adv), P(uint8_t, mask), rows,
-                 width, lo, hi, P(double, row_out), &kl, &hits);
+                 width, lo, hi, P(double, row_out), &kl, &hits, AUX_PASS(double));
     else
         DISPATCH(cispo_f32, P(float, lp), P(float, old), P(float, r), P(float, adv), P(uint8_t, mask), rows,
-                 width, (float)lo, (float)hi, P(double, row_out), &kl, &hits);
+                 width, (float)lo, (float)hi, P(double, row_out), &kl, &hits, AUX_PASS(float));
     Py_END_ALLOW_THREADS;
-    return Py_BuildValue("dL", kl, (long long)hits);
+    return Py_BuildValue("dLd", kl, (long long)hits, k2);
 }
 
 static PyObject *py_sapo_gate(PyObject *self, PyObject *args) {
     int f64;
     ptr_t lp, old, r, adv, mask, x;
     Py_ssize_t rows, width;
+    AUX_DECL;
     double tp, tn, kl = 0.0;
-    if (!PyArg_ParseTuple(args, "pKKKKKnnddK", &f64, &lp, &old, &r, &adv, &mask, &rows, &width, &tp, &tn, &x))
+    if (!PyArg_ParseTuple(args, "pKKKKKnnddK" AUX_FMT, &f64, &lp, &old, &r, &adv, &mask, &rows, &width, &tp, &tn, &x, AUX_REFS))
         return NULL;
     Py_BEGIN_ALLOW_THREADS;
     if (f64)
         DISPATCH(sapo_gate_f64, P(double, lp), P(double, old), P(double, r), P(double, adv), P(uint8_t, mask),
-                 rows, width, tp, tn, P(double, x), &kl);
+                 rows, width, tp, tn, P(double, x), &kl, AUX_PASS(double));
     else
         DISPATCH(sapo_gate_f32, P(float, lp), P(float, old), P(float, r), P(float, adv), P(uint8_t, mask), rows,
-                 width, (float)tp, (float)tn, P(float, x), &kl);
+                 width, (float)tp, (float)tn, P(float, x), &kl, AUX_PASS(float));
     Py_END_ALLOW_THREADS;
-    return PyFloat_FromDouble(kl);
+    return Py_BuildValue("dd", kl, k2);
 }
 
 static PyObject *py_sapo(PyObject *self, PyObject *args) {
@@ -93,14 +106,15 @@ static PyObject *py_gspo_logratio(PyObject *self, PyObject *args) {
     int f64;
     ptr_t lp, old, mask, d;
     Py_ssize_t rows, width;
-    if (!PyArg_ParseTuple(args, "pKKKnnK", &f64, &lp, &old, &mask, &rows, &width, &d)) return NULL;
+    AUX_DECL;
+    if (!PyArg_ParseTuple(args, "pKKKnnK" AUX_FMT, &f64, &lp, &old, &mask, &rows, &width, &d, AUX_REFS)) return NULL;
     Py_BEGIN_ALLOW_THREADS;
     if (f64)
-        DISPATCH(gspo_logratio_f64, P(double, lp), P(double, old), P(uint8_t, mask), rows, width, P(double, d));
+        DISPATCH(gspo_logratio_f64, P(double, lp), P(double, old), P(uint8_t, mask), rows, width, P(double, d), AUX_PASS(double));
     else
-        DISPATCH(gspo_logratio_f32, P(float, lp), P(float, old), P(uint8_t, mask), rows, width, P(float, d));
+        DISPATCH(gspo_logratio_f32, P(float, lp), P(float, old), P(uint8_t, mask), rows, width, P(float, d), AUX_PASS(float));
     Py_END_ALLOW_THREADS;
-    Py_RETURN_NONE;
+    return PyFloat_FromDouble(k2);
 }
 
 static PyObject *py_gspo(PyObject *self, PyObject *args) {
@@ -126,20 +140,21 @@ static PyObject *py_geo_mean(PyObject *self, PyObject *args) {
     int f64;
     ptr_t lp, old, adv, mask, row_out, adv_out;
     Py_ssize_t rows, width;
+    AUX_DECL;
     double nlo, hi, kl = 0.0;
     int64_t pos = 0, neg = 0;
-    if (!PyArg_ParseTuple(args, "pKKKKnnddKK", &f64, &lp, &old, &adv, &mask, &rows, &width, &nlo, &hi, &row_out,
-                          &adv_out))
+    if (!PyArg_ParseTuple(args, "pKKKKnnddKK" AUX_FMT, &f64, &lp, &old, &adv, &mask, &rows, &width, &nlo, &hi, &row_out,
+                          &adv_out, AUX_REFS))
         return NULL;
     Py_BEGIN_ALLOW_THREADS;
     if (f64)
         DISPATCH(geo_mean_f64, P(double, lp), P(double, old), P(double, adv), P(uint8_t, mask), rows, width, nlo,
-                 hi, P(double, row_out), P(double, adv_out), &kl, &pos, &neg);
+                 hi, P(double, row_out), P(double, adv_out), &kl, &pos, &neg, AUX_PASS(double));
     else
         DISPATCH(geo_mean_f32, P(float, lp), P(float, old), P(float, adv), P(uint8_t, mask), rows, width,
-                 (float)nlo, (float)hi, P(double, row_out), P(double, adv_out), &kl, &pos, &neg);
+                 (float)nlo, (float)hi, P(double, row_out), P(double, adv_out), &kl, &pos, &neg, AUX_PASS(float));
     Py_END_ALLOW_THREADS;
-    return Py_BuildValue("dLL", kl, (long long)pos, (long long)neg);
+    return Py_BuildValue("dLLd", kl, (long long)pos, (long long)neg, k2);
 }
 
 #define LOSSES_A_METHODS                                                                                 \

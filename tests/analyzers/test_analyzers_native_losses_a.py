@@ -68,12 +68,20 @@ def test_the_losses_a_loops_are_built():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("width", [1, 7, 8, 9, 63, 4096 + 3])
 @pytest.mark.parametrize("mode", MODES)
-def test_compiled_and_torch_ops_agree_on_every_width(mode, dtype, width):
+@pytest.mark.parametrize("kl", ["low_var_kl", "kl", "abs", "mse", "low_var_kl+", "k1+"])
+def test_compiled_and_torch_ops_agree_on_every_width(mode, dtype, width, kl):
     # widths below, at and past one vector (8 floats / 4 doubles) and a ragged tail; per-token
-    # advantages so that both signs meet in one row
+    # advantages so that both signs meet in one row; every KL estimator (computed in the loss's pass)
     t = _batch(5, width, dtype, seed=width, token_adv=True)
     t["response_mask"][2] = False  # an all-masked row
-    compiled, ops = _both(_config(mode), t)
+    config = LossConfig(
+        loss_mode=mode,
+        use_kl_loss=True,
+        entropy_coeff=0.01,
+        kl_loss_type=kl,
+        dro_beta=0.1 if mode == "dro" else None,
+    )
+    compiled, ops = _both(config, t)
     _agree(compiled, ops, 1e-6 if dtype == torch.float32 else 1e-12)
 
 
@@ -88,25 +96,25 @@ def test_the_loops_sums_are_the_per_token_values_of_the_torch_ops(mode):
     dc = d.clamp(-20.0, 20.0)
     r = dc.exp()
     if mode == "gpg":
-        rows, extra = inputs.gpg(), {}
+        rows, extra = inputs.gpg()[0], {}
         want = (lp * adv * m).sum(-1)
     elif mode == "dro":
-        rows, kl = inputs.dro(0.05)
+        rows, kl, _ = inputs.dro(0.05)
         want, extra = ((lp * adv - 0.05 * d.square()) * m).sum(-1), {kl: (d * m).sum()}
     elif mode == "cispo":
-        rows, kl, hits = inputs.cispo(r.clone(), 0.8, 1.2)
+        rows, kl, hits, _ = inputs.cispo(r.clone(), 0.8, 1.2)
         want = (r.clamp(0.8, 1.2) * adv * lp * m).sum(-1)
         extra = {kl: (dc * m).sum(), hits: ((r != r.clamp(0.8, 1.2)) & mask).sum()}
     elif mode == "sapo":
         x = r.clone()
-        kl = inputs.sapo_gate(x, 1.0, 1.05)
+        kl, _ = inputs.sapo_gate(x, 1.0, 1.05)
         tau = torch.full_like(adv, 1.05).masked_fill_(adv > 0, 1.0)
         assert torch.equal(x, (r - 1) * tau)
         rows = inputs.sapo(x.sigmoid_(), 4.0, 4 / 1.05)
         want = (torch.sigmoid((r - 1) * tau) * (4 / tau) * adv * m).sum(-1)
         extra = {kl: (dc * m).sum()}
     elif mode == "gspo":
-        dm = inputs.gspo_logratio(torch.empty_like(lp))
+        dm, _ = inputs.gspo_logratio(torch.empty_like(lp))
         assert torch.equal(dm, d * m)
         s = torch.exp(torch.clamp(dm.sum(-1) / mask.sum(-1).clamp(min=1), max=10.0))
         rows, hits = inputs.gspo(s, 0.9, 1.1)
@@ -115,7 +123,7 @@ def test_the_loops_sums_are_the_per_token_values_of_the_torch_ops(mode):
         want = -(torch.maximum(l1, l2) * m).sum(-1)
         extra = {hits: ((l2 > l1) & mask).sum()}
     else:
-        rows, adv_rows, kl, pos, neg = inputs.geo_mean(0.2, 0.3)
+        rows, adv_rows, kl, pos, neg, _ = inputs.geo_mean(0.2, 0.3)
         sgn = torch.sign(adv)
         want = (sgn * torch.minimum(sgn * d, sgn * d.clamp(-0.2, 0.3)) * m).sum(-1)
         clipped = (d != d.clamp(-0.2, 0.3)) & mask
@@ -125,6 +133,30 @@ def test_the_loops_sums_are_the_per_token_values_of_the_torch_ops(mode):
     assert [sign * v for v in rows] == pytest.approx(want.tolist(), rel=1e-12, abs=1e-12)
     for got, value in extra.items():
         assert got == pytest.approx(float(value), rel=1e-12, abs=1e-12)
+
+
+@pytest.mark.parametrize("entropy", [False, True])
+@pytest.mark.parametrize("kl", [None, "k1", "abs", "k2", "k3"])
+@pytest.mark.parametrize("check", [False, True])
+@pytest.mark.parametrize("f64", [False, True])
+def test_the_entropy_and_kl_terms_in_each_pass_are_the_aux_loops(entropy, kl, check, f64):
+    # every pass that reads logp runs the aux loop's body too: the same row sums and k2 check
+    t = _batch(5, 4096 + 3, torch.float64 if f64 else torch.float32, seed=1, spread=8.0, token_adv=True)
+    inputs = native.Inputs({k: t[k] for k in FLOATS}, t["response_mask"].view(torch.uint8))
+    e = torch.sub(t["ref_log_prob"], t["log_prob"]).clamp_(-20.0, 20.0).exp_() if kl == "k3" else None
+    want = inputs.aux(entropy=entropy, kl=kl, check=check, e=e)
+    r = torch.sub(t["log_prob"], t["old_log_prob"]).clamp_(-20.0, 20.0).exp_()
+    passes = {
+        "gpg": lambda side: inputs.gpg(side)[-1],
+        "dro": lambda side: inputs.dro(0.05, side)[-1],
+        "cispo": lambda side: inputs.cispo(r.clone(), 0.8, 1.2, side)[-1],
+        "sapo_gate": lambda side: inputs.sapo_gate(r.clone(), 1.0, 1.05, side)[-1],
+        "gspo_logratio": lambda side: inputs.gspo_logratio(torch.empty_like(r), side)[-1],
+        "geo_mean": lambda side: inputs.geo_mean(0.2, 0.2, side)[-1],
+    }
+    for name, run in passes.items():
+        got = run(inputs.side_terms(entropy=entropy, kl=kl, check=check, e=e))
+        assert got == want, name  # the same floats summed in the same order: equal, not close
 
 
 def test_the_losses_a_wrappers_refuse_buffers_the_loops_cannot_read():
@@ -142,6 +174,14 @@ def test_the_losses_a_wrappers_refuse_buffers_the_loops_cannot_read():
     for per_row in (torch.ones(3), torch.ones(4, dtype=torch.float64), torch.ones(8)[::2], torch.ones(4, 1)):
         with pytest.raises(ValueError):
             inputs.gspo(per_row, 0.8, 1.2)
+    with pytest.raises(ValueError):
+        inputs.side_terms(kl="k3")  # k3 without its exp buffer
+    with pytest.raises(ValueError):
+        inputs.side_terms(kl="k3", e=torch.empty(4, 15))
+    bare = native.Inputs({k: t[k] for k in ("log_prob", "old_log_prob", "advantages")}, inputs.mask)
+    for kw in ({"entropy": True}, {"kl": "k1"}, {"check": True}):
+        with pytest.raises(ValueError):
+            bare.side_terms(**kw)
 
 
 def _stepping(bound: float, n: int = 40) -> list[torch.Tensor]:
