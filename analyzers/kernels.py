@@ -745,25 +745,29 @@ def _fused_vanilla(batch: TokenBatch, config: LossConfig) -> dict[str, float] | 
 class _Side:
     """The entropy / KL row sums ``config`` still needs, computed inside a compiled loss pass (the loops
     of csrc/losses_a.h run the aux loop's body too, so the batch is read once): ``args`` for the pass;
-    :meth:`store` caches what it returned as :meth:`TokenBatch._native_aux` does. The k3 buffer (exp
-    by torch) goes back to the pool when the block ends."""
+    :meth:`store` caches what it returned as :meth:`TokenBatch._native_aux` does. ``ratio``: also
+    ``r = exp(clamp(logp - old, -20, 20))``. The exp buffers (r, and k3's ``exp(clamp(ref - logp,
+    -20, 20))``) are pool buffers: their log-ratios by one loop, the exp by torch (one op per tensor,
+    as verl takes it); they go back to the pool when the block ends."""
 
-    def __init__(self, batch: TokenBatch, config: LossConfig) -> None:
-        self.batch, self.plan, self.e = batch, batch._aux_plan(config), None
+    def __init__(self, batch: TokenBatch, config: LossConfig, *, ratio: bool = False) -> None:
+        self.batch, self.plan = batch, batch._aux_plan(config)
         entropy, kl, check = self.plan
-        if kl == "k3":
-            nt = batch.native.tensors
-            self.e = _take(batch.shape, batch.dtype, batch.mask.device)
-            torch.sub(nt["ref_log_prob"], nt["log_prob"], out=self.e).clamp_(-20.0, 20.0).exp_()
+        self.r = _take(batch.shape, batch.dtype, batch.mask.device) if ratio else None
+        self.e = _take(batch.shape, batch.dtype, batch.mask.device) if kl == "k3" else None
+        if ratio or self.e is not None:
+            batch.native.logratios(self.r, self.e)
+        for buf in (self.r, self.e):
+            if buf is not None:
+                buf.exp_()
         self.args = batch.native.side_terms(entropy=entropy, kl=kl, check=check, e=self.e)
 
     def __enter__(self) -> _Side:
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.e is not None:
-            _give(self.e)
-            self.e = None
+        _give(*(buf for buf in (self.r, self.e) if buf is not None))
+        self.r = self.e = None
 
     def store(self, result: tuple) -> None:
         (entropy, kl, check), (ent_rows, kl_rows, k2) = self.plan, result
@@ -774,15 +778,6 @@ class _Side:
             cache[("kl", kl)] = self.batch._row_sums(kl_rows)
         if check:
             cache["k2_finite"] = math.isfinite(k2)
-
-
-def _native_ratio(batch: TokenBatch) -> Tensor:
-    """A pool buffer holding ``exp(clamp(logp - old, -20, 20))`` by torch (the loops read it); the
-    caller gives it back."""
-    nt = batch.native.tensors
-    r = _take(batch.shape, batch.dtype, batch.mask.device)
-    torch.sub(nt["log_prob"], nt["old_log_prob"], out=r).clamp_(-20.0, 20.0).exp_()
-    return r
 
 
 def _fused_gpg(batch: TokenBatch, config: LossConfig) -> dict[str, float] | None:
@@ -828,12 +823,8 @@ def _fused_cispo(batch: TokenBatch, config: LossConfig) -> dict[str, float] | No
     # l = -clip(r, 1 - eps_low, 1 + eps_high) * A * logp; pg_clipfrac = share of valid tokens with r outside
     lo, hi = 1 - config.clip_low, 1 + config.clip_high
     if batch.native:
-        r = _native_ratio(batch)
-        try:
-            with _Side(batch, config) as side:
-                rows, kl_sum, hits, aux = batch.native.cispo(r, lo, hi, side.args)
-        finally:
-            _give(r)
+        with _Side(batch, config, ratio=True) as side:
+            rows, kl_sum, hits, aux = batch.native.cispo(side.r, lo, hi, side.args)
         side.store(aux)
         return _finish(
             batch,
@@ -928,14 +919,11 @@ def _fused_sapo(batch: TokenBatch, config: LossConfig) -> dict[str, float] | Non
     q_pos = float(torch.tensor(tau_pos, dtype=dtype).reciprocal() * 4.0)
     q_neg = float(torch.tensor(tau_neg, dtype=dtype).reciprocal() * 4.0)
     if batch.native:
-        # r by torch; (r - 1) tau over it by the loop; sigmoid by torch; the loss row sums by the loop
-        r = _native_ratio(batch)
-        try:
-            with _Side(batch, config) as side:
-                kl_sum, aux = batch.native.sapo_gate(r, tau_pos, tau_neg, side.args)
-            rows = batch.native.sapo(r.sigmoid_(), q_pos, q_neg)
-        finally:
-            _give(r)
+        # r (the log-ratio by a loop, exp by torch); (r - 1) tau over it by the loop; sigmoid by torch;
+        # the loss row sums by the loop
+        with _Side(batch, config, ratio=True) as side:
+            kl_sum, aux = batch.native.sapo_gate(side.r, tau_pos, tau_neg, side.args)
+            rows = batch.native.sapo(side.r.sigmoid_(), q_pos, q_neg)
         side.store(aux)
     else:
         rows, kl_sum = _sapo_torch(batch, config, tau_pos, tau_neg, q_pos, q_neg)

@@ -205,6 +205,17 @@ class Inputs:
             k2,
         )
 
+    def logratios(self, r: Tensor | None, e: Tensor | None) -> None:
+        """Fill ``r`` with ``clamp(logp - old, -20, 20)`` and ``e`` with ``clamp(ref - logp, -20, 20)``
+        (either may be None), for torch's exp."""
+        if e is not None and "ref_log_prob" not in self.tensors:
+            raise ValueError("e needs ref_log_prob")
+        _MODULE.logratios(
+            self.f64, self._p("log_prob"), self._p("old_log_prob"),
+            self._p("ref_log_prob" if e is not None else None), self.rows, self.width,
+            0 if r is None else self.scratch(r).data_ptr(), 0 if e is None else self.scratch(e).data_ptr(),
+        )  # fmt: skip
+
     def _rows_out(self, n: int = 1) -> Tensor:
         return torch.empty((n, self.rows), dtype=torch.float64)
 

@@ -346,3 +346,33 @@ DEFINE_GSPO(f64, double)
     }
 DEFINE_GEO_MEAN(f32, float)
 DEFINE_GEO_MEAN(f64, double)
+
+/* ---- the log-ratios torch takes the exp of: r = clamp(logp - old, -20, 20) (the loss's ratio) and
+ * e = clamp(ref - logp, -20, 20) (k3), each written where its pointer is not NULL (two sub + clamp
+ * torch ops each, in one read of logp) ------------------------------------------------------------- */
+#define LOGRATIOS_BODY(S, LP, OLD, REF, R, E)                                                            \
+    {                                                                                                    \
+        const S##v lpv = K(ld_##S)(LP);                                                                  \
+        if (r) K(st_##S)(R, CLAMP(S, lpv - K(ld_##S)(OLD), -lim, lim));                                  \
+        if (e) K(st_##S)(E, CLAMP(S, K(ld_##S)(REF) - lpv, -lim, lim));                                  \
+    }
+
+#define DEFINE_LOGRATIOS(S, T)                                                                           \
+    static void K(logratios_##S)(const T *lp, const T *old, const T *ref, Py_ssize_t rows,               \
+                                 Py_ssize_t width, T *r, T *e) {                                         \
+        const S##v lim = SPLAT(S, T, 20);                                                                \
+        ROW_LOOP(S, (void)0, LOGRATIOS_BODY(S, lp + o + j, old + o + j, ref + o + j, r + o + j, e + o + j), \
+                 {                                                                                       \
+                     PAD(T, N_##S, lp, lp + o, j, width);                                                \
+                     PAD(T, N_##S, old, r ? old + o : NULL, j, width);                                   \
+                     PAD(T, N_##S, ref, e ? ref + o : NULL, j, width);                                   \
+                     T r_pad[N_##S];                                                                     \
+                     T e_pad[N_##S];                                                                     \
+                     LOGRATIOS_BODY(S, lp_pad, old_pad, ref_pad, r_pad, e_pad);                          \
+                     if (r) memcpy(r + o + j, r_pad, (size_t)(width - j) * sizeof(T));                   \
+                     if (e) memcpy(e + o + j, e_pad, (size_t)(width - j) * sizeof(T));                   \
+                 },                                                                                      \
+                 (void)0)                                                                                \
+    }
+DEFINE_LOGRATIOS(f32, float)
+DEFINE_LOGRATIOS(f64, double)

@@ -157,7 +157,23 @@ static PyObject *py_geo_mean(PyObject *self, PyObject *args) {
     return Py_BuildValue("dLLd", kl, (long long)pos, (long long)neg, k2);
 }
 
+static PyObject *py_logratios(PyObject *self, PyObject *args) {
+    int f64;
+    ptr_t lp, old, ref, r, e;
+    Py_ssize_t rows, width;
+    if (!PyArg_ParseTuple(args, "pKKKnnKK", &f64, &lp, &old, &ref, &rows, &width, &r, &e)) return NULL;
+    Py_BEGIN_ALLOW_THREADS;
+    if (f64)
+        DISPATCH(logratios_f64, P(double, lp), P(double, old), P(double, ref), rows, width, P(double, r),
+                 P(double, e));
+    else
+        DISPATCH(logratios_f32, P(float, lp), P(float, old), P(float, ref), rows, width, P(float, r), P(float, e));
+    Py_END_ALLOW_THREADS;
+    Py_RETURN_NONE;
+}
+
 #define LOSSES_A_METHODS                                                                                 \
+    {"logratios", py_logratios, METH_VARARGS, "clamp(logp - old) and clamp(ref - logp) into buffers"}, \
     {"gpg", py_gpg, METH_VARARGS, "gpg: row sums of logp A m"},                                          \
     {"dro", py_dro, METH_VARARGS, "dro: row sums of (logp A - hb d^2) m, kl sum"},                       \
     {"cispo", py_cispo, METH_VARARGS, "cispo: row sums of clamp(r) A logp m, kl sum, clip count"},       \

@@ -159,6 +159,22 @@ def test_the_entropy_and_kl_terms_in_each_pass_are_the_aux_loops(entropy, kl, ch
         assert got == want, name  # the same floats summed in the same order: equal, not close
 
 
+@pytest.mark.parametrize("f64", [False, True])
+@pytest.mark.parametrize("width", [1, 7, 8, 9, 63])
+def test_the_log_ratios_for_torchs_exp_are_torchs_sub_and_clamp(f64, width):
+    t = _batch(3, width, torch.float64 if f64 else torch.float32, seed=width, spread=25.0)
+    inputs = native.Inputs({k: t[k] for k in FLOATS}, t["response_mask"].view(torch.uint8))
+    r, e = torch.full_like(t["log_prob"], math.nan), torch.full_like(t["log_prob"], math.nan)
+    inputs.logratios(r, e)
+    assert torch.equal(r, torch.sub(t["log_prob"], t["old_log_prob"]).clamp_(-20.0, 20.0))
+    assert torch.equal(e, torch.sub(t["ref_log_prob"], t["log_prob"]).clamp_(-20.0, 20.0))
+    assert r.abs().max() == 20.0  # the clamp was hit
+    e.fill_(7.0)
+    inputs.logratios(None, e)
+    inputs.logratios(r, None)
+    assert torch.equal(e, torch.sub(t["ref_log_prob"], t["log_prob"]).clamp_(-20.0, 20.0))
+
+
 def test_the_losses_a_wrappers_refuse_buffers_the_loops_cannot_read():
     t = _batch(4, 16)
     inputs = native.Inputs({k: t[k] for k in FLOATS}, t["response_mask"].view(torch.uint8))
@@ -175,6 +191,10 @@ def test_the_losses_a_wrappers_refuse_buffers_the_loops_cannot_read():
         with pytest.raises(ValueError):
             inputs.gspo(per_row, 0.8, 1.2)
     with pytest.raises(ValueError):
+        inputs.logratios(torch.empty(4, 15), None)
+    with pytest.raises(ValueError):
+        inputs.logratios(None, torch.empty(4, 16, dtype=torch.float64))
+    with pytest.raises(ValueError):
         inputs.side_terms(kl="k3")  # k3 without its exp buffer
     with pytest.raises(ValueError):
         inputs.side_terms(kl="k3", e=torch.empty(4, 15))
@@ -182,6 +202,8 @@ def test_the_losses_a_wrappers_refuse_buffers_the_loops_cannot_read():
     for kw in ({"entropy": True}, {"kl": "k1"}, {"check": True}):
         with pytest.raises(ValueError):
             bare.side_terms(**kw)
+    with pytest.raises(ValueError):
+        bare.logratios(None, torch.empty(4, 16))
 
 
 def _stepping(bound: float, n: int = 40) -> list[torch.Tensor]:
