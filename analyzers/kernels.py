@@ -774,8 +774,51 @@ def _fused_vanilla(batch: TokenBatch, config: LossConfig) -> dict[str, float] | 
     }
 
 
+class _Side:
+    """The entropy / KL row sums ``config`` still needs, computed inside a compiled loss pass (the loops
+    of csrc/losses_a.h run the aux loop's body too, so the batch is read once): ``args`` for the pass;
+    :meth:`store` caches what it returned as :meth:`TokenBatch._native_aux` does. ``ratio``: also
+    ``r = exp(clamp(logp - old, -20, 20))``. The exp buffers (r, and k3's ``exp(clamp(ref - logp,
+    -20, 20))``) are pool buffers: their log-ratios by one loop, the exp by torch (one op per tensor,
+    as verl takes it); they go back to the pool when the block ends."""
+
+    def __init__(self, batch: TokenBatch, config: LossConfig, *, ratio: bool = False) -> None:
+        self.batch, self.plan = batch, batch._aux_plan(config)
+        entropy, kl, check = self.plan
+        self.r = _take(batch.shape, batch.dtype, batch.mask.device) if ratio else None
+        self.e = _take(batch.shape, batch.dtype, batch.mask.device) if kl == "k3" else None
+        if ratio or self.e is not None:
+            batch.native.logratios(self.r, self.e)
+        for buf in (self.r, self.e):
+            if buf is not None:
+                buf.exp_()
+        self.args = batch.native.side_terms(entropy=entropy, kl=kl, check=check, e=self.e)
+
+    def __enter__(self) -> _Side:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _give(*(buf for buf in (self.r, self.e) if buf is not None))
+        self.r = self.e = None
+
+    def store(self, result: tuple) -> None:
+        (entropy, kl, check), (ent_rows, kl_rows, k2) = self.plan, result
+        cache = self.batch._cache
+        if entropy:
+            cache["entropy"] = self.batch._row_sums(ent_rows)
+        if kl is not None:
+            cache[("kl", kl)] = self.batch._row_sums(kl_rows)
+        if check:
+            cache["k2_finite"] = math.isfinite(k2)
+
+
 def _fused_gpg(batch: TokenBatch, config: LossConfig) -> dict[str, float] | None:
     # l = -logp * A  (verl's op order; -(x) * y == -(x * y) exactly), masked row sums
+    if batch.native:
+        with _Side(batch, config) as side:
+            rows, aux = batch.native.gpg(side.args)
+        side.store(aux)
+        return _finish(batch, config, [-v for v in rows])
     with batch._pass(1) as p:
         p.aux(config)
         for m in p.blocks():
@@ -788,6 +831,11 @@ def _fused_gpg(batch: TokenBatch, config: LossConfig) -> dict[str, float] | None
 def _fused_dro(batch: TokenBatch, config: LossConfig) -> dict[str, float] | None:
     # l = -(logp * A - (0.5 beta) * (logp - logp_old)^2); ppo_kl = masked mean of -(logp - logp_old), no clamp
     half_beta = 0.5 * config.dro_beta
+    if batch.native:
+        with _Side(batch, config) as side:
+            rows, kl_sum, aux = batch.native.dro(half_beta, side.args)
+        side.store(aux)
+        return _finish(batch, config, [-v for v in rows], ppo_kl=_ppo_kl(batch, kl_sum))
     kl_sum = 0.0
     with batch._pass(1) as p:
         p.aux(config)
@@ -806,6 +854,18 @@ def _fused_dro(batch: TokenBatch, config: LossConfig) -> dict[str, float] | None
 def _fused_cispo(batch: TokenBatch, config: LossConfig) -> dict[str, float] | None:
     # l = -clip(r, 1 - eps_low, 1 + eps_high) * A * logp; pg_clipfrac = share of valid tokens with r outside
     lo, hi = 1 - config.clip_low, 1 + config.clip_high
+    if batch.native:
+        with _Side(batch, config, ratio=True) as side:
+            rows, kl_sum, hits, aux = batch.native.cispo(side.r, lo, hi, side.args)
+        side.store(aux)
+        return _finish(
+            batch,
+            config,
+            [-v for v in rows],
+            pg_clipfrac=_fraction(hits, batch.n_tokens),
+            ppo_kl=_ppo_kl(batch, kl_sum),
+            pg_clipfrac_lower=0.0,
+        )
     kl_sum = hits = 0.0
     with batch._pass(1) as p:
         p.aux(config)
@@ -834,6 +894,26 @@ def _fused_gspo(batch: TokenBatch, config: LossConfig) -> dict[str, float] | Non
     # l = max(-A s_i, -A clip(s_i)) = A- max(s_i, clip(s_i)) - A+ min(s_i, clip(s_i)) (monotone rounding)
     lo, hi = 1 - config.clip_low, 1 + config.clip_high
     lengths = batch.n_row.clamp(min=1)
+    if batch.native:
+        # (logp - old) m by the loop; its row sums, the sequence ratios and their exp by torch
+        d = _take(batch.shape, batch.dtype, batch.mask.device)
+        try:
+            with _Side(batch, config) as side:
+                _, aux = batch.native.gspo_logratio(d, side.args)
+            row_kl = d.sum(dim=-1)
+        finally:
+            _give(d)
+        side.store(aux)
+        s = torch.exp(torch.clamp(row_kl / lengths, max=10.0))
+        rows, hits = batch.native.gspo(s, lo, hi)
+        return _finish(
+            batch,
+            config,
+            rows,
+            pg_clipfrac=_fraction(hits, batch.n_tokens),
+            ppo_kl=_ppo_kl(batch, float(row_kl.sum(dtype=torch.float64))),
+            pg_clipfrac_lower=0.0,
+        )
     kl_sum = hits = 0.0
     with batch._pass(1) as p:
         p.aux(config)
@@ -870,6 +950,30 @@ def _fused_sapo(batch: TokenBatch, config: LossConfig) -> dict[str, float] | Non
     tau_pos, tau_neg = _scalar(config.tau_pos, dtype), _scalar(config.tau_neg, dtype)
     q_pos = float(torch.tensor(tau_pos, dtype=dtype).reciprocal() * 4.0)
     q_neg = float(torch.tensor(tau_neg, dtype=dtype).reciprocal() * 4.0)
+    if batch.native:
+        # r (the log-ratio by a loop, exp by torch); (r - 1) tau over it by the loop; sigmoid by torch;
+        # the loss row sums by the loop
+        with _Side(batch, config, ratio=True) as side:
+            kl_sum, aux = batch.native.sapo_gate(side.r, tau_pos, tau_neg, side.args)
+            rows = batch.native.sapo(side.r.sigmoid_(), q_pos, q_neg)
+        side.store(aux)
+    else:
+        rows, kl_sum = _sapo_torch(batch, config, tau_pos, tau_neg, q_pos, q_neg)
+    return _finish(
+        batch,
+        config,
+        [-v for v in rows],
+        AggMode.SEQ_MEAN_TOKEN_MEAN,
+        pg_clipfrac=0.0,
+        ppo_kl=_ppo_kl(batch, kl_sum),
+        pg_clipfrac_lower=0.0,
+    )
+
+
+def _sapo_torch(
+    batch: TokenBatch, config: LossConfig, tau_pos: float, tau_neg: float, q_pos: float, q_neg: float
+) -> tuple[list[float], float]:
+    """The torch-op pass of :func:`_fused_sapo`: the row sums of ``(gates q) A m`` and the kl sum."""
     kl_sum = 0.0
     with batch._pass(1) as p:
         p.aux(config)
@@ -885,21 +989,41 @@ def _fused_sapo(batch: TokenBatch, config: LossConfig) -> dict[str, float] | Non
             p.row_sum(gates.mul_(adv).mul_(m), 0)
             p.aux_block(m)
         (rows,) = p.rows()
-    return _finish(
-        batch,
-        config,
-        [-v for v in rows],
-        AggMode.SEQ_MEAN_TOKEN_MEAN,
-        pg_clipfrac=0.0,
-        ppo_kl=_ppo_kl(batch, kl_sum),
-        pg_clipfrac_lower=0.0,
-    )
+    return rows, kl_sum
 
 
 def _fused_geo_mean(batch: TokenBatch, config: LossConfig) -> dict[str, float] | None:
     # sgn(A) min(sgn(A) d, sgn(A) clamp(d, -lo, hi)) = min(d, hi) (A > 0), max(d, -lo) (A < 0), 0 (A = 0);
     # row means of it and of A, then pg_loss = mean_i(-adv_i exp(mean_i)); clipped = (d != clamp(d))
     lo, hi = config.clip_low, config.clip_high
+    if batch.native:
+        with _Side(batch, config) as side:
+            kl_rows, adv_rows, kl_sum, hits_pos, hits_neg, aux = batch.native.geo_mean(lo, hi, side.args)
+        side.store(aux)
+    else:
+        kl_rows, adv_rows, kl_sum, hits_pos, hits_neg = _geo_mean_torch(batch, config, lo, hi)
+    if not all(map(math.isfinite, kl_rows)) or not all(map(math.isfinite, adv_rows)):
+        return None
+    dtype = batch.dtype
+    lengths = batch.n_row + 1e-8
+    ratio = torch.exp(torch.tensor(kl_rows, dtype=dtype) / lengths)
+    pg_losses = -(torch.tensor(adv_rows, dtype=dtype) / lengths) * ratio
+    pg_loss = float(torch.mean(pg_losses))
+    if not (math.isfinite(pg_loss) and math.isfinite(kl_sum)):
+        return None
+    return {
+        "pg_loss": pg_loss,
+        "pg_clipfrac": _fraction(int(hits_pos), batch.n_tokens),
+        "ppo_kl": _ppo_kl(batch, kl_sum),
+        "pg_clipfrac_lower": _fraction(int(hits_neg), batch.n_tokens),
+    }
+
+
+def _geo_mean_torch(
+    batch: TokenBatch, config: LossConfig, lo: float, hi: float
+) -> tuple[list[float], list[float], float, float, float]:
+    """The torch-op pass of :func:`_fused_geo_mean`: row sums of the clipped log-ratio and of ``A m``,
+    the kl sum and the two clip counts."""
     kl_sum = hits_pos = hits_neg = 0.0
     with batch._pass(2) as p:
         p.aux(config)
@@ -918,21 +1042,7 @@ def _fused_geo_mean(batch: TokenBatch, config: LossConfig) -> dict[str, float] |
             hits_neg += float(torch.dot(clipped, n.view(-1)))
             p.aux_block(m)
         kl_rows, adv_rows = p.rows()
-    if not all(map(math.isfinite, kl_rows)) or not all(map(math.isfinite, adv_rows)):
-        return None
-    dtype = batch.dtype
-    lengths = batch.n_row + 1e-8
-    ratio = torch.exp(torch.tensor(kl_rows, dtype=dtype) / lengths)
-    pg_losses = -(torch.tensor(adv_rows, dtype=dtype) / lengths) * ratio
-    pg_loss = float(torch.mean(pg_losses))
-    if not (math.isfinite(pg_loss) and math.isfinite(kl_sum)):
-        return None
-    return {
-        "pg_loss": pg_loss,
-        "pg_clipfrac": _fraction(int(hits_pos), batch.n_tokens),
-        "ppo_kl": _ppo_kl(batch, kl_sum),
-        "pg_clipfrac_lower": _fraction(int(hits_neg), batch.n_tokens),
-    }
+    return kl_rows, adv_rows, kl_sum, hits_pos, hits_neg
 
 
 def _native_dppo(batch: TokenBatch, config: LossConfig, binary_kl: bool) -> dict[str, float] | None:

@@ -270,6 +270,149 @@ class Inputs:
         )
 
     # -- losses A (gpg, dro, cispo, sapo, gspo, geo_mean): csrc/losses_a.h ----------------------------
+    # Each returns row sums of the mode's torch-op pass (kernels._fused_<mode>) before its sign, as
+    # floats, and the masked sum of the log-ratio where the mode reports ppo_kl. The passes that read
+    # logp compute the entropy / KL-estimator terms of :meth:`aux` in the same loop (``side``, from
+    # :meth:`side_terms`) and return them last, as :meth:`aux` does.
+
+    def side_terms(
+        self, *, entropy: bool = False, kl: str | None = None, check: bool = False, e: Tensor | None = None
+    ) -> tuple[tuple, Tensor | None, Tensor | None]:
+        """The aux loop's arguments for a losses-A pass (checked as :meth:`aux` checks them)."""
+        code = KL_CODES[kl]
+        need = code or check
+        if need and "ref_log_prob" not in self.tensors:
+            raise ValueError("the KL row sums need ref_log_prob")
+        if code == 4 and e is None:
+            raise ValueError("k3 needs exp(clamp(ref - lp, -20, 20))")
+        if entropy and "entropy" not in self.tensors:
+            raise ValueError("no entropy tensor")
+        ent_out = torch.empty(self.rows, dtype=torch.float64) if entropy else None
+        kl_out = torch.empty(self.rows, dtype=torch.float64) if code else None
+        args = (
+            self._p("entropy" if entropy else None), self._p("ref_log_prob" if need else None),
+            self.scratch(e).data_ptr() if code == 4 else 0, code, check,
+            0 if ent_out is None else ent_out.data_ptr(), 0 if kl_out is None else kl_out.data_ptr(),
+        )  # fmt: skip
+        return args, ent_out, kl_out
+
+    _NO_SIDE = ((0, 0, 0, 0, False, 0, 0), None, None)
+
+    @staticmethod
+    def _side_out(side, k2: float) -> tuple[list[float] | None, list[float] | None, float]:
+        _, ent_out, kl_out = side
+        return (
+            None if ent_out is None else ent_out.tolist(),
+            None if kl_out is None else kl_out.tolist(),
+            k2,
+        )
+
+    def logratios(self, r: Tensor | None, e: Tensor | None) -> None:
+        """Fill ``r`` with ``clamp(logp - old, -20, 20)`` and ``e`` with ``clamp(ref - logp, -20, 20)``
+        (either may be None), for torch's exp."""
+        if e is not None and "ref_log_prob" not in self.tensors:
+            raise ValueError("e needs ref_log_prob")
+        _MODULE.logratios(
+            self.f64, self._p("log_prob"), self._p("old_log_prob"),
+            self._p("ref_log_prob" if e is not None else None), self.rows, self.width,
+            0 if r is None else self.scratch(r).data_ptr(), 0 if e is None else self.scratch(e).data_ptr(),
+        )  # fmt: skip
+
+    def _rows_out(self, n: int = 1) -> Tensor:
+        return torch.empty((n, self.rows), dtype=torch.float64)
+
+    def _per_row(self, values: Tensor) -> Tensor:
+        """``values`` if the loops may read it as one float per row, in the inputs' dtype."""
+        if (
+            values.shape != (self.rows,)
+            or values.dtype != (torch.float64 if self.f64 else torch.float32)
+            or not values.is_contiguous()
+            or values.device.type != "cpu"
+        ):
+            raise ValueError("per-row values do not match the inputs")
+        return values
+
+    def gpg(self, side=_NO_SIDE) -> tuple[list[float], tuple]:
+        """Row sums of ``logp A m``."""
+        out = self._rows_out()
+        k2 = _MODULE.gpg(
+            self.f64, self._p("log_prob"), self._p("advantages"), self.mask.data_ptr(), self.rows, self.width,
+            out.data_ptr(), *side[0],
+        )  # fmt: skip
+        return out[0].tolist(), self._side_out(side, k2)
+
+    def dro(self, half_beta: float, side=_NO_SIDE) -> tuple[list[float], float, tuple]:
+        """Row sums of ``(logp A - half_beta (logp - old)^2) m`` and the masked sum of ``logp - old``."""
+        out = self._rows_out()
+        kl, k2 = _MODULE.dro(
+            self.f64, self._p("log_prob"), self._p("old_log_prob"), self._p("advantages"), self.mask.data_ptr(),
+            self.rows, self.width, half_beta, out.data_ptr(), *side[0],
+        )  # fmt: skip
+        return out[0].tolist(), kl, self._side_out(side, k2)
+
+    def cispo(self, r: Tensor, lo: float, hi: float, side=_NO_SIDE) -> tuple[list[float], float, int, tuple]:
+        """Row sums of ``clamp(r, lo, hi) A logp m``, the masked sum of ``clamp(logp - old, -20, 20)``
+        and the count of valid tokens with ``r != clamp(r, lo, hi)``; ``r`` holds the exp of that."""
+        r = self.scratch(r)
+        out = self._rows_out()
+        kl, hits, k2 = _MODULE.cispo(
+            self.f64, self._p("log_prob"), self._p("old_log_prob"), r.data_ptr(), self._p("advantages"),
+            self.mask.data_ptr(), self.rows, self.width, lo, hi, out.data_ptr(), *side[0],
+        )  # fmt: skip
+        return out[0].tolist(), kl, hits, self._side_out(side, k2)
+
+    def sapo_gate(self, r: Tensor, tau_pos: float, tau_neg: float, side=_NO_SIDE) -> tuple[float, tuple]:
+        """Overwrite ``r`` (``exp(clamp(logp - old, -20, 20))``) with ``(r - 1) tau`` (``tau_pos``
+        where ``A > 0``, else ``tau_neg``); return the masked sum of the clamped log-ratio."""
+        r = self.scratch(r)
+        kl, k2 = _MODULE.sapo_gate(
+            self.f64, self._p("log_prob"), self._p("old_log_prob"), r.data_ptr(), self._p("advantages"),
+            self.mask.data_ptr(), self.rows, self.width, tau_pos, tau_neg, r.data_ptr(), *side[0],
+        )  # fmt: skip
+        return kl, self._side_out(side, k2)
+
+    def sapo(self, gates: Tensor, q_pos: float, q_neg: float) -> list[float]:
+        """Row sums of ``((gates q) A) m``, ``q = q_pos`` where ``A > 0``, else ``q_neg``."""
+        gates = self.scratch(gates)
+        out = self._rows_out()
+        _MODULE.sapo(
+            self.f64, gates.data_ptr(), self._p("advantages"), self.mask.data_ptr(), self.rows, self.width,
+            q_pos, q_neg, out.data_ptr(),
+        )  # fmt: skip
+        return out[0].tolist()
+
+    def gspo_logratio(self, d: Tensor, side=_NO_SIDE) -> tuple[Tensor, tuple]:
+        """``d`` filled with ``(logp - old) m``."""
+        d = self.scratch(d)
+        k2 = _MODULE.gspo_logratio(
+            self.f64, self._p("log_prob"), self._p("old_log_prob"), self.mask.data_ptr(), self.rows,
+            self.width, d.data_ptr(), *side[0],
+        )  # fmt: skip
+        return d, self._side_out(side, k2)
+
+    def gspo(self, s: Tensor, lo: float, hi: float) -> tuple[list[float], int]:
+        """Row sums of GSPO's loss for the sequence ratios ``s`` (one per row) and the count of tokens
+        it clips."""
+        s = self._per_row(s)
+        out = self._rows_out()
+        hits = _MODULE.gspo(
+            self.f64, self._p("advantages"), self.mask.data_ptr(), s.data_ptr(), self.rows, self.width, lo, hi,
+            out.data_ptr(),
+        )  # fmt: skip
+        return out[0].tolist(), hits
+
+    def geo_mean(
+        self, lo: float, hi: float, side=_NO_SIDE
+    ) -> tuple[list[float], list[float], float, int, int, tuple]:
+        """Row sums of the sign-clipped log-ratio and of ``A m``, the masked sum of ``logp - old`` and
+        the counts of clipped valid tokens with ``A > 0`` and with ``A < 0`` (bounds ``-lo``, ``hi``)."""
+        out = self._rows_out(2)
+        kl, pos, neg, k2 = _MODULE.geo_mean(
+            self.f64, self._p("log_prob"), self._p("old_log_prob"), self._p("advantages"), self.mask.data_ptr(),
+            self.rows, self.width, -lo, hi, out[0].data_ptr(), out[1].data_ptr(), *side[0],
+        )  # fmt: skip
+        v, a = out.tolist()
+        return v, a, kl, pos, neg, self._side_out(side, k2)
 
     # -- losses B (dppo_tv, dppo_kl, clip_cov, kl_cov): csrc/losses_b.h --------------------------------
 

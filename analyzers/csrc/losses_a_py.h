@@ -1,3 +1,184 @@
 /* Python entry points: gpg, dro, cispo, sapo, gspo, geo_mean.
- * Included by _fused.c after DISPATCH; LOSSES_A_METHODS lists the PyMethodDef entries. */
-#define LOSSES_A_METHODS
+ * Included by _fused.c after DISPATCH; LOSSES_A_METHODS lists the PyMethodDef entries.
+ * Every pointer comes from a tensor native.Inputs checked (its losses-A section). The passes that read
+ * logp also take the aux loop's arguments (AUX_FMT: entropy, ref, e, kind, check, entropy / KL row
+ * outputs) and return its k2 check sum last. */
+#define AUX_FMT "KKKipKK"
+#define AUX_DECL                                                                                         \
+    ptr_t ent, ref, e, ent_out, kl_out;                                                                  \
+    int kind, check;                                                                                     \
+    double k2 = 0.0
+#define AUX_REFS &ent, &ref, &e, &kind, &check, &ent_out, &kl_out
+#define AUX_PASS(T) P(T, ent), P(T, ref), P(T, e), kind, check, P(double, ent_out), P(double, kl_out), &k2
+
+static PyObject *py_gpg(PyObject *self, PyObject *args) {
+    int f64;
+    ptr_t lp, adv, mask, row_out;
+    Py_ssize_t rows, width;
+    AUX_DECL;
+    if (!PyArg_ParseTuple(args, "pKKKnnK" AUX_FMT, &f64, &lp, &adv, &mask, &rows, &width, &row_out, AUX_REFS)) return NULL;
+    Py_BEGIN_ALLOW_THREADS;
+    if (f64)
+        DISPATCH(gpg_f64, P(double, lp), P(double, adv), P(uint8_t, mask), rows, width, P(double, row_out), AUX_PASS(double));
+    else
+        DISPATCH(gpg_f32, P(float, lp), P(float, adv), P(uint8_t, mask), rows, width, P(double, row_out), AUX_PASS(float));
+    Py_END_ALLOW_THREADS;
+    return PyFloat_FromDouble(k2);
+}
+
+static PyObject *py_dro(PyObject *self, PyObject *args) {
+    int f64;
+    ptr_t lp, old, adv, mask, row_out;
+    Py_ssize_t rows, width;
+    AUX_DECL;
+    double hb, kl = 0.0;
+    if (!PyArg_ParseTuple(args, "pKKKKnndK" AUX_FMT, &f64, &lp, &old, &adv, &mask, &rows, &width, &hb, &row_out, AUX_REFS))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS;
+    if (f64)
+        DISPATCH(dro_f64, P(double, lp), P(double, old), P(double, adv), P(uint8_t, mask), rows, width, hb,
+                 P(double, row_out), &kl, AUX_PASS(double));
+    else
+        DISPATCH(dro_f32, P(float, lp), P(float, old), P(float, adv), P(uint8_t, mask), rows, width, (float)hb,
+                 P(double, row_out), &kl, AUX_PASS(float));
+    Py_END_ALLOW_THREADS;
+    return Py_BuildValue("dd", kl, k2);
+}
+
+static PyObject *py_cispo(PyObject *self, PyObject *args) {
+    int f64;
+    ptr_t lp, old, r, adv, mask, row_out;
+    Py_ssize_t rows, width;
+    AUX_DECL;
+    double lo, hi, kl = 0.0;
+    int64_t hits = 0;
+    if (!PyArg_ParseTuple(args, "pKKKKKnnddK" AUX_FMT, &f64, &lp, &old, &r, &adv, &mask, &rows, &width, &lo, &hi,
+                          &row_out, AUX_REFS))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS;
+    if (f64)
+        DISPATCH(cispo_f64, P(double, lp), P(double, old), P(double, r), P(double, adv), P(uint8_t, mask), rows,
+                 width, lo, hi, P(double, row_out), &kl, &hits, AUX_PASS(double));
+    else
+        DISPATCH(cispo_f32, P(float, lp), P(float, old), P(float, r), P(float, adv), P(uint8_t, mask), rows,
+                 width, (float)lo, (float)hi, P(double, row_out), &kl, &hits, AUX_PASS(float));
+    Py_END_ALLOW_THREADS;
+    return Py_BuildValue("dLd", kl, (long long)hits, k2);
+}
+
+static PyObject *py_sapo_gate(PyObject *self, PyObject *args) {
+    int f64;
+    ptr_t lp, old, r, adv, mask, x;
+    Py_ssize_t rows, width;
+    AUX_DECL;
+    double tp, tn, kl = 0.0;
+    if (!PyArg_ParseTuple(args, "pKKKKKnnddK" AUX_FMT, &f64, &lp, &old, &r, &adv, &mask, &rows, &width, &tp, &tn, &x, AUX_REFS))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS;
+    if (f64)
+        DISPATCH(sapo_gate_f64, P(double, lp), P(double, old), P(double, r), P(double, adv), P(uint8_t, mask),
+                 rows, width, tp, tn, P(double, x), &kl, AUX_PASS(double));
+    else
+        DISPATCH(sapo_gate_f32, P(float, lp), P(float, old), P(float, r), P(float, adv), P(uint8_t, mask), rows,
+                 width, (float)tp, (float)tn, P(float, x), &kl, AUX_PASS(float));
+    Py_END_ALLOW_THREADS;
+    return Py_BuildValue("dd", kl, k2);
+}
+
+static PyObject *py_sapo(PyObject *self, PyObject *args) {
+    int f64;
+    ptr_t g, adv, mask, row_out;
+    Py_ssize_t rows, width;
+    double qp, qn;
+    if (!PyArg_ParseTuple(args, "pKKKnnddK", &f64, &g, &adv, &mask, &rows, &width, &qp, &qn, &row_out))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS;
+    if (f64)
+        DISPATCH(sapo_f64, P(double, g), P(double, adv), P(uint8_t, mask), rows, width, qp, qn, P(double, row_out));
+    else
+        DISPATCH(sapo_f32, P(float, g), P(float, adv), P(uint8_t, mask), rows, width, (float)qp, (float)qn,
+                 P(double, row_out));
+    Py_END_ALLOW_THREADS;
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_gspo_logratio(PyObject *self, PyObject *args) {
+    int f64;
+    ptr_t lp, old, mask, d;
+    Py_ssize_t rows, width;
+    AUX_DECL;
+    if (!PyArg_ParseTuple(args, "pKKKnnK" AUX_FMT, &f64, &lp, &old, &mask, &rows, &width, &d, AUX_REFS)) return NULL;
+    Py_BEGIN_ALLOW_THREADS;
+    if (f64)
+        DISPATCH(gspo_logratio_f64, P(double, lp), P(double, old), P(uint8_t, mask), rows, width, P(double, d), AUX_PASS(double));
+    else
+        DISPATCH(gspo_logratio_f32, P(float, lp), P(float, old), P(uint8_t, mask), rows, width, P(float, d), AUX_PASS(float));
+    Py_END_ALLOW_THREADS;
+    return PyFloat_FromDouble(k2);
+}
+
+static PyObject *py_gspo(PyObject *self, PyObject *args) {
+    int f64;
+    ptr_t adv, mask, s, row_out;
+    Py_ssize_t rows, width;
+    double lo, hi;
+    int64_t hits = 0;
+    if (!PyArg_ParseTuple(args, "pKKKnnddK", &f64, &adv, &mask, &s, &rows, &width, &lo, &hi, &row_out))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS;
+    if (f64)
+        DISPATCH(gspo_f64, P(double, adv), P(uint8_t, mask), P(double, s), rows, width, lo, hi, P(double, row_out),
+                 &hits);
+    else
+        DISPATCH(gspo_f32, P(float, adv), P(uint8_t, mask), P(float, s), rows, width, (float)lo, (float)hi,
+                 P(double, row_out), &hits);
+    Py_END_ALLOW_THREADS;
+    return PyLong_FromLongLong((long long)hits);
+}
+
+static PyObject *py_geo_mean(PyObject *self, PyObject *args) {
+    int f64;
+    ptr_t lp, old, adv, mask, row_out, adv_out;
+    Py_ssize_t rows, width;
+    AUX_DECL;
+    double nlo, hi, kl = 0.0;
+    int64_t pos = 0, neg = 0;
+    if (!PyArg_ParseTuple(args, "pKKKKnnddKK" AUX_FMT, &f64, &lp, &old, &adv, &mask, &rows, &width, &nlo, &hi, &row_out,
+                          &adv_out, AUX_REFS))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS;
+    if (f64)
+        DISPATCH(geo_mean_f64, P(double, lp), P(double, old), P(double, adv), P(uint8_t, mask), rows, width, nlo,
+                 hi, P(double, row_out), P(double, adv_out), &kl, &pos, &neg, AUX_PASS(double));
+    else
+        DISPATCH(geo_mean_f32, P(float, lp), P(float, old), P(float, adv), P(uint8_t, mask), rows, width,
+                 (float)nlo, (float)hi, P(double, row_out), P(double, adv_out), &kl, &pos, &neg, AUX_PASS(float));
+    Py_END_ALLOW_THREADS;
+    return Py_BuildValue("dLLd", kl, (long long)pos, (long long)neg, k2);
+}
+
+static PyObject *py_logratios(PyObject *self, PyObject *args) {
+    int f64;
+    ptr_t lp, old, ref, r, e;
+    Py_ssize_t rows, width;
+    if (!PyArg_ParseTuple(args, "pKKKnnKK", &f64, &lp, &old, &ref, &rows, &width, &r, &e)) return NULL;
+    Py_BEGIN_ALLOW_THREADS;
+    if (f64)
+        DISPATCH(logratios_f64, P(double, lp), P(double, old), P(double, ref), rows, width, P(double, r),
+                 P(double, e));
+    else
+        DISPATCH(logratios_f32, P(float, lp), P(float, old), P(float, ref), rows, width, P(float, r), P(float, e));
+    Py_END_ALLOW_THREADS;
+    Py_RETURN_NONE;
+}
+
+#define LOSSES_A_METHODS                                                                                 \
+    {"logratios", py_logratios, METH_VARARGS, "clamp(logp - old) and clamp(ref - logp) into buffers"}, \
+    {"gpg", py_gpg, METH_VARARGS, "gpg: row sums of logp A m"},                                          \
+    {"dro", py_dro, METH_VARARGS, "dro: row sums of (logp A - hb d^2) m, kl sum"},                       \
+    {"cispo", py_cispo, METH_VARARGS, "cispo: row sums of clamp(r) A logp m, kl sum, clip count"},       \
+    {"sapo_gate", py_sapo_gate, METH_VARARGS, "sapo: (r - 1) tau into a buffer, kl sum"},                \
+    {"sapo", py_sapo, METH_VARARGS, "sapo: row sums of (sigmoid q) A m"},                                \
+    {"gspo_logratio", py_gspo_logratio, METH_VARARGS, "gspo: (logp - old) m into a buffer"},             \
+    {"gspo", py_gspo, METH_VARARGS, "gspo: row sums of the sequence-ratio loss, clip count"},            \
+    {"geo_mean", py_geo_mean, METH_VARARGS, "geo_mean: row sums of the clipped log-ratio and A m, kl, clip counts"},
