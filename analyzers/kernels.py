@@ -190,14 +190,22 @@ class TokenBatch:
         """The per-row counts, from the mask's bytes (a bool -> float copy costs ~6x a uint8 one), and
         the inputs the compiled loops read (one dtype, contiguous: no copy when they already are)."""
         self._mask_u8 = self.mask.view(torch.uint8)
-        self._count(self._mask_u8.sum(dim=-1, dtype=torch.int32).to(torch.int64))
         self.finite = True  # until a fused sum says otherwise
         self.ppo_kl: float | None = None
+        counted = None
         if native.module() is not None and self.mask.device.type == "cpu":
             self._mask_u8 = self._mask_u8.contiguous()
             self.native = native.Inputs.of(
-                {k: v.to(self.dtype).contiguous() for k, v in self.tensors.items()}, self._mask_u8
-            )
+                {k: v if v.dtype == self.dtype and v.is_contiguous() else v.to(self.dtype).contiguous()
+                 for k, v in self.tensors.items()},
+                self._mask_u8,
+            )  # fmt: skip
+            counted = native.count_rows(self._mask_u8) if self.native is not None else None
+        if counted is None:
+            self._count(self._mask_u8.sum(dim=-1, dtype=torch.int32).to(torch.int64))
+        else:  # one loop: the counts, verl's T + 1e-8 per row and the total (no torch op)
+            self.n_row, self._lengths, self.n_tokens = counted
+            self.n_seqs = sum(1 for n in self._lengths if n >= 1.0)
 
     def _native_aux(self, entropy: bool, kl: str | None, check: bool) -> None:
         """The planned entropy / KL row sums and the k2 check by the compiled loop, into the cache

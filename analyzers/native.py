@@ -70,6 +70,26 @@ def disabled():
         _enabled = before
 
 
+def count_rows(mask_u8: Tensor) -> tuple[Tensor, list[float], int] | None:
+    """Per-row valid-token counts (int64), verl's ``T_i + 1e-8`` per row (float32, as floats) and the
+    total, in one pass over a contiguous CPU uint8 ``(rows, width)`` mask; None when the loops are off
+    or cannot read it."""
+    if (
+        _MODULE is None
+        or not _enabled
+        or mask_u8.dtype != torch.uint8
+        or mask_u8.dim() != 2
+        or not mask_u8.is_contiguous()
+        or mask_u8.device.type != "cpu"
+    ):
+        return None
+    rows, width = mask_u8.shape
+    counts = torch.empty(rows, dtype=torch.int64)
+    lengths = torch.empty(rows, dtype=torch.float64)
+    total = _MODULE.count_rows(mask_u8.data_ptr(), rows, width, counts.data_ptr(), lengths.data_ptr())
+    return counts, lengths.tolist(), total
+
+
 class Inputs:
     """One micro-batch's tensors as the loops read them, checked once: CPU, contiguous, one float
     dtype (float32 or float64), one 2-D shape, and the mask as 0/1 bytes of that shape. Every method

@@ -52,6 +52,17 @@ typedef unsigned long long ptr_t;
 #include "losses_b_py.h"
 #include "rollout_py.h"
 
+static PyObject *py_count_rows(PyObject *self, PyObject *args) {
+    ptr_t mask, n_out, len_out;
+    Py_ssize_t rows, width;
+    int64_t total = 0;
+    if (!PyArg_ParseTuple(args, "KnnKK", &mask, &rows, &width, &n_out, &len_out)) return NULL;
+    Py_BEGIN_ALLOW_THREADS;
+    total = DISPATCH(count_rows, P(uint8_t, mask), rows, width, P(int64_t, n_out), P(double, len_out));
+    Py_END_ALLOW_THREADS;
+    return PyLong_FromLongLong((long long)total);
+}
+
 static PyObject *py_prep(PyObject *self, PyObject *args) {
     int f64, check;
     ptr_t lp, old, ref, mask, d_out, k_out;
@@ -154,6 +165,7 @@ static PyObject *py_aux(PyObject *self, PyObject *args) {
 }
 
 static PyMethodDef methods[] = {
+    {"count_rows", py_count_rows, METH_VARARGS, "valid tokens per row, verl's T + 1e-8 per row, the total"},
     {"prep", py_prep, METH_VARARGS, "clamped log-ratios (and ref log-ratios), their masked sum, the k2 check"},
     {"vanilla", py_vanilla, METH_VARARGS, "vanilla PPO clip row sums and clip counts, with entropy / KL rows"},
     {"vprep", py_vprep, METH_VARARGS, "vanilla: packed valid log-ratios, kl / k2 / non-finite guard sums"},

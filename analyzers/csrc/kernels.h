@@ -86,6 +86,24 @@ static inline int64_t K(count_f64)(f64m c) {
     T name##_pad[N] = {0};                                                                               \
     if (src) memcpy(name##_pad, (src) + (j), (size_t)((width) - (j)) * sizeof(T));
 
+/* ---- valid tokens per row ----------------------------------------------------------------------------
+ * n_out[i]: the non-zero mask bytes of row i; len_out[i]: verl's T_i + 1e-8 in float32 (a float32 count
+ * plus 1e-8 rounded to float32, as torch adds them), as a double. Returns the total. */
+static int64_t K(count_rows)(const uint8_t *mask, Py_ssize_t rows, Py_ssize_t width, int64_t *n_out,
+                             double *len_out) {
+    int64_t total = 0;
+    for (Py_ssize_t i = 0; i < rows; i++) {
+        const uint8_t *m = mask + i * width;
+        int64_t n = 0;
+        for (Py_ssize_t j = 0; j < width; j++) n += m[j] != 0;
+        n_out[i] = n;
+        volatile float len = (float)n + 1e-8f; /* rounded to float32, not kept in a wider register */
+        len_out[i] = (double)len;
+        total += n;
+    }
+    return total;
+}
+
 /* ---- the log-ratios every ratio-based loss starts from ----------------------------------------------
  * d = clamp(lp - old, -20, 20) into d_out (then exp'd by torch: the ratio), its masked sum (verl's ppo_kl
  * is -sum / (n + 1e-8)); k = clamp(ref - lp, -20, 20) into k_out when k_out is given (exp'd by torch for

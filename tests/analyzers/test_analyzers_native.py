@@ -233,3 +233,21 @@ def test_compiled_and_torch_ops_agree_on_random_batches(rows, width, spread, low
     for key in compiled:  # NaN where both are NaN (an all-masked batch)
         a, b = compiled[key], ops[key]
         assert (math.isnan(a) and math.isnan(b)) or a == pytest.approx(b, rel=tol, abs=tol), key
+
+
+def test_row_counts_and_lengths_are_the_torch_ops_values():
+    # verl's per-row T + 1e-8 in float32 (seq-mean modes divide by it) and the counts, from one loop
+    g = torch.Generator().manual_seed(3)
+    mask = torch.rand(9, 37, generator=g) < 0.5
+    mask[2] = False  # an empty row: 1e-8 in float32
+    mask[5] = True
+    counted = native.count_rows(mask.view(torch.uint8))
+    assert counted is not None
+    counts, lengths, total = counted
+    want = mask.sum(dim=-1)
+    assert counts.tolist() == want.tolist() and total == int(want.sum())
+    assert lengths == (want.to(torch.float32) + 1e-8).tolist()
+    batch = TokenBatch(**{**_batch(9, 37), "response_mask": mask})
+    assert (batch.n_tokens, batch.n_seqs) == (int(want.sum()), 8)
+    with native.disabled():
+        assert native.count_rows(mask.view(torch.uint8)) is None
