@@ -241,6 +241,9 @@ def main() -> None:
         f"torch {torch.__version__}, 1 thread, float32, token-mean + entropy + low_var_kl, median of {n} runs"
     )
     print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
+    from rlvitals.analyzers import native
+
+    print(f"rlvitals token passes: {native.STATUS}")
     if verl is None:
         print("verl 0.9.1 not importable here: rlvitals column only")
     copy_bw = memory_bandwidth()

@@ -270,6 +270,8 @@ class AuditPool(WorkerThreads):
         from rlvitals.analyzers.batch import AuditBatch, audit_batch
         from rlvitals.service.batches import load_tensors
 
+        _log_token_passes()
+
         started = time.perf_counter()
         report = groups = batch = None
         error: str | None = None
@@ -386,3 +388,16 @@ class AuditPool(WorkerThreads):
             self.bus.stage(session=session, events=events)
             if changed:
                 self.bus.stage_job(session=session, kind="webhook")
+
+
+_TOKEN_PASSES_LOGGED = threading.Event()
+
+
+def _log_token_passes() -> None:
+    """Once per process, at the first audit (the worker imports torch then, not at start): whether
+    the audits run the compiled token passes or the slower torch ops, and why."""
+    if not _TOKEN_PASSES_LOGGED.is_set():
+        _TOKEN_PASSES_LOGGED.set()
+        from rlvitals.analyzers import native
+
+        (log.info if native.module() is not None else log.warning)("audit token passes: %s", native.STATUS)
