@@ -310,6 +310,13 @@ class TokenBatch:
         ``config`` still needs in the same loop: one pass for the log-ratios, one torch ``exp`` over
         the ratio (and k3's ref ratio) buffer, one pass for the rest."""
         entropy, kl, check = self._aux_plan(config)
+        if native.inline_exp():  # torch's own exp callable from the loop: one pass over the batch
+            rows, n_clipped, n_dual, ent_rows, kl_rows, kl_sum, k2, guard = self.native.vfused(
+                lo, hi, c, entropy=entropy, kl=kl, check=check
+            )
+            return self._native_policy_done(
+                key, rows, n_clipped, n_dual, ent_rows, kl_rows, kl_sum + guard, k2, entropy, kl, check
+            )
         k3 = kl == "k3"
         cap = self.n_tokens
         # sized by the batch's shape, not its valid count, so same-shaped batches reuse one buffer
@@ -326,6 +333,13 @@ class TokenBatch:
         finally:
             _give(buf)
         kl_sum += guard  # a non-finite input anywhere (guard is 0 otherwise) sends the batch to verl's ops
+        return self._native_policy_done(
+            key, rows, n_clipped, n_dual, ent_rows, kl_rows, kl_sum, k2, entropy, kl, check
+        )
+
+    def _native_policy_done(
+        self, key, rows, n_clipped, n_dual, ent_rows, kl_rows, kl_sum, k2, entropy, kl, check
+    ) -> PolicyStats:
         if self.ppo_kl is None:
             self.ppo_kl = -kl_sum / _eps_count(self.n_tokens)
             self.finite = self.finite and math.isfinite(kl_sum)

@@ -54,6 +54,49 @@ _MODULE, STATUS = _load()
 _enabled = _MODULE is not None
 
 
+def _exp_test_values(dtype: torch.dtype) -> Tensor:
+    """What the loops feed exp: clamped log-ratios in [-20, 20] (a spread, random values, values near
+    0), plus the edges a NaN or an infinity becomes. ~65k values: a few ms at import. (Offline, every
+    float32 in [-20, 20] was compared, in chunks of 7, 256 and all at once: no difference.)"""
+    g = torch.Generator().manual_seed(0)
+    spread = torch.linspace(-20.0, 20.0, 1 << 15, dtype=torch.float64).to(dtype)
+    random = (torch.rand(1 << 14, generator=g, dtype=torch.float64) * 40 - 20).to(dtype)
+    small = torch.randn(1 << 14, generator=g, dtype=torch.float64).to(dtype) * 1e-3
+    edges = torch.tensor([0.0, -0.0, 20.0, -20.0, 1e-30, -1e-30, math.nan], dtype=dtype)
+    return torch.cat([spread, random, small, edges])
+
+
+def _inline_exp() -> tuple[bool, str]:
+    """Resolve torch's exp (MKL's vsExp / vdExp on an MKL build) from the library torch loaded, and keep
+    it only if, called in the loops' chunks, it gives torch.exp's bits on every test value in both
+    dtypes. Then the loops can take exp inline (one pass over the batch)."""
+    if _MODULE is None:
+        return False, ""
+    lib = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
+    found = _MODULE.set_exp(str(lib) if lib.exists() else None)
+    if not all(found):
+        _MODULE.set_exp(None)
+        return False, "exp by torch between passes (its exp is not MKL's here)"
+    for dtype, bits in ((torch.float32, torch.int32), (torch.float64, torch.int64)):
+        x = _exp_test_values(dtype)
+        got = torch.empty_like(x)
+        _MODULE.exp_chunks(dtype == torch.float64, x.data_ptr(), got.data_ptr(), x.numel())
+        if not torch.equal(got.view(bits), torch.exp(x).view(bits)):
+            _MODULE.set_exp(None)
+            return False, "exp by torch between passes (MKL's exp differs from torch.exp here)"
+    return True, "exp inline (torch's own, MKL's vsExp/vdExp, checked bit for bit at import)"
+
+
+_INLINE_EXP, _exp_status = _inline_exp()
+if _exp_status:
+    STATUS = f"{STATUS}; {_exp_status}"
+
+
+def inline_exp() -> bool:
+    """Whether the loops may take exp inline (see :func:`_inline_exp`)."""
+    return _INLINE_EXP and _enabled
+
+
 def module():
     """The extension when it is built, current and enabled; else None."""
     return _MODULE if _enabled else None
@@ -68,6 +111,17 @@ def disabled():
         yield
     finally:
         _enabled = before
+
+
+@contextmanager
+def exp_between_passes():
+    """Run the compiled loops with torch's exp between passes, not inline (the tests run both)."""
+    global _INLINE_EXP
+    before, _INLINE_EXP = _INLINE_EXP, False
+    try:
+        yield
+    finally:
+        _INLINE_EXP = before
 
 
 def count_rows(mask_u8: Tensor) -> tuple[Tensor, list[float], int] | None:
@@ -161,6 +215,30 @@ class Inputs:
             self.f64, self._p("log_prob"), self._p("old_log_prob"), self._p("ref_log_prob" if need_ref else None),
             self.mask.data_ptr(), self.rows, self.width, check, d.data_ptr(), k_ptr,
         )  # fmt: skip
+
+    def vfused(
+        self, lo: float, hi: float, c: float, *, entropy: bool, kl: str | None, check: bool
+    ) -> tuple[list[float], int, int, list[float] | None, list[float] | None, float, float, float]:
+        """Vanilla in one pass with exp inline (only when :func:`inline_exp`): row sums of the loss,
+        clip counts, entropy and KL-estimator row sums, then the masked sum of the clamped log-ratio,
+        the sum of ``(ref - lp)^2`` when ``check`` and the guard sum (NaN exactly when some input is
+        not finite)."""
+        if not inline_exp():
+            raise ValueError("no checked inline exp")
+        code = KL_CODES[kl]
+        need_ref = code or check
+        if need_ref and "ref_log_prob" not in self.tensors:
+            raise ValueError("no ref_log_prob tensor")
+        if entropy and "entropy" not in self.tensors:
+            raise ValueError("no entropy tensor")
+        out = torch.empty((3, self.rows), dtype=torch.float64)
+        pos, neg, kl_sum, k2, guard = _MODULE.vfused(
+            self.f64, self._p("log_prob"), self._p("old_log_prob"), self._p("ref_log_prob" if need_ref else None),
+            self._p("advantages"), self._p("entropy" if entropy else None), self.mask.data_ptr(), self.rows,
+            self.width, lo, hi, c, code, check, out[0].data_ptr(), out[1].data_ptr(), out[2].data_ptr(),
+        )  # fmt: skip
+        rows, ent_rows, kl_rows = out.tolist()
+        return rows, pos, neg, ent_rows if entropy else None, kl_rows if code else None, kl_sum, k2, guard
 
     def packed(self, buf: Tensor, cap: int) -> Tensor:
         """``buf`` if the loops may write / read ``cap`` packed values there (1-D, contiguous, CPU, the

@@ -19,10 +19,21 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include <dlfcn.h>
 
 #ifndef RLV_SOURCE_SHA
 #define RLV_SOURCE_SHA "unknown"
 #endif
+
+/* torch's own exp, for the loops that take exp inline: on an MKL build of torch, torch.exp of float32 /
+ * float64 is MKL's vsExp / vdExp (HA), which libtorch_cpu exports (Fortran interface). set_exp()
+ * resolves them from the library torch loaded; native.py then checks, on ~1M values, that calling them
+ * reproduces torch.exp bit for bit before any loop uses them, and clears them otherwise. NULL: the
+ * loops that need exp run in passes with torch.exp between them. */
+typedef void (*exp_f32_fn)(const int *n, const float *a, float *r);
+typedef void (*exp_f64_fn)(const int *n, const double *a, double *r);
+static exp_f32_fn torch_exp_f32 = NULL;
+static exp_f64_fn torch_exp_f64 = NULL;
 
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
 #define HAVE_AVX2_COPY 1
@@ -51,6 +62,66 @@ typedef unsigned long long ptr_t;
 #include "losses_a_py.h"
 #include "losses_b_py.h"
 #include "rollout_py.h"
+
+static PyObject *py_set_exp(PyObject *self, PyObject *args) {
+    const char *path = NULL;
+    if (!PyArg_ParseTuple(args, "z", &path)) return NULL;
+    torch_exp_f32 = NULL;
+    torch_exp_f64 = NULL;
+    if (path) {
+        void *lib = dlopen(path, RTLD_LAZY | RTLD_NOLOAD); /* only a library this process already loaded */
+        if (lib) {
+            torch_exp_f32 = (exp_f32_fn)dlsym(lib, "VSEXP_");
+            torch_exp_f64 = (exp_f64_fn)dlsym(lib, "VDEXP_");
+        }
+    }
+    return Py_BuildValue("OO", torch_exp_f32 ? Py_True : Py_False, torch_exp_f64 ? Py_True : Py_False);
+}
+
+/* exp of n values through the resolved function, in the loops' chunks (the self-test) */
+static PyObject *py_exp_chunks(PyObject *self, PyObject *args) {
+    int f64;
+    ptr_t a, r;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "pKKn", &f64, &a, &r, &n)) return NULL;
+    if (f64 ? !torch_exp_f64 : !torch_exp_f32) Py_RETURN_FALSE;
+    Py_BEGIN_ALLOW_THREADS;
+    for (Py_ssize_t i = 0; i < n; i += EXP_CHUNK) {
+        int m = (int)(n - i < EXP_CHUNK ? n - i : EXP_CHUNK);
+        if (f64)
+            torch_exp_f64(&m, P(double, a) + i, P(double, r) + i);
+        else
+            torch_exp_f32(&m, P(float, a) + i, P(float, r) + i);
+    }
+    Py_END_ALLOW_THREADS;
+    Py_RETURN_TRUE;
+}
+
+static PyObject *py_vfused(PyObject *self, PyObject *args) {
+    int f64, kind, check;
+    ptr_t lp, old, ref, adv, ent, mask, row_out, ent_out, kl_out;
+    Py_ssize_t rows, width;
+    double lo, hi, c, kl = 0.0, k2 = 0.0, guard = 0.0;
+    int64_t pos = 0, neg = 0;
+    if (!PyArg_ParseTuple(args, "pKKKKKKnndddipKKK", &f64, &lp, &old, &ref, &adv, &ent, &mask, &rows, &width,
+                          &lo, &hi, &c, &kind, &check, &row_out, &ent_out, &kl_out))
+        return NULL;
+    if (f64 ? !torch_exp_f64 : !torch_exp_f32) {
+        PyErr_SetString(PyExc_RuntimeError, "vfused: no checked exp");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS;
+    if (f64)
+        DISPATCH(vfused_f64, P(double, lp), P(double, old), P(double, ref), P(double, adv), P(double, ent),
+                 P(uint8_t, mask), rows, width, lo, hi, c, kind, check, P(double, row_out), P(double, ent_out),
+                 P(double, kl_out), &pos, &neg, &kl, &k2, &guard);
+    else
+        DISPATCH(vfused_f32, P(float, lp), P(float, old), P(float, ref), P(float, adv), P(float, ent),
+                 P(uint8_t, mask), rows, width, (float)lo, (float)hi, (float)c, kind, check, P(double, row_out),
+                 P(double, ent_out), P(double, kl_out), &pos, &neg, &kl, &k2, &guard);
+    Py_END_ALLOW_THREADS;
+    return Py_BuildValue("LLddd", (long long)pos, (long long)neg, kl, k2, guard);
+}
 
 static PyObject *py_count_rows(PyObject *self, PyObject *args) {
     ptr_t mask, n_out, len_out;
@@ -165,6 +236,9 @@ static PyObject *py_aux(PyObject *self, PyObject *args) {
 }
 
 static PyMethodDef methods[] = {
+    {"set_exp", py_set_exp, METH_VARARGS, "resolve torch's exp (MKL vsExp / vdExp) from libtorch_cpu"},
+    {"exp_chunks", py_exp_chunks, METH_VARARGS, "exp through the resolved function, in the loops' chunks"},
+    {"vfused", py_vfused, METH_VARARGS, "vanilla + entropy / KL in one pass, exp inline (checked exp only)"},
     {"count_rows", py_count_rows, METH_VARARGS, "valid tokens per row, verl's T + 1e-8 per row, the total"},
     {"prep", py_prep, METH_VARARGS, "clamped log-ratios (and ref log-ratios), their masked sum, the k2 check"},
     {"vanilla", py_vanilla, METH_VARARGS, "vanilla PPO clip row sums and clip counts, with entropy / KL rows"},

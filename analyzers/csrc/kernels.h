@@ -478,6 +478,149 @@ DEFINE_VPACKED(f32, float)
 DEFINE_VPACKED(f64, double)
 
 
+/* ---- vanilla in one pass, exp inline ------------------------------------------------------------------
+ * Only with torch's own exp resolved and checked (see set_exp in _fused.c). Each row runs in chunks of
+ * EXP_CHUNK tokens held in L1: pass A writes d = clamp(lp - old, -20, 20) and k = clamp(ref - lp, -20,
+ * 20) of the chunk to local buffers (and the kl, k2 and non-finite guard sums, as vprep), exp turns them
+ * into r and e (out of place: k is still delta), pass B does VANILLA + AUX's math. A chunk with no valid
+ * token skips exp and pass B: its tokens add 0, and a non-finite one is in the guard sum. */
+#ifndef EXP_CHUNK
+#define EXP_CHUNK 512
+#endif
+static inline void K(exp_f32)(int n, const float *a, float *r) { torch_exp_f32(&n, a, r); }
+static inline void K(exp_f64)(int n, const double *a, double *r) { torch_exp_f64(&n, a, r); }
+
+#define VF_A(S, LP, OLD, REF, ADV, ENT, M, DOUT, KOUT)                                                   \
+    {                                                                                                    \
+        const S##v m = K(mask_##S)(M), lpv = K(ld_##S)(LP);                                              \
+        S##v d = lpv - K(ld_##S)(OLD);                                                                   \
+        d = CLAMP(S, d, -lim, lim);                                                                      \
+        memcpy((DOUT), &d, sizeof d);                                                                    \
+        K(acc_##S)(kl_acc, d * m);                                                                       \
+        S##v g = K(ld_##S)(ADV) * zero;                                                                  \
+        if (ent) g = g + K(ld_##S)(ENT) * zero;                                                          \
+        if (ref) {                                                                                       \
+            S##v k = K(ld_##S)(REF) - lpv;                                                               \
+            if (check) K(acc_##S)(k2_acc, k * k);                                                        \
+            g = g + k * zero;                                                                            \
+            k = CLAMP(S, k, -lim, lim);                                                                  \
+            memcpy((KOUT), &k, sizeof k);                                                                \
+        }                                                                                                \
+        K(acc_##S)(guard_acc, g);                                                                        \
+    }
+
+#define VF_B(S, RV, EV, DV, ADV, ENT, LP, REF, M)                                                        \
+    {                                                                                                    \
+        const S##v m = K(mask_##S)(M);                                                                   \
+        const S##v rk = K(ld_##S)(RV);                                                                   \
+        const S##v a = K(ld_##S)(ADV) * m;                                                               \
+        const S##v ap = CLAMP_MIN(S, a, zero);                                                           \
+        const S##v an = ap - a;                                                                          \
+        const S##v loss = CLAMP(S, rk, lo, c) * an - CLAMP_MAX(S, rk, hi) * ap;                          \
+        K(acc_##S)(acc, loss);                                                                           \
+        const S##v z = a * rk + loss;                                                                    \
+        pc += (z > zero);                                                                                \
+        nc += (z < zero);                                                                                \
+        if (ent) K(acc_##S)(ea, K(ld_##S)(ENT) * m);                                                     \
+        if (kind == 4) {                                                                                 \
+            S##v v = K(ld_##S)(EV) - K(ld_##S)(DV);                                                      \
+            v = v - one;                                                                                 \
+            K(acc_##S)(ka, CLAMP(S, v, -ten, ten) * m);                                                  \
+        } else if (kind > 0) {                                                                           \
+            S##v v = K(ld_##S)(LP) - K(ld_##S)(REF);                                                     \
+            if (kind == 2) v = K(sel_##S)(v < zero, -v, v);                                              \
+            if (kind == 3) v = (v * v) * half;                                                           \
+            K(acc_##S)(ka, v * m);                                                                       \
+        }                                                                                                \
+    }
+
+#define DEFINE_VFUSED(S, T)                                                                              \
+    static inline __attribute__((always_inline)) void K(vfused_rows_##S)(                                \
+        const T *lp, const T *old, const T *ref, const T *adv, const T *ent, const uint8_t *mask,        \
+        Py_ssize_t rows, Py_ssize_t width, T lo_, T hi_, T c_, const int kind, int check,                \
+        double *row_out, double *ent_out, double *kl_out, int64_t *pos_out, int64_t *neg_out,            \
+        double *kl_out_sum, double *k2_out, double *guard_out) {                                         \
+        const S##v lo = SPLAT(S, T, lo_), hi = SPLAT(S, T, hi_), c = SPLAT(S, T, c_);                    \
+        const S##v zero = SPLAT(S, T, 0), one = SPLAT(S, T, 1), half = SPLAT(S, T, 0.5);                 \
+        const S##v lim = SPLAT(S, T, 20), ten = SPLAT(S, T, 10);                                         \
+        T D[EXP_CHUNK + 8], KB[EXP_CHUNK + 8], R[EXP_CHUNK + 8], E[EXP_CHUNK + 8];                       \
+        dacc kl_acc[2] = {0}, k2_acc[2] = {0}, guard_acc[2] = {0};                                       \
+        int64_t pos = 0, neg = 0;                                                                        \
+        for (Py_ssize_t i = 0; i < rows; i++) {                                                          \
+            const Py_ssize_t o = i * width;                                                              \
+            dacc acc[2] = {0}, ea[2] = {0}, ka[2] = {0};                                                 \
+            S##m pc = {0}, nc = {0};                                                                     \
+            for (Py_ssize_t j0 = 0; j0 < width; j0 += EXP_CHUNK) {                                       \
+                const Py_ssize_t n = width - j0 < EXP_CHUNK ? width - j0 : EXP_CHUNK;                    \
+                const Py_ssize_t b = o + j0;                                                             \
+                Py_ssize_t j = 0;                                                                        \
+                int any = 0;                                                                             \
+                for (; j + N_##S <= n; j += N_##S) {                                                     \
+                    VF_A(S, lp + b + j, old + b + j, ref + b + j, adv + b + j, ent + b + j, mask + b + j, \
+                         D + j, KB + j);                                                                 \
+                    any |= K(group_any)(mask + b + j, N_##S);                                            \
+                }                                                                                        \
+                if (j < n) {                                                                             \
+                    PAD(T, N_##S, lp, lp + b, j, n) PAD(T, N_##S, old, old + b, j, n);                   \
+                    PAD(T, N_##S, ref, ref ? ref + b : NULL, j, n);                                      \
+                    PAD(T, N_##S, adv, adv + b, j, n) PAD(T, N_##S, ent, ent ? ent + b : NULL, j, n);    \
+                    PAD(uint8_t, N_##S, m, mask + b, j, n);                                              \
+                    VF_A(S, lp_pad, old_pad, ref_pad, adv_pad, ent_pad, m_pad, D + j, KB + j);           \
+                    any |= K(group_any)(m_pad, N_##S);                                                   \
+                }                                                                                        \
+                if (!any) continue;                                                                      \
+                const int ne = (int)((n + N_##S - 1) / N_##S * N_##S);                                   \
+                K(exp_##S)(ne, D, R);                                                                    \
+                if (kind == 4) K(exp_##S)(ne, KB, E);                                                    \
+                j = 0;                                                                                   \
+                for (; j + N_##S <= n; j += N_##S)                                                       \
+                    VF_B(S, R + j, E + j, KB + j, adv + b + j, ent + b + j, lp + b + j, ref + b + j,     \
+                         mask + b + j);                                                                  \
+                if (j < n) {                                                                             \
+                    PAD(T, N_##S, adv, adv + b, j, n) PAD(T, N_##S, ent, ent ? ent + b : NULL, j, n);    \
+                    PAD(T, N_##S, lp, lp + b, j, n) PAD(T, N_##S, ref, ref ? ref + b : NULL, j, n);      \
+                    PAD(uint8_t, N_##S, m, mask + b, j, n);                                              \
+                    VF_B(S, R + j, E + j, KB + j, adv_pad, ent_pad, lp_pad, ref_pad, m_pad);             \
+                }                                                                                        \
+            }                                                                                            \
+            row_out[i] = K(acc_total)(acc);                                                              \
+            if (ent) ent_out[i] = K(acc_total)(ea);                                                      \
+            if (kind) kl_out[i] = K(acc_total)(ka);                                                      \
+            pos += K(count_##S)(pc);                                                                     \
+            neg += K(count_##S)(nc);                                                                     \
+        }                                                                                                \
+        *pos_out = pos;                                                                                  \
+        *neg_out = neg;                                                                                  \
+        *kl_out_sum = K(acc_total)(kl_acc);                                                              \
+        *k2_out = K(acc_total)(k2_acc);                                                                  \
+        *guard_out = K(acc_total)(guard_acc);                                                            \
+    }                                                                                                    \
+    static void K(vfused_##S)(const T *lp, const T *old, const T *ref, const T *adv, const T *ent,       \
+                              const uint8_t *mask, Py_ssize_t rows, Py_ssize_t width, T lo, T hi, T c,   \
+                              int kind, int check, double *row_out, double *ent_out, double *kl_out,     \
+                              int64_t *pos_out, int64_t *neg_out, double *kl_sum, double *k2,            \
+                              double *guard) {                                                           \
+        switch (kind) {                                                                                  \
+        VFUSED_CASE(S, 0) VFUSED_CASE(S, 1) VFUSED_CASE(S, 2) VFUSED_CASE(S, 3) VFUSED_CASE(S, 4)        \
+        }                                                                                                \
+    }
+#define VFUSED_CASE(S, KIND)                                                                             \
+    case KIND:                                                                                           \
+        if (ent)                                                                                         \
+            K(vfused_rows_##S)(lp, old, ref, adv, ent, mask, rows, width, lo, hi, c, KIND, check, row_out, \
+                               ent_out, kl_out, pos_out, neg_out, kl_sum, k2, guard);                    \
+        else                                                                                             \
+            K(vfused_rows_##S)(lp, old, ref, adv, NULL, mask, rows, width, lo, hi, c, KIND, check, row_out, \
+                               ent_out, kl_out, pos_out, neg_out, kl_sum, k2, guard);                    \
+        break;
+static inline int K(group_any)(const uint8_t *m, int n) {
+    uint64_t b = 0;
+    memcpy(&b, m, (size_t)n);
+    return b != 0;
+}
+DEFINE_VFUSED(f32, float)
+DEFINE_VFUSED(f64, double)
+
 /* the other losses and the rollout correction, one file per group */
 #include "losses_a.h"
 #include "losses_b.h"

@@ -1,7 +1,9 @@
-"""Both implementations of the token passes: the compiled loops (analyzers/csrc) and the torch ops.
+"""Every implementation of the token passes: the compiled loops (analyzers/csrc) with torch's exp
+inline where they take it so, the compiled loops with torch's exp between passes (a torch build whose
+exp is not MKL's), and the torch ops (no compiler at install).
 
-A test module that sets ``pytestmark = pytest.mark.usefixtures("kernel_path")`` runs every test twice,
-once on each path, so parity with verl is shown for the code a server without a C compiler runs too.
+A test module that sets ``pytestmark = pytest.mark.usefixtures("kernel_path")`` runs every test on each
+path, so parity with verl is shown for the code every kind of install runs.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import pytest
 from rlvitals.analyzers import native
 
 
-@pytest.fixture(params=["compiled", "torch"])
+@pytest.fixture(params=["compiled", "compiled, exp between passes", "torch"])
 def kernel_path(request):
     if request.param == "torch":
         with native.disabled():
@@ -18,4 +20,8 @@ def kernel_path(request):
         return
     if native.module() is None:
         pytest.fail(f"the compiled token passes are not in use: {native.STATUS}")
-    yield request.param
+    if request.param == "compiled":
+        yield request.param
+        return
+    with native.exp_between_passes():
+        yield request.param

@@ -251,3 +251,55 @@ def test_row_counts_and_lengths_are_the_torch_ops_values():
     assert (batch.n_tokens, batch.n_seqs) == (int(want.sum()), 8)
     with native.disabled():
         assert native.count_rows(mask.view(torch.uint8)) is None
+
+
+def test_inline_exp_is_torchs_exp_bit_for_bit():
+    # the loops call torch's own exp (MKL's vsExp / vdExp on this build) only after this check passed
+    # at import; here on other values: random log-ratios, in a ragged length
+    assert native.inline_exp(), native.STATUS
+    g = torch.Generator().manual_seed(11)
+    for dtype, bits in ((torch.float32, torch.int32), (torch.float64, torch.int64)):
+        x = (torch.randn(100_003, generator=g, dtype=torch.float64) * 7).clamp(-20, 20).to(dtype)
+        got = torch.empty_like(x)
+        assert native._MODULE.exp_chunks(dtype == torch.float64, x.data_ptr(), got.data_ptr(), x.numel())
+        assert torch.equal(got.view(bits), torch.exp(x).view(bits))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("width", [1, 7, 9, 511, 512, 513, 4096 + 3])
+@pytest.mark.parametrize("kl", ["low_var_kl", "k1", "abs", "mse", "low_var_kl+", None])
+def test_vanilla_with_exp_inline_equals_exp_between_passes(dtype, width, kl):
+    # the one-pass loop (exp inline, in chunks of 512) and the three-pass one (exp by torch between)
+    # see the same floats: equal counts, row sums equal to float64 summation order
+    t = _batch(4, width, dtype, seed=width)
+    t["response_mask"][1] = False  # an all-masked row: its chunks skip the exp
+    t["response_mask"][2, : width // 2] = True
+    if kl is None:
+        del t["ref_log_prob"]
+    config = LossConfig(use_kl_loss=kl is not None, entropy_coeff=0.01, kl_loss_type=kl or "low_var_kl")
+    inline = TokenBatch(**t)
+    stats = inline.policy(0.2, 0.28, 3.0, config=config)
+    with native.exp_between_passes():
+        passes = TokenBatch(**t)
+        want = passes.policy(0.2, 0.28, 3.0, config=config)
+        assert (stats.n_clipped, stats.n_dual_clipped) == (want.n_clipped, want.n_dual_clipped)
+        assert stats.rows.rows == pytest.approx(want.rows.rows, rel=1e-12, abs=1e-12)
+        assert inline.ppo_kl == pytest.approx(passes.ppo_kl, rel=1e-12, abs=1e-15)
+        assert recompute(config, **t) == pytest.approx(_both(config, t)[0], rel=1e-12, abs=1e-12)
+
+
+@pytest.mark.parametrize("where", ["masked", "valid"])
+@pytest.mark.parametrize("name", ["log_prob", "old_log_prob", "advantages", "ref_log_prob", "entropy"])
+def test_inline_exp_sends_a_non_finite_input_to_verls_ops(where, name):
+    # a NaN in a chunk the one-pass loop skips (no valid token) is still seen: by the guard sum
+    t = _batch(2, 1200)
+    t["response_mask"][0] = False
+    t["response_mask"][1, 600:] = False
+    i, j = (0, 100) if where == "masked" else (1, 10)
+    t[name] = t[name].clone()
+    t[name][i, j] = math.nan
+    config = LossConfig(use_kl_loss=True, entropy_coeff=0.01)
+    compiled, ops = _both(config, t)
+    for key in compiled:
+        a, b = compiled[key], ops[key]
+        assert (math.isnan(a) and math.isnan(b)) or a == pytest.approx(b, rel=1e-6, abs=1e-7), key

@@ -344,4 +344,7 @@ def test_compiled_and_torch_ops_agree_on_random_batches(
         clip_cov_ub=high + 0.5,
     )
     compiled, ops = _both(config, t, seed=seed)
-    _agree(compiled, ops, 1e-12 if f64 else 2e-6)
+    # float64: the audit's own rtol 1e-7; log-ratios spread to 30 (clip_cov has no +-20 clamp) give
+    # token losses near e^30 whose row sums cancel, and two float64 summation orders then differ by
+    # ~3e-9 relative (seed 39444, 4x42, spread 19: 609883.57498 vs 609883.57324)
+    _agree(compiled, ops, 1e-7 if f64 else 2e-6)
