@@ -270,3 +270,14 @@ class Inputs:
             cnt.data_ptr(), mm.data_ptr(),
         )  # fmt: skip
         return rows, rej, tot.tolist(), cnt.tolist(), mm.tolist()
+
+    def rc_dbg(self, a: Tensor, r: Tensor) -> list[float]:
+        """``a = exp(old)``, ``r = exp(rollout)``, ``diff = |a - r|``: [sum(a m), sum(r m), sum(diff m), max
+        diff over valid tokens, valid tokens, and with x, y, e = a, r, diff less their values at the first
+        valid token: sum(x m), sum(y m), sum(e m), sum(e^2 m), sum(x y m), sum(x^2 m), sum(y^2 m)]."""
+        a, r = self.scratch(a), self.scratch(r)
+        out = torch.empty(12, dtype=torch.float64)
+        _MODULE.rc_dbg(
+            self.f64, a.data_ptr(), r.data_ptr(), self.mask.data_ptr(), self.rows, self.width, out.data_ptr()
+        )
+        return out.tolist()

@@ -862,9 +862,13 @@ def rollout_debug_metrics(
     of valid tokens, ``|p_actor - p_rollout|`` max / mean / std (unbiased) and the Pearson correlation
     of ``p_actor`` and ``p_rollout`` (arXiv:2506.13585). No valid token: ``valid`` 0 and NaNs.
     """
-    valid = response_mask.bool()
-    if old_log_prob.shape != rollout_log_prob.shape or valid.shape != old_log_prob.shape:
+    if old_log_prob.shape != rollout_log_prob.shape or response_mask.shape != old_log_prob.shape:
         raise ValueError("old_log_prob, rollout_log_prob and response_mask must have the same shape")
+    with torch.no_grad():
+        fast = _native_debug(old_log_prob, rollout_log_prob, response_mask)
+    if fast is not None:
+        return fast
+    valid = response_mask.bool()
     if not bool(valid.any()):
         nan = float("nan")
         return {
@@ -890,3 +894,60 @@ def rollout_debug_metrics(
             "training/rollout_probs_diff_std": std,
             "training/rollout_actor_probs_pearson_corr": pearson,
         }
+
+
+def _native_debug(old: Tensor, rollout: Tensor, mask: Tensor) -> dict[str, float] | None:
+    """:func:`rollout_debug_metrics` by the compiled pass (one look at ``exp`` of both inputs, which torch
+    computes as verl does): the max exact, the mean a float64 sum rounded to the dtype over the count
+    (verl's sum is in the dtype), the std and the correlation from float64 moments about the first valid
+    token's values, rounded to the dtype (torch.std accumulates in float64 too; torch.corrcoef in the
+    dtype). None where it does not apply."""
+    from . import kernels
+
+    if (
+        native.module() is None
+        or old.dtype not in _NP
+        or rollout.dtype != old.dtype
+        or old.dim() != 2
+        or old.numel() == 0
+        or old.device.type != "cpu"
+        or mask.device.type != "cpu"
+    ):
+        return None
+    mask_u8 = _mask_bytes(mask)  # 0/1 only (a multiplier below); masked_select takes any non-zero as valid
+    if mask_u8 is None:
+        return None
+    inputs = native.Inputs.of(
+        {"old_log_prob": old.contiguous(), "rollout_log_prob": rollout.contiguous()}, mask_u8
+    )
+    if inputs is None:
+        return None
+    t = _NP[old.dtype]
+    a, r = (kernels._take(inputs.shape, old.dtype, old.device) for _ in range(2))
+    try:
+        torch.exp(inputs.tensors["old_log_prob"], out=a)
+        torch.exp(inputs.tensors["rollout_log_prob"], out=r)
+        sa, sr, sd, top, n, sx, sy, se, qe, cxy, qx, qy = inputs.rc_dbg(a, r)
+    finally:
+        kernels._give(a, r)
+    n = int(n)
+    if not all(math.isfinite(v) for v in (sa, sr, sd, qe, cxy, qx, qy)) or n == 0:
+        return None  # NaN / inf somewhere (masked_select drops the masked ones) or no valid token
+    if n > 1:  # centred sums from the shifted ones (the shift keeps them from cancelling)
+        var = max(qe - se * se / n, 0.0) / (n - 1)
+        std = float(t(math.sqrt(var)))
+        va, vr = qx - sx * sx / n, qy - sy * sy / n
+        pearson = (
+            float(t(max(-1.0, min(1.0, (cxy - sx * sy / n) / math.sqrt(va * vr)))))
+            if va > 0 and vr > 0
+            else math.nan
+        )
+    else:
+        std = pearson = math.nan
+    return {
+        "training/rollout_probs_diff_valid": 1,
+        "training/rollout_probs_diff_max": top,
+        "training/rollout_probs_diff_mean": float(t(sd) / t(n)),
+        "training/rollout_probs_diff_std": std,
+        "training/rollout_actor_probs_pearson_corr": pearson,
+    }

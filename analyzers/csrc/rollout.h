@@ -298,3 +298,80 @@ DEFINE_RC_FILL(f64, double)
     }
 DEFINE_RC_RS(f32, float)
 DEFINE_RC_RS(f64, double)
+
+/* ---- training/rollout_probs_diff_* and the Pearson correlation (verl's calculate_debug_metrics) ------
+ * a = exp(old), r = exp(rollout) from torch; diff = |a - r| in the token dtype (verl's (a - r).abs()).
+ * One pass, float64: out = [sum(a m), sum(r m), sum(diff m), max of diff over valid tokens (-inf for
+ * none), valid tokens, then with x, y, e = a, r, diff minus their values at the first valid token (a
+ * shift that keeps the moments from cancelling): sum(x m), sum(y m), sum(e m), sum((e e) m),
+ * sum((x y) m), sum((x x) m), sum((y y) m)]. torch.std accumulates in float64 too, torch.corrcoef in the
+ * token dtype: rollout.py rounds what these give. */
+#define RC_ABS(S, x) ((S##v)((S##m)(x) & absbits))
+#define RC_DBG_CORE(X, Y, E, M)                                                                          \
+    {                                                                                                    \
+        const f64v x = (X) - ka, y = (Y) - kr, e = (E) - kd, mm = (M);                                   \
+        c_x += x * mm;                                                                                   \
+        c_y += y * mm;                                                                                   \
+        c_e += e * mm;                                                                                   \
+        c_q += (e * e) * mm;                                                                             \
+        c_c += (x * y) * mm;                                                                             \
+        c_a += (x * x) * mm;                                                                             \
+        c_r += (y * y) * mm;                                                                             \
+    }
+#define RC_LO(v) __builtin_convertvector(__builtin_shufflevector(v, v, 0, 1, 2, 3), f64v)
+#define RC_HI(v) __builtin_convertvector(__builtin_shufflevector(v, v, 4, 5, 6, 7), f64v)
+#define RC_DBG_WIDE_f32(va, vr, d, m)                                                                    \
+    RC_DBG_CORE(RC_LO(va), RC_LO(vr), RC_LO(d), RC_LO(m));                                               \
+    RC_DBG_CORE(RC_HI(va), RC_HI(vr), RC_HI(d), RC_HI(m))
+#define RC_DBG_WIDE_f64(va, vr, d, m) RC_DBG_CORE(va, vr, d, m)
+#define RC_DBG_BODY(S, A, R, M)                                                                          \
+    {                                                                                                    \
+        const S##v m = K(mask_##S)(M);                                                                   \
+        const S##v va = K(ld_##S)(A), vr = K(ld_##S)(R);                                                 \
+        const S##v d = RC_ABS(S, va - vr);                                                               \
+        K(acc_##S)(s_a, va * m);                                                                         \
+        K(acc_##S)(s_r, vr * m);                                                                         \
+        K(acc_##S)(s_d, d * m);                                                                          \
+        const S##m mv = m != zero;                                                                       \
+        cnt += mv;                                                                                       \
+        const S##v cand = K(sel_##S)(mv, d, ninf);                                                       \
+        vmax = K(sel_##S)(cand > vmax, cand, vmax);                                                      \
+        RC_DBG_WIDE_##S(va, vr, d, m);                                                                   \
+    }
+
+#define DEFINE_RC_DBG(S, T, ABSBITS)                                                                     \
+    static void K(rc_dbg_##S)(const T *a, const T *r, const uint8_t *mask, Py_ssize_t rows,             \
+                              Py_ssize_t width, double *out) {                                           \
+        const S##v zero = SPLAT(S, T, 0), ninf = SPLAT(S, T, -__builtin_inf());                          \
+        const S##m absbits = (S##m){0} + ABSBITS;                                                        \
+        Py_ssize_t first = 0, n_all = rows * width;                                                      \
+        while (first < n_all - 1 && !mask[first]) first++;                                               \
+        const T d0 = __builtin_fabs(a[first] - r[first]);                                                \
+        const f64v ka = (f64v){0} + (double)a[first], kr = (f64v){0} + (double)r[first];                \
+        const f64v kd = (f64v){0} + (double)d0;                                                          \
+        dacc s_a[2] = {0}, s_r[2] = {0}, s_d[2] = {0};                                                   \
+        f64v c_x = {0}, c_y = {0}, c_e = {0}, c_q = {0}, c_c = {0}, c_a = {0}, c_r = {0};                \
+        S##v vmax = ninf;                                                                                \
+        int64_t n = 0;                                                                                   \
+        for (Py_ssize_t i = 0; i < rows; i++) {                                                          \
+            const Py_ssize_t o = i * width;                                                              \
+            S##m cnt = {0};                                                                              \
+            Py_ssize_t j = 0;                                                                            \
+            for (; j + N_##S <= width; j += N_##S) RC_DBG_BODY(S, a + o + j, r + o + j, mask + o + j);  \
+            if (j < width) {                                                                             \
+                PAD(T, N_##S, a, a + o, j, width) PAD(T, N_##S, r, r + o, j, width);                     \
+                PAD(uint8_t, N_##S, m, mask + o, j, width);                                              \
+                RC_DBG_BODY(S, a_pad, r_pad, m_pad);                                                     \
+            }                                                                                            \
+            n += K(count_##S)(cnt);                                                                      \
+        }                                                                                                \
+        T mx = -__builtin_inf();                                                                         \
+        for (int l = 0; l < N_##S; l++)                                                                  \
+            if (vmax[l] > mx) mx = vmax[l];                                                              \
+        out[0] = K(acc_total)(s_a), out[1] = K(acc_total)(s_r), out[2] = K(acc_total)(s_d);              \
+        out[3] = mx, out[4] = (double)n;                                                                 \
+        const f64v *acc[7] = {&c_x, &c_y, &c_e, &c_q, &c_c, &c_a, &c_r};                                 \
+        for (int k = 0; k < 7; k++) out[5 + k] = ((*acc[k])[0] + (*acc[k])[1]) + ((*acc[k])[2] + (*acc[k])[3]); \
+    }
+DEFINE_RC_DBG(f32, float, 0x7fffffff)
+DEFINE_RC_DBG(f64, double, 0x7fffffffffffffffLL)

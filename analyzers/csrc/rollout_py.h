@@ -94,9 +94,24 @@ static PyObject *py_rc_rs(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_rc_dbg(PyObject *self, PyObject *args) {
+    int f64;
+    ptr_t a, r, mask, out;
+    Py_ssize_t rows, width;
+    if (!PyArg_ParseTuple(args, "pKKKnnK", &f64, &a, &r, &mask, &rows, &width, &out)) return NULL;
+    Py_BEGIN_ALLOW_THREADS;
+    if (f64)
+        DISPATCH(rc_dbg_f64, P(double, a), P(double, r), P(uint8_t, mask), rows, width, P(double, out));
+    else
+        DISPATCH(rc_dbg_f32, P(float, a), P(float, r), P(uint8_t, mask), rows, width, P(double, out));
+    Py_END_ALLOW_THREADS;
+    Py_RETURN_NONE;
+}
+
 #define ROLLOUT_METHODS                                                                                  \
     {"rc_off", py_rc_off, METH_VARARGS, "off-policy row sums, counts, k3 and rho^2 totals; |d| > 20 seen"}, \
     {"rc_ist", py_rc_ist, METH_VARARGS, "token IS weights (TIS / IcePop), their sums, counts, max, min"},   \
     {"rc_ess", py_rc_ess, METH_VARARGS, "ESS sum of the token weights; batch normalisation in place"},     \
     {"rc_fill", py_rc_fill, METH_VARARGS, "one value per row on its valid tokens"},                        \
-    {"rc_rs", py_rc_rs, METH_VARARGS, "rejection statistic sums, maxima, counts and keep mask"},
+    {"rc_rs", py_rc_rs, METH_VARARGS, "rejection statistic sums, maxima, counts and keep mask"},       \
+    {"rc_dbg", py_rc_dbg, METH_VARARGS, "probability-difference and correlation sums (debug metrics)"},

@@ -11,8 +11,8 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from rlvitals.analyzers import native, rollout_corr_metrics, rollout_correction
-from rlvitals.analyzers.rollout import _Native
+from rlvitals.analyzers import native, rollout_corr_metrics, rollout_correction, rollout_debug_metrics
+from rlvitals.analyzers.rollout import _Native, _native_debug
 from rlvitals.analyzers.rollout_config import RS_OPTIONS
 
 CONFIGS = {
@@ -298,3 +298,71 @@ def test_compiled_and_torch_ops_agree_on_random_batches(rows, width, spread, con
         assert got is want
         return
     _compare(got, want, dtype, options.get("rollout_is"), exact_is=True)
+
+
+def _debug_both(args):
+    got = rollout_debug_metrics(*args)
+    with native.disabled():
+        want = rollout_debug_metrics(*args)
+    return got, want
+
+
+def _debug_close(got, want, dtype):
+    tol = 2e-6 if dtype == torch.float32 else 1e-12
+    assert list(got) == list(want)
+    for key, b in want.items():
+        a = got[key]
+        if math.isnan(b):
+            assert math.isnan(a), key
+        elif key.endswith(("_max", "_valid")):
+            assert a == b, key  # exact
+        else:  # torch.corrcoef is float32 (a 2 x n matmul): the compiled float64 correlation is closer
+            assert a == pytest.approx(b, rel=1e-5 if key.endswith("corr") and tol > 1e-9 else tol, abs=tol), (
+                key
+            )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("width", [1, 7, 8, 9, 63, 4096 + 3])
+@pytest.mark.parametrize("mask_dtype", [torch.bool, torch.int64])
+def test_debug_metrics_compiled_and_torch_ops_agree(dtype, width, mask_dtype):
+    args = _batch(5, width, dtype, seed=width, mask_dtype=mask_dtype)
+    assert _native_debug(*args) is not None  # the compiled pass, not the torch ops twice
+    _debug_close(*_debug_both(args), dtype)
+
+
+def test_debug_metrics_edge_cases_take_the_same_values():
+    old, rollout, mask = _batch(3, 12)
+    none = torch.zeros_like(mask)
+    got, want = _debug_both((old, rollout, none))
+    _debug_close(got, want, torch.float32)
+    assert got["training/rollout_probs_diff_valid"] == 0 and math.isnan(
+        got["training/rollout_probs_diff_max"]
+    )
+    one = none.clone()
+    one[2, 5] = 1  # one token: std and correlation NaN, as torch gives them
+    _debug_close(*_debug_both((old, rollout, one)), torch.float32)
+    assert math.isnan(rollout_debug_metrics(old, rollout, one)["training/rollout_probs_diff_std"])
+    same = (old, old.clone(), mask)  # equal probabilities: diff 0 everywhere, correlation 1
+    _debug_close(*_debug_both(same), torch.float32)
+    weighted = (old, rollout, mask * 3)  # masked_select reads any non-zero as valid: the torch ops then
+    _debug_close(*_debug_both(weighted), torch.float32)
+    for value, where in ((math.nan, 0), (math.inf, 0), (math.nan, 1)):
+        t = old.clone()
+        valid = mask.bool()
+        j = int((valid[0] if where else ~valid[0]).nonzero()[0])
+        t[0, j] = value  # masked: masked_select drops it; valid: NaN / inf results on both paths
+        _debug_close(*_debug_both((t, rollout, mask)), torch.float32)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.integers(1, 6),
+    width=st.integers(1, 70),
+    spread=st.floats(0.0, 3.0),
+    seed=st.integers(0, 2**16),
+    f64=st.booleans(),
+)
+def test_debug_metrics_agree_on_random_batches(rows, width, spread, seed, f64):
+    dtype = torch.float64 if f64 else torch.float32
+    _debug_close(*_debug_both(_batch(rows, width, dtype, seed=seed, spread=spread)), dtype)
