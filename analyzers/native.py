@@ -205,18 +205,19 @@ class Inputs:
         return rows, counts, tot.tolist(), big
 
     def rc_is_token(
-        self, rho: Tensor, icepop: bool, lower: float, upper: float
+        self, rho: Tensor, icepop: bool, lower: float, upper: float, sq: Tensor
     ) -> tuple[Tensor, Tensor, list[float], list[int], list[float]]:
         """Token IS weights from ``rho = exp(clamp(d, -20, 20))``: the weights (TIS: min(rho m, upper);
         IcePop: rho m inside [lower, upper], else 0), rows ``(2, rows)`` of sum(w m), sum(rho m), totals
-        of the clamped weights and their squares, counts of valid raw > upper / < lower, max / min of w."""
-        rho = self.scratch(rho)
+        of the clamped weights and their squares, counts of valid raw > upper / < lower, max / min of w.
+        ``sq`` (token-sized) receives (cl cl) m, cl = clamp(w, 0, upper)."""
+        rho, sq = self.scratch(rho), self.scratch(sq)
         w = torch.empty(self.shape, dtype=rho.dtype)
         rows, tot = self._rows(2), torch.empty(2, dtype=torch.float64)
         cnt, mm = torch.empty(2, dtype=torch.int64), torch.empty(2, dtype=torch.float64)
         _MODULE.rc_ist(
             self.f64, rho.data_ptr(), self.mask.data_ptr(), self.rows, self.width, icepop, lower, upper,
-            w.data_ptr(), rows.data_ptr(), tot.data_ptr(), cnt.data_ptr(), mm.data_ptr(),
+            w.data_ptr(), sq.data_ptr(), rows.data_ptr(), tot.data_ptr(), cnt.data_ptr(), mm.data_ptr(),
         )  # fmt: skip
         return w, rows, tot.tolist(), cnt.tolist(), mm.tolist()
 
@@ -247,12 +248,16 @@ class Inputs:
         lower: float = 0.0,
         upper: float = 0.0,
         clamp_lower: float = 0.0,
+        x1: Tensor | None = None,
+        x2: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None, list[float], list[int], list[float]]:
         """A rejection statistic (kind 1/2/3: k1 = -safe, k2 = safe^2 / 2, k3 = rho - 1 - safe): rows
         ``(2, rows)`` of sum(s m) and max of s over valid tokens (-inf for none). With ``keep`` (uint8 of
-        the inputs' shape: a token-level option) also: ``keep &= (lower <= s if k1) & (s <= upper)``,
-        valid tokens rejected per row, totals of clamp(s, clamp_lower, upper) and its square, counts of
-        valid s > upper / s < lower, max / min of s over valid tokens."""
+        the inputs' shape: a token-level option, and then token-sized ``x1``, ``x2``) also:
+        ``keep &= (lower <= s if k1) & (s <= upper)``, valid tokens rejected per row, totals of
+        cl = clamp(s, clamp_lower, upper) and its square (``x1`` / ``x2`` receive cl m and (cl cl) m),
+        counts of valid s > upper / s < lower, max / min of s over valid tokens. Without ``keep``, ``x1``
+        (if given) receives s m."""
         rho = self.scratch(rho)
         token = keep is not None
         if token and (
@@ -260,14 +265,18 @@ class Inputs:
             or keep.device.type != "cpu"
         ):  # fmt: skip
             raise ValueError("keep must be contiguous CPU bytes of the inputs' shape")
+        if token and (x1 is None or x2 is None):
+            raise ValueError("a token-level option writes cl m and (cl cl) m into x1, x2")
+        x1 = None if x1 is None else self.scratch(x1)
+        x2 = None if x2 is None or not token else self.scratch(x2)
         rows = self._rows(2)
         rej = torch.empty(self.rows, dtype=torch.int64) if token else None
         tot, cnt, mm = (torch.empty(2, dtype=d) for d in (torch.float64, torch.int64, torch.float64))
         _MODULE.rc_rs(
             self.f64, self._p("old_log_prob"), self._p("rollout_log_prob"), rho.data_ptr(), self.mask.data_ptr(),
             self.rows, self.width, kind, token, k1, lower, upper, clamp_lower,
-            keep.data_ptr() if token else 0, rows.data_ptr(), rej.data_ptr() if token else 0, tot.data_ptr(),
-            cnt.data_ptr(), mm.data_ptr(),
+            keep.data_ptr() if token else 0, 0 if x1 is None else x1.data_ptr(), 0 if x2 is None else x2.data_ptr(),
+            rows.data_ptr(), rej.data_ptr() if token else 0, tot.data_ptr(), cnt.data_ptr(), mm.data_ptr(),
         )  # fmt: skip
         return rows, rej, tot.tolist(), cnt.tolist(), mm.tolist()
 

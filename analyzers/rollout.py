@@ -554,20 +554,34 @@ class _Native:
     def flag_mean(self, count: int) -> np.floating:
         return self.flag(count) / self.den
 
-    def moment_std(self, s1: float, s2: float, same: float | None = None) -> float:
-        """verl's sqrt(clamp(E[x^2] - E[x]^2, min=0)) (0.0 for one valid token). ``same``: every valid
-        token's x is this one value (e.g. every weight truncated to the bound): the difference is then
-        float32 rounding noise, so the two sums are verl's own (torch's sums of the same tensors)."""
+    def moment_std(self, x1: Tensor, x2: Tensor) -> tuple[np.floating, float]:
+        """verl's mean of x and sqrt(clamp(E[x^2] - E[x]^2, min=0)) (0.0 for one valid token) from x m and
+        (x x) m (token-sized, as verl's masked sums see them). The difference cancels (weights near their
+        bound lose most digits), so both sums are torch's own float32 / float64 sums of the same tensors
+        as verl's, bit for bit, not the loops' float64 ones."""
+        mean = self.mean(x1.sum().item())
         if self.n <= 1:
-            return 0.0
-        if same is not None:
-            if self.mask_t is None:
-                self.mask_t = self.mask_u8.to(self.dtype)
-            x = torch.tensor(same, dtype=self.dtype)
-            s1, s2 = (self.mask_t * x).sum().item(), (self.mask_t * (x * x)).sum().item()
-        mean = self.mean(s1)
-        var = self.mean(s2) - mean * mean
-        return float(np.sqrt(var if var > 0 else self.t(0)))
+            return mean, 0.0
+        var = self.mean(x2.sum().item()) - mean * mean
+        return mean, float(np.sqrt(var if var > 0 else self.t(0)))
+
+    def mask_tensor(self) -> Tensor:
+        """The mask in the token dtype (verl's ``x * mask`` multiplier), made once."""
+        if self.mask_t is None:
+            self.mask_t = self.mask_u8.to(self.dtype)
+        return self.mask_t
+
+    def token_buffer(self) -> Tensor:
+        from . import kernels
+
+        buf = kernels._take(self.inputs.shape, self.dtype, self.rho.device)
+        self.bufs.append(buf)
+        return buf
+
+    def row_moments(self, per_row: Tensor) -> tuple[np.floating, float]:
+        """:meth:`moment_std` of a per-row value on the row's valid tokens (verl's expanded tensor)."""
+        x1 = self.inputs.rc_fill(per_row.contiguous())
+        return self.moment_std(x1, self.inputs.rc_fill((per_row * per_row).contiguous()))
 
     def dot_counts(self, per_row: Tensor) -> float:
         """The sum over tokens of a per-row value on the row's valid tokens, correctly rounded (so that a
@@ -580,12 +594,6 @@ class _Native:
         low = v - high
         c = self.counts_np
         return math.fsum(np.concatenate((high * c, low * c)))
-
-    def same(self, per_row: Tensor) -> float | None:
-        """The one value every valid row has, if they all have the same one."""
-        valid = per_row[self.seq_valid]
-        top, bottom = torch.aminmax(valid)
-        return top.item() if bool(top == bottom) else None
 
     def rows_t(self, rows: Tensor) -> Tensor:
         return rows.to(self.dtype)
@@ -623,16 +631,19 @@ class _Native:
         return self._is_sequence(upper, lower, low, batch_normalize)
 
     def _is_token(self, upper: float, lower: float | None, low: float, batch_normalize: bool):
-        w, rows64, tot, cnt, mm = self.inputs.rc_is_token(self.rho, lower is not None, low, upper)
+        sq = self.token_buffer()
+        w, rows64, _, cnt, mm = self.inputs.rc_is_token(self.rho, lower is not None, low, upper, sq)
         rows = self.rows_t(rows64)
         m: dict[str, float] = {}
-        mean = self.mean(float(rows64[0].sum()))  # verl's masked_mean(weights), also the batch-norm mean
+        # the clamped weights are the weights (0 <= w <= upper, 0 where masked): one mean for
+        # rollout_is_mean, the std, the ESS and the batch norm, each of them verl's masked_mean(weights)
+        mean, std = self.moment_std(w, sq)
         m["rollout_is_mean"] = float(mean)
         m["rollout_is_ratio_fraction_high"] = float(self.flag_mean(cnt[0]))
         m["rollout_is_ratio_fraction_low"] = float(self.flag_mean(cnt[1]))
         m["rollout_is_max"], m["rollout_is_min"] = mm
-        m["rollout_is_std"] = self.moment_std(tot[0], tot[1], mm[0] if mm[0] == mm[1] else None)
-        c = self.mean(tot[0]) + self.t(1e-8)  # the clamped weights are the weights (0 <= w <= upper)
+        m["rollout_is_std"] = std
+        c = mean + self.t(1e-8)
         norm = batch_normalize and mean > self.t(1e-8)
         ess = self.inputs.rc_ess(w, upper, float(c), float(mean) if norm else None)
         m["rollout_is_eff_sample_size"] = 1.0 / float(self.mean(ess))
@@ -646,7 +657,8 @@ class _Native:
     def _is_sequence(self, upper: float, lower: float | None, low: float, batch_normalize: bool):
         # every valid token of row i carries the row's weight v_i, every other token 0: the full-tensor
         # sums are sums of v_i (and of functions of it) times the row's count
-        stat = self.rows_t(self.off_rows[2])  # masked_sum(log_ratio, axis=-1)
+        # masked_sum(log_ratio, axis=-1) as torch sums it (the weights, and the rows IcePop keeps, are verl's)
+        stat = torch.mul(self.bufs[0], self.mask_tensor()).sum(dim=-1)
         raw = torch.exp(stat.clamp(-SAFETY_BOUND, SAFETY_BOUND))
         if lower is None:
             v = raw.clamp(max=upper)
@@ -655,16 +667,15 @@ class _Native:
         m: dict[str, float] = {}
         m["rollout_is_max"] = torch.exp(torch.clamp(stat.max(), max=SAFETY_BOUND)).item()
         m["rollout_is_min"] = torch.exp(stat.min()).item()
-        mean = self.mean(self.dot_counts(v))
+        clipped = v.clamp(min=0.0, max=upper)  # v itself (0 <= v <= upper): verl's weights_for_std
+        mean, std = self.row_moments(clipped)
         m["rollout_is_mean"] = float(mean)
         log_upper = torch.log(torch.tensor(upper))
         log_lower = torch.log(torch.tensor(low))
         m["rollout_is_ratio_fraction_high"] = (stat > log_upper).float().mean().item()
         m["rollout_is_ratio_fraction_low"] = (stat < log_lower).float().mean().item()
-        clipped = v.clamp(min=0.0, max=upper)
-        s1 = self.dot_counts(clipped)
-        m["rollout_is_std"] = self.moment_std(s1, self.dot_counts(clipped.square()), self.same(clipped))
-        c = self.mean(s1) + self.t(1e-8)
+        m["rollout_is_std"] = std
+        c = mean + self.t(1e-8)
         q = clipped / torch.tensor(c, dtype=self.dtype)
         m["rollout_is_eff_sample_size"] = 1.0 / float(self.mean(self.dot_counts(q.square())))
         seq_mean = (v.double() * self.counts_f64).to(self.dtype) / self.per_row
@@ -703,28 +714,31 @@ class _Native:
             if option.startswith("token_"):
                 if keep is None:
                     keep = self.mask_u8.clone()
-                rows64, rej, tot, cnt, mm = self.inputs.rc_rs(
-                    self.rho, kind, keep, k1=k1, lower=lo_log, upper=hi, clamp_lower=lo_log
+                x1, x2 = self.token_buffer(), self.token_buffer()
+                rows64, rej, _, cnt, mm = self.inputs.rc_rs(
+                    self.rho, kind, keep, k1=k1, lower=lo_log, upper=hi, clamp_lower=lo_log, x1=x1, x2=x2
                 )
                 m[f"{p}_mean"] = float(self.mean(float(rows64[0].sum())))
                 m[f"{p}_max"], m[f"{p}_min"] = mm
                 m[f"{p}_fraction_high"] = float(self.flag_mean(cnt[0]))
                 m[f"{p}_fraction_low"] = float(self.flag_mean(cnt[1])) if k1 else 0.0
-                t, lo_t, hi_t = self.t, self.t(lo_log), self.t(hi)
-                top, bottom = (min(max(t(v), lo_t), hi_t) for v in mm)  # the clamped max and min
-                m[f"{p}_std"] = self.moment_std(tot[0], tot[1], float(top) if top == bottom else None)
+                m[f"{p}_std"] = self.moment_std(x1, x2)[1]
                 seq_values = (self.rows_t(rows64[0]) / self.per_row)[self.seq_valid]
                 _rs_seq_metrics(m, p, seq_values, hi, lo_log, k1)
                 n_rejected = int(rej.sum())
                 rows_rejected = int(torch.count_nonzero(rej))
             else:
-                if kind not in row_stats:
-                    row_stats[kind] = self.inputs.rc_rs(self.rho, kind)[0]
-                rows64 = row_stats[kind]
+                if (
+                    kind not in row_stats
+                ):  # s m by the loop, its row sums by torch: verl's masked_sum, bit for bit
+                    x1 = self.token_buffer()
+                    rows64 = self.inputs.rc_rs(self.rho, kind, x1=x1)[0]
+                    row_stats[kind] = (rows64, x1.sum(dim=-1))
+                rows64, row_sums = row_stats[kind]
                 if option.startswith("seq_sum"):
-                    stat = self.rows_t(rows64[0])
+                    stat = row_sums
                 elif option.startswith("seq_mean"):
-                    stat = self.rows_t(rows64[0]) / self.per_row
+                    stat = row_sums / self.per_row
                 else:
                     top = self.rows_t(rows64[1])
                     stat = torch.where(top == -math.inf, torch.zeros_like(top), top)
@@ -736,9 +750,7 @@ class _Native:
                 m[f"{p}_fraction_high"] = (seq_values > hi).float().mean().item()
                 m[f"{p}_fraction_low"] = (seq_values < lo_log).float().mean().item() if k1 else 0.0
                 clamped = stat.clamp(min=lo_log, max=hi)
-                m[f"{p}_std"] = self.moment_std(
-                    self.dot_counts(clamped), self.dot_counts(clamped.square()), self.same(clamped)
-                )
+                m[f"{p}_std"] = self.row_moments(clamped)[1]
                 _rs_seq_metrics(m, p, seq_values, hi, lo_log, k1)
                 row_rejected = ~row_keep
                 n_rejected = int(self.counts[row_rejected].sum())

@@ -63,10 +63,11 @@ DEFINE_RC_OFF(f32, float)
 DEFINE_RC_OFF(f64, double)
 
 /* ---- token-level IS weights (verl's compute_rollout_correction_weights, rollout_is="token") ---------
- * raw = rho m; TIS: w = min(raw, hi); IcePop: w = raw where lo <= raw <= hi, else 0. w is written out.
+ * raw = rho m; TIS: w = min(raw, hi); IcePop: w = raw where lo <= raw <= hi, else 0. w and (cl cl) m are
+ * written out (torch sums them for the std: see rollout.py).
  * rows: sum(w m), sum(raw m); totals: sum(cl m), sum((cl cl) m) with cl = clamp(w, 0, hi);
  * counts of valid raw > hi and raw < lo; max / min of w over valid tokens. */
-#define RC_IST_BODY(S, RHO, W, M)                                                                        \
+#define RC_IST_BODY(S, RHO, W, SQ, M)                                                                      \
     {                                                                                                    \
         const S##v m = K(mask_##S)(M);                                                                   \
         const S##m mv = m != zero;                                                                       \
@@ -81,7 +82,9 @@ DEFINE_RC_OFF(f64, double)
         K(acc_##S)(a_raw, raw * m);                                                                      \
         const S##v cl = CLAMP(S, w, zero, hi);                                                           \
         K(acc_##S)(t_cl, cl * m);                                                                        \
-        K(acc_##S)(t_cl2, (cl * cl) * m);                                                                \
+        const S##v sq = (cl * cl) * m;                                                                   \
+        memcpy(SQ, &sq, sizeof sq);                                                                      \
+        K(acc_##S)(t_cl2, sq);                                                                           \
         c_hi += (raw > hi) & mv;                                                                         \
         c_lo += (raw < lo) & mv;                                                                         \
         S##v cand = K(sel_##S)(mv, w, ninf);                                                             \
@@ -92,7 +95,8 @@ DEFINE_RC_OFF(f64, double)
 
 #define DEFINE_RC_IST(S, T)                                                                              \
     static void K(rc_ist_##S)(const T *rho, const uint8_t *mask, Py_ssize_t rows, Py_ssize_t width,     \
-                              int icepop, T lo_, T hi_, T *w_out, double *row_out, double *tot_out,      \
+                              int icepop, T lo_, T hi_, T *w_out, T *sq_out, double *row_out,            \
+                              double *tot_out,                                                           \
                               int64_t *cnt_out, double *mm_out) {                                        \
         const S##v zero = SPLAT(S, T, 0), lo = SPLAT(S, T, lo_), hi = SPLAT(S, T, hi_);                  \
         const S##v ninf = SPLAT(S, T, -__builtin_inf()), pinf = SPLAT(S, T, __builtin_inf());            \
@@ -104,12 +108,14 @@ DEFINE_RC_OFF(f64, double)
             dacc a_w[2] = {0}, a_raw[2] = {0};                                                           \
             S##m c_hi = {0}, c_lo = {0};                                                                 \
             Py_ssize_t j = 0;                                                                            \
-            for (; j + N_##S <= width; j += N_##S) RC_IST_BODY(S, rho + o + j, w_out + o + j, mask + o + j); \
+            for (; j + N_##S <= width; j += N_##S)                                                       \
+                RC_IST_BODY(S, rho + o + j, w_out + o + j, sq_out + o + j, mask + o + j);                \
             if (j < width) {                                                                             \
                 PAD(T, N_##S, rho, rho + o, j, width) PAD(uint8_t, N_##S, m, mask + o, j, width);        \
-                T w_pad[N_##S];                                                                          \
-                RC_IST_BODY(S, rho_pad, w_pad, m_pad);                                                   \
+                T w_pad[N_##S], sq_pad[N_##S];                                                           \
+                RC_IST_BODY(S, rho_pad, w_pad, sq_pad, m_pad);                                           \
                 RC_STORE_TAIL(T, w_out + o, w_pad, j, width);                                            \
+                RC_STORE_TAIL(T, sq_out + o, sq_pad, j, width);                                          \
             }                                                                                            \
             row_out[i] = K(acc_total)(a_w);                                                              \
             row_out[rows + i] = K(acc_total)(a_raw);                                                     \
@@ -198,8 +204,10 @@ DEFINE_RC_FILL(f64, double)
  * Always: row sums of s m and row maxima of s over valid tokens (-inf for a row without any).
  * token (a token-level option): totals sum(s m), sum(cl m), sum((cl cl) m), cl = clamp(s, clo, hi);
  * counts of valid s > hi and s < lo; max / min of s over valid tokens; keep = lo <= s <= hi (k1: lower
- * too) ANDed into keep_io (bytes), and per row the count of valid tokens it rejects. */
-#define RC_RS_BODY(S, OLD, RO, RHO, M, KEEP)                                                             \
+ * too) ANDed into keep_io (bytes), per row the count of valid tokens it rejects, and cl m, (cl cl) m
+ * written out (torch sums them for the std). Not token: x1 (if given) receives s m (torch's row sums of it
+ * are verl's seq_sum / seq_mean statistics, bit for bit). */
+#define RC_RS_BODY(S, OLD, RO, RHO, M, KEEP, X1, X2)                                                             \
     {                                                                                                    \
         const S##v m = K(mask_##S)(M);                                                                   \
         const S##m mv = m != zero;                                                                       \
@@ -218,8 +226,11 @@ DEFINE_RC_FILL(f64, double)
         rmax = K(sel_##S)(cand > rmax, cand, rmax);                                                      \
         if (token) {                                                                                     \
             const S##v cl = CLAMP(S, s, clo, hi);                                                        \
-            K(acc_##S)(t_cl, cl * m);                                                                    \
-            K(acc_##S)(t_cl2, (cl * cl) * m);                                                            \
+            const S##v x1 = cl * m, x2 = (cl * cl) * m;                                                  \
+            memcpy(X1, &x1, sizeof x1);                                                                  \
+            memcpy(X2, &x2, sizeof x2);                                                                  \
+            K(acc_##S)(t_cl, x1);                                                                        \
+            K(acc_##S)(t_cl2, x2);                                                                       \
             c_hi += (s > hi) & mv;                                                                       \
             c_lo += (s < lo) & mv;                                                                       \
             const S##v cmin = K(sel_##S)(mv, s, pinf);                                                   \
@@ -227,6 +238,9 @@ DEFINE_RC_FILL(f64, double)
             const S##m keep = k1 ? ((s >= lo) & (s <= hi)) : (s <= hi);                                  \
             c_rej += mv & ~keep;                                                                         \
             RC_KEEP_##S(KEEP, keep);                                                                     \
+        } else if (X1) {                                                                                 \
+            const S##v x1 = s * m;                                                                       \
+            memcpy(X1, &x1, sizeof x1);                                                                  \
         }                                                                                                \
     }
 #define RC_KEEP_f32(P, keep)                                                                             \
@@ -247,7 +261,8 @@ DEFINE_RC_FILL(f64, double)
 #define DEFINE_RC_RS(S, T)                                                                               \
     static void K(rc_rs_##S)(const T *old, const T *ro, const T *rho, const uint8_t *mask,              \
                              Py_ssize_t rows, Py_ssize_t width, int kind, int token, int k1, T lo_, T hi_, \
-                             T clo_, uint8_t *keep_io, double *row_out, int64_t *rej_out,                \
+                             T clo_, uint8_t *keep_io, T *x1_out, T *x2_out, double *row_out,            \
+                             int64_t *rej_out,                                                           \
                              double *tot_out, int64_t *cnt_out, double *mm_out) {                        \
         const S##v zero = SPLAT(S, T, 0), one = SPLAT(S, T, 1), half = SPLAT(S, T, 0.5);                 \
         const S##v lim = SPLAT(S, T, 20), lo = SPLAT(S, T, lo_), hi = SPLAT(S, T, hi_);                  \
@@ -263,13 +278,20 @@ DEFINE_RC_FILL(f64, double)
             S##m c_hi = {0}, c_lo = {0}, c_rej = {0};                                                    \
             Py_ssize_t j = 0;                                                                            \
             for (; j + N_##S <= width; j += N_##S)                                                       \
-                RC_RS_BODY(S, old + o + j, ro + o + j, rho + o + j, mask + o + j, token ? keep_io + o + j : NULL);      \
+                RC_RS_BODY(S, old + o + j, ro + o + j, rho + o + j, mask + o + j,                        \
+                           token ? keep_io + o + j : NULL, x1_out ? x1_out + o + j : NULL,               \
+                           token ? x2_out + o + j : NULL);                                               \
             if (j < width) {                                                                             \
                 PAD(T, N_##S, old, old + o, j, width) PAD(T, N_##S, ro, ro + o, j, width);               \
                 PAD(T, N_##S, rho, rho + o, j, width) PAD(uint8_t, N_##S, m, mask + o, j, width);        \
                 PAD(uint8_t, N_##S, k, token ? keep_io + o : NULL, j, width);                            \
-                RC_RS_BODY(S, old_pad, ro_pad, rho_pad, m_pad, k_pad);                                   \
-                if (token) RC_STORE_TAIL(uint8_t, keep_io + o, k_pad, j, width);                         \
+                T x1_pad[N_##S], x2_pad[N_##S];                                                          \
+                RC_RS_BODY(S, old_pad, ro_pad, rho_pad, m_pad, k_pad, x1_pad, x2_pad);                   \
+                if (token) {                                                                             \
+                    RC_STORE_TAIL(uint8_t, keep_io + o, k_pad, j, width);                                \
+                    RC_STORE_TAIL(T, x2_out + o, x2_pad, j, width);                                      \
+                }                                                                                        \
+                if (x1_out) RC_STORE_TAIL(T, x1_out + o, x1_pad, j, width);                              \
             }                                                                                            \
             row_out[i] = K(acc_total)(a_s);                                                              \
             T mx = -__builtin_inf();                                                                     \

@@ -22,19 +22,19 @@ static PyObject *py_rc_off(PyObject *self, PyObject *args) {
 
 static PyObject *py_rc_ist(PyObject *self, PyObject *args) {
     int f64, icepop;
-    ptr_t rho, mask, w_out, row_out, tot_out, cnt_out, mm_out;
+    ptr_t rho, mask, w_out, sq_out, row_out, tot_out, cnt_out, mm_out;
     Py_ssize_t rows, width;
     double lo, hi;
-    if (!PyArg_ParseTuple(args, "pKKnnpddKKKKK", &f64, &rho, &mask, &rows, &width, &icepop, &lo, &hi, &w_out,
-                          &row_out, &tot_out, &cnt_out, &mm_out))
+    if (!PyArg_ParseTuple(args, "pKKnnpddKKKKKK", &f64, &rho, &mask, &rows, &width, &icepop, &lo, &hi, &w_out,
+                          &sq_out, &row_out, &tot_out, &cnt_out, &mm_out))
         return NULL;
     Py_BEGIN_ALLOW_THREADS;
     if (f64)
         DISPATCH(rc_ist_f64, P(double, rho), P(uint8_t, mask), rows, width, icepop, lo, hi, P(double, w_out),
-                 P(double, row_out), P(double, tot_out), P(int64_t, cnt_out), P(double, mm_out));
+                 P(double, sq_out), P(double, row_out), P(double, tot_out), P(int64_t, cnt_out), P(double, mm_out));
     else
         DISPATCH(rc_ist_f32, P(float, rho), P(uint8_t, mask), rows, width, icepop, (float)lo, (float)hi,
-                 P(float, w_out), P(double, row_out), P(double, tot_out), P(int64_t, cnt_out), P(double, mm_out));
+                 P(float, w_out), P(float, sq_out), P(double, row_out), P(double, tot_out), P(int64_t, cnt_out), P(double, mm_out));
     Py_END_ALLOW_THREADS;
     Py_RETURN_NONE;
 }
@@ -71,11 +71,12 @@ static PyObject *py_rc_fill(PyObject *self, PyObject *args) {
 
 static PyObject *py_rc_rs(PyObject *self, PyObject *args) {
     int f64, kind, token, k1;
-    ptr_t old, ro, rho, mask, keep, row_out, rej_out, tot_out, cnt_out, mm_out;
+    ptr_t old, ro, rho, mask, keep, x1, x2, row_out, rej_out, tot_out, cnt_out, mm_out;
     Py_ssize_t rows, width;
     double lo, hi, clo;
-    if (!PyArg_ParseTuple(args, "pKKKKnnippdddKKKKKK", &f64, &old, &ro, &rho, &mask, &rows, &width, &kind, &token,
-                          &k1, &lo, &hi, &clo, &keep, &row_out, &rej_out, &tot_out, &cnt_out, &mm_out))
+    if (!PyArg_ParseTuple(args, "pKKKKnnippdddKKKKKKKK", &f64, &old, &ro, &rho, &mask, &rows, &width, &kind,
+                          &token, &k1, &lo, &hi, &clo, &keep, &x1, &x2, &row_out, &rej_out, &tot_out, &cnt_out,
+                          &mm_out))
         return NULL;
     if (kind < 1 || kind > 3) {
         PyErr_SetString(PyExc_ValueError, "kind must be 1, 2 or 3");
@@ -84,11 +85,13 @@ static PyObject *py_rc_rs(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS;
     if (f64)
         DISPATCH(rc_rs_f64, P(double, old), P(double, ro), P(double, rho), P(uint8_t, mask), rows, width, kind,
-                 token, k1, lo, hi, clo, P(uint8_t, keep), P(double, row_out), P(int64_t, rej_out),
+                 token, k1, lo, hi, clo, P(uint8_t, keep), P(double, x1), P(double, x2), P(double, row_out),
+                 P(int64_t, rej_out),
                  P(double, tot_out), P(int64_t, cnt_out), P(double, mm_out));
     else
         DISPATCH(rc_rs_f32, P(float, old), P(float, ro), P(float, rho), P(uint8_t, mask), rows, width, kind, token,
-                 k1, (float)lo, (float)hi, (float)clo, P(uint8_t, keep), P(double, row_out), P(int64_t, rej_out),
+                 k1, (float)lo, (float)hi, (float)clo, P(uint8_t, keep), P(float, x1), P(float, x2),
+                 P(double, row_out), P(int64_t, rej_out),
                  P(double, tot_out), P(int64_t, cnt_out), P(double, mm_out));
     Py_END_ALLOW_THREADS;
     Py_RETURN_NONE;

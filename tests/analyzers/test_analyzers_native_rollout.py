@@ -255,7 +255,7 @@ def test_a_log_ratio_past_the_clamp_uses_the_clamped_exp():
         _compare(*_both((old, rollout, mask), CONFIGS[config]), torch.float32, "token", exact_is=True)
 
 
-def test_every_weight_truncated_to_the_bound_gives_verls_exact_std():
+def test_every_weight_truncated_to_the_bound_gives_verls_exact_std():  # the sums are torch's own
     # every weight is the bound: verl's E[w^2] - E[w]^2 is float32 rounding noise around 0; the compiled
     # path takes verl's own sums then, not a float64 sum that rounds to another noise
     old, rollout, mask = _batch(4, 257, seed=9, spread=0.01)
