@@ -121,7 +121,16 @@ def _check(old_log_prob: Tensor, rollout_log_prob: Tensor, response_mask: Tensor
             f"{tuple(response_mask.shape)}"
         )
     if not bool(torch.count_nonzero(response_mask)):  # .any() on an int64 mask is ~30x slower
-        raise ValueError("response_mask must contain at least one valid token (1)")
+        raise ValueError(NO_VALID_TOKEN)
+
+
+NO_VALID_TOKEN = "response_mask must contain at least one valid token (1)"
+
+
+def _check_shapes(old_log_prob: Tensor, rollout_log_prob: Tensor, response_mask: Tensor) -> None:
+    """:func:`_check` but the valid-token count (the compiled pass counts them, and raises the same)."""
+    if old_log_prob.shape != rollout_log_prob.shape or old_log_prob.shape != response_mask.shape:
+        _check(old_log_prob, rollout_log_prob, response_mask)
 
 
 def _is_weights(
@@ -502,10 +511,10 @@ class _Native:
             counts + 1e-8 if self.count_dtype == torch.float32 else counts.to(self.count_dtype) + 1e-8
         )
         self.seq_valid = counts > 0
-        self.counts_f64 = counts.to(torch.float64)
-        self.counts_np = self.counts_f64.numpy()
         self.mask_u8 = inputs.mask
         self.mask_t: Tensor | None = None  # the mask in the token dtype, made when needed
+        self._counts_f64: Tensor | None = None
+        self._lr_rows: Tensor | None = None
 
     @classmethod
     def of(cls, old: Tensor, rollout: Tensor, mask: Tensor) -> _Native | None:
@@ -539,6 +548,9 @@ class _Native:
         if not self.finite:
             self.close()
             return None
+        if self.n == 0:
+            self.close()
+            raise ValueError(NO_VALID_TOKEN)
         return self
 
     def close(self) -> None:
@@ -564,6 +576,19 @@ class _Native:
             return mean, 0.0
         var = self.mean(x2.sum().item()) - mean * mean
         return mean, float(np.sqrt(var if var > 0 else self.t(0)))
+
+    @property
+    def counts_f64(self) -> Tensor:
+        if self._counts_f64 is None:
+            self._counts_f64 = self.counts.to(torch.float64)
+        return self._counts_f64
+
+    def log_ratio_rows(self) -> Tensor:
+        """masked_sum(log_ratio, axis=-1) as torch sums it, bit for bit verl's: exp(2 x) (chi2_seq) and
+        the sequence IS weights multiply a row sum's rounding by up to 40, and IcePop keeps rows by it."""
+        if self._lr_rows is None:
+            self._lr_rows = torch.mul(self.bufs[0], self.mask_tensor()).sum(dim=-1)
+        return self._lr_rows
 
     def mask_tensor(self) -> Tensor:
         """The mask in the token dtype (verl's ``x * mask`` multiplier), made once."""
@@ -592,7 +617,7 @@ class _Native:
         t = v * 134217729.0  # 2^27 + 1
         high = t - (t - v)
         low = v - high
-        c = self.counts_np
+        c = self.counts_f64.numpy()
         return math.fsum(np.concatenate((high * c, low * c)))
 
     def rows_t(self, rows: Tensor) -> Tensor:
@@ -601,7 +626,7 @@ class _Native:
     # -- off-policy metrics --------------------------------------------------------------------------------
     def offpolicy(self) -> dict[str, float]:
         rows = self.rows_t(self.off_rows)
-        lp_rows, ro_rows, lr_rows = rows[0], rows[1], rows[2]
+        lp_rows, ro_rows = rows[0], rows[1]
         m: dict[str, float] = {}
         mean_train = lp_rows / self.per_row
         m["training_ppl"] = torch.exp(-mean_train).mean().item()
@@ -618,7 +643,7 @@ class _Native:
         m["log_ppl_diff_min"] = diff.min().item()
         m["ppl_ratio"] = torch.exp(diff).mean().item()
         m["chi2_token"] = float(self.mean(self.off_tot[1]) - self.t(1.0))
-        seq_log = lr_rows.clamp(-SAFETY_BOUND, SAFETY_BOUND)
+        seq_log = self.log_ratio_rows().clamp(-SAFETY_BOUND, SAFETY_BOUND)
         m["chi2_seq"] = (torch.exp(2.0 * seq_log).mean() - 1.0).item()
         return m
 
@@ -657,8 +682,7 @@ class _Native:
     def _is_sequence(self, upper: float, lower: float | None, low: float, batch_normalize: bool):
         # every valid token of row i carries the row's weight v_i, every other token 0: the full-tensor
         # sums are sums of v_i (and of functions of it) times the row's count
-        # masked_sum(log_ratio, axis=-1) as torch sums it (the weights, and the rows IcePop keeps, are verl's)
-        stat = torch.mul(self.bufs[0], self.mask_tensor()).sum(dim=-1)
+        stat = self.log_ratio_rows()
         raw = torch.exp(stat.clamp(-SAFETY_BOUND, SAFETY_BOUND))
         if lower is None:
             v = raw.clamp(max=upper)
@@ -822,7 +846,7 @@ def rollout_correction(
     Returns ``(weights or None, response_mask after rejection, metrics)``; ``weights`` is None unless
     ``rollout_is`` is set and is 0 on masked tokens; the mask keeps ``response_mask``'s dtype.
     """
-    _check(old_log_prob, rollout_log_prob, response_mask)
+    _check_shapes(old_log_prob, rollout_log_prob, response_mask)
     with torch.no_grad():
         fast = _native_correction(
             old_log_prob, rollout_log_prob, response_mask, rollout_is, rollout_is_threshold,
@@ -831,6 +855,7 @@ def rollout_correction(
         if fast is not None:
             weights, mask, metrics = fast
             return weights, mask, {PREFIX + k: v for k, v in metrics.items()}
+        _check(old_log_prob, rollout_log_prob, response_mask)
         log_ratio = old_log_prob - rollout_log_prob
         metrics: dict[str, float] = {}
         weights = None
@@ -854,7 +879,7 @@ def rollout_corr_metrics(
     ``rollout_corr/{training_ppl, training_log_ppl, kl, k3_kl, rollout_ppl, rollout_log_ppl,
     log_ppl_diff, log_ppl_abs_diff, log_ppl_diff_max, log_ppl_diff_min, ppl_ratio, chi2_token, chi2_seq}``.
     """
-    _check(log_prob, rollout_log_prob, response_mask)
+    _check_shapes(log_prob, rollout_log_prob, response_mask)
     with torch.no_grad():
         nat = _Native.of(log_prob, rollout_log_prob, response_mask)
         if nat is not None:
@@ -862,6 +887,7 @@ def rollout_corr_metrics(
                 return {PREFIX + k: v for k, v in nat.offpolicy().items()}
             finally:
                 nat.close()
+        _check(log_prob, rollout_log_prob, response_mask)
         return {
             PREFIX + k: v for k, v in _offpolicy_metrics(log_prob, rollout_log_prob, response_mask).items()
         }
