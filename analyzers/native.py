@@ -188,11 +188,11 @@ class Inputs:
             raise ValueError("per-row vector does not match the inputs")
         return v
 
-    def rc_off(self, e: Tensor, rho: Tensor) -> tuple[Tensor, Tensor, list[float], bool]:
+    def rc_off(self, e: Tensor, rho: Tensor, dm: Tensor) -> tuple[Tensor, Tensor, list[float], bool]:
         """Off-policy sums: rows ``(3, rows)`` of sum(old m), sum(rollout m), sum(d m) (d = old -
-        rollout), valid tokens per row, totals [sum((e - d - 1) m), sum(rho^2 m)], and whether some
-        |d| > 20 (then ``rho`` must be ``exp(clamp(d, -20, 20))``, not ``e = exp(d)``)."""
-        e, rho = self.scratch(e), self.scratch(rho)
+        rollout; ``dm`` receives d m), valid tokens per row, totals [sum((e - d - 1) m), sum(rho^2 m)],
+        and whether some |d| > 20 (then ``rho`` must be ``exp(clamp(d, -20, 20))``, not ``e = exp(d)``)."""
+        e, rho, dm = self.scratch(e), self.scratch(rho), self.scratch(dm)
         rows, counts, tot = (
             self._rows(3),
             torch.empty(self.rows, dtype=torch.int64),
@@ -200,7 +200,8 @@ class Inputs:
         )
         big = _MODULE.rc_off(
             self.f64, self._p("old_log_prob"), self._p("rollout_log_prob"), e.data_ptr(), rho.data_ptr(),
-            self.mask.data_ptr(), self.rows, self.width, rows.data_ptr(), counts.data_ptr(), tot.data_ptr(),
+            self.mask.data_ptr(), self.rows, self.width, dm.data_ptr(), rows.data_ptr(), counts.data_ptr(),
+            tot.data_ptr(),
         )  # fmt: skip
         return rows, counts, tot.tolist(), big
 

@@ -491,16 +491,16 @@ class _Native:
         self.count_dtype = mask.dtype if mask.dtype.is_floating_point else torch.float32
         self.c = _NP[self.count_dtype]
         self.flag = np.promote_types(np.float32, self.c).type  # (x > bound).float() under the mask
-        d, e = bufs
+        d, e, self.dm = bufs
         torch.sub(inputs.tensors["old_log_prob"], inputs.tensors["rollout_log_prob"], out=d)
         torch.exp(d, out=e)
-        rows, counts, tot, big = inputs.rc_off(e, e)
+        rows, counts, tot, big = inputs.rc_off(e, e, self.dm)
         self.rho = e  # exp(clamp(d, -20, 20)) is exp(d) when no |d| > 20
         if big:
             rho = kernels._take(inputs.shape, self.dtype, d.device)
             bufs.append(rho)
             torch.exp(torch.clamp(d, -SAFETY_BOUND, SAFETY_BOUND, out=rho), out=rho)
-            rows, counts, tot, _ = inputs.rc_off(e, rho)
+            rows, counts, tot, _ = inputs.rc_off(e, rho, self.dm)
             self.rho = rho
         self.finite = bool(torch.isfinite(rows).all()) and all(math.isfinite(v) for v in tot)
         self.off_rows, self.off_tot = rows, tot
@@ -539,7 +539,7 @@ class _Native:
         )
         if inputs is None:
             return None
-        bufs = [kernels._take(inputs.shape, dtype, old.device) for _ in range(2)]
+        bufs = [kernels._take(inputs.shape, dtype, old.device) for _ in range(3)]
         try:
             self = cls(inputs, mask, bufs)
         except BaseException:
@@ -587,7 +587,7 @@ class _Native:
         """masked_sum(log_ratio, axis=-1) as torch sums it, bit for bit verl's: exp(2 x) (chi2_seq) and
         the sequence IS weights multiply a row sum's rounding by up to 40, and IcePop keeps rows by it."""
         if self._lr_rows is None:
-            self._lr_rows = torch.mul(self.bufs[0], self.mask_tensor()).sum(dim=-1)
+            self._lr_rows = self.dm.sum(dim=-1)  # d m from the off-policy loop
         return self._lr_rows
 
     def mask_tensor(self) -> Tensor:

@@ -10,17 +10,20 @@
 #define RC_STORE_TAIL(T, dst, pad, j, width) memcpy((dst) + (j), pad, (size_t)((width) - (j)) * sizeof(T))
 
 /* ---- off-policy metrics (verl's compute_offpolicy_metrics) -------------------------------------------
- * rows: sum(old m), sum(rollout m), sum(d m) per row, and the row's valid-token count;
+ * rows: sum(old m), sum(rollout m), sum(d m) per row, and the row's valid-token count; d m written out
+ * (torch's row sums of it are verl's masked_sum(log_ratio, axis=-1), bit for bit);
  * totals: sum(((e - d) - 1) m) (k3_kl) and sum((rho rho) m) (chi2_token);
  * big: some |d| > 20 (rho then is not e: the caller computes it and runs again). */
-#define RC_OFF_BODY(S, OLD, RO, E, RHO, M)                                                               \
+#define RC_OFF_BODY(S, OLD, RO, E, RHO, M, DM)                                                               \
     {                                                                                                    \
         const S##v m = K(mask_##S)(M);                                                                   \
         const S##v vo = K(ld_##S)(OLD), vr = K(ld_##S)(RO);                                              \
         const S##v d = vo - vr;                                                                          \
         K(acc_##S)(a_lp, vo * m);                                                                        \
         K(acc_##S)(a_ro, vr * m);                                                                        \
-        K(acc_##S)(a_d, d * m);                                                                          \
+        const S##v dm = d * m;                                                                           \
+        memcpy(DM, &dm, sizeof dm);                                                                      \
+        K(acc_##S)(a_d, dm);                                                                             \
         S##v k3 = K(ld_##S)(E) - d;                                                                      \
         k3 = k3 - one;                                                                                   \
         K(acc_##S)(t_k3, k3 * m);                                                                        \
@@ -32,8 +35,8 @@
 
 #define DEFINE_RC_OFF(S, T)                                                                              \
     static int K(rc_off_##S)(const T *old, const T *ro, const T *e, const T *rho, const uint8_t *mask,  \
-                             Py_ssize_t rows, Py_ssize_t width, double *row_out, int64_t *count_out,     \
-                             double *tot_out) {                                                          \
+                             Py_ssize_t rows, Py_ssize_t width, T *dm_out, double *row_out,              \
+                             int64_t *count_out, double *tot_out) {                                      \
         const S##v zero = SPLAT(S, T, 0), one = SPLAT(S, T, 1), lim = SPLAT(S, T, 20);                   \
         dacc t_k3[2] = {0}, t_rho[2] = {0};                                                              \
         S##m big = {0};                                                                                  \
@@ -43,12 +46,14 @@
             S##m cnt = {0};                                                                              \
             Py_ssize_t j = 0;                                                                            \
             for (; j + N_##S <= width; j += N_##S)                                                       \
-                RC_OFF_BODY(S, old + o + j, ro + o + j, e + o + j, rho + o + j, mask + o + j);           \
+                RC_OFF_BODY(S, old + o + j, ro + o + j, e + o + j, rho + o + j, mask + o + j, dm_out + o + j); \
             if (j < width) {                                                                             \
                 PAD(T, N_##S, old, old + o, j, width) PAD(T, N_##S, ro, ro + o, j, width);               \
                 PAD(T, N_##S, e, e + o, j, width) PAD(T, N_##S, rho, rho + o, j, width);                 \
                 PAD(uint8_t, N_##S, m, mask + o, j, width);                                              \
-                RC_OFF_BODY(S, old_pad, ro_pad, e_pad, rho_pad, m_pad);                                  \
+                T dm_pad[N_##S];                                                                         \
+                RC_OFF_BODY(S, old_pad, ro_pad, e_pad, rho_pad, m_pad, dm_pad);                          \
+                RC_STORE_TAIL(T, dm_out + o, dm_pad, j, width);                                          \
             }                                                                                            \
             row_out[i] = K(acc_total)(a_lp);                                                             \
             row_out[rows + i] = K(acc_total)(a_ro);                                                      \
