@@ -692,3 +692,122 @@ class Inputs:
             raise ValueError("a packed index out of range, or per-row counts that do not match the mask")
 
     # -- rollout correction: csrc/rollout.h -------------------------------------------------------------
+    # Inputs of rollout.py: tensors {"old_log_prob", "rollout_log_prob"}. Row outputs are float64 tensors
+    # (rollout.py rounds them to the token dtype, as verl's sums are); counts are exact.
+    def _rows(self, k: int) -> Tensor:
+        return torch.empty((k, self.rows), dtype=torch.float64)
+
+    def _vector(self, v: Tensor) -> Tensor:
+        """``v`` if the loops may read it as one value per row in the token dtype."""
+        if (
+            v.shape != (self.rows,)
+            or v.dtype != next(iter(self.tensors.values())).dtype
+            or not v.is_contiguous()
+            or v.device.type != "cpu"
+        ):
+            raise ValueError("per-row vector does not match the inputs")
+        return v
+
+    def rc_off(self, e: Tensor, rho: Tensor, dm: Tensor) -> tuple[Tensor, Tensor, list[float], bool]:
+        """Off-policy sums: rows ``(3, rows)`` of sum(old m), sum(rollout m), sum(d m) (d = old -
+        rollout; ``dm`` receives d m), valid tokens per row, totals [sum((e - d - 1) m), sum(rho^2 m)],
+        and whether some |d| > 20 (then ``rho`` must be ``exp(clamp(d, -20, 20))``, not ``e = exp(d)``)."""
+        e, rho, dm = self.scratch(e), self.scratch(rho), self.scratch(dm)
+        rows, counts, tot = (
+            self._rows(3),
+            torch.empty(self.rows, dtype=torch.int64),
+            torch.empty(2, dtype=torch.float64),
+        )
+        big = _MODULE.rc_off(
+            self.f64, self._p("old_log_prob"), self._p("rollout_log_prob"), e.data_ptr(), rho.data_ptr(),
+            self.mask.data_ptr(), self.rows, self.width, dm.data_ptr(), rows.data_ptr(), counts.data_ptr(),
+            tot.data_ptr(),
+        )  # fmt: skip
+        return rows, counts, tot.tolist(), big
+
+    def rc_is_token(
+        self, rho: Tensor, icepop: bool, lower: float, upper: float, sq: Tensor
+    ) -> tuple[Tensor, Tensor, list[float], list[int], list[float]]:
+        """Token IS weights from ``rho = exp(clamp(d, -20, 20))``: the weights (TIS: min(rho m, upper);
+        IcePop: rho m inside [lower, upper], else 0), rows ``(2, rows)`` of sum(w m), sum(rho m), totals
+        of the clamped weights and their squares, counts of valid raw > upper / < lower, max / min of w.
+        ``sq`` (token-sized) receives (cl cl) m, cl = clamp(w, 0, upper)."""
+        rho, sq = self.scratch(rho), self.scratch(sq)
+        w = torch.empty(self.shape, dtype=rho.dtype)
+        rows, tot = self._rows(2), torch.empty(2, dtype=torch.float64)
+        cnt, mm = torch.empty(2, dtype=torch.int64), torch.empty(2, dtype=torch.float64)
+        _MODULE.rc_ist(
+            self.f64, rho.data_ptr(), self.mask.data_ptr(), self.rows, self.width, icepop, lower, upper,
+            w.data_ptr(), sq.data_ptr(), rows.data_ptr(), tot.data_ptr(), cnt.data_ptr(), mm.data_ptr(),
+        )  # fmt: skip
+        return w, rows, tot.tolist(), cnt.tolist(), mm.tolist()
+
+    def rc_ess(self, w: Tensor, upper: float, c: float, bn: float | None) -> float:
+        """sum(((clamp(w, 0, upper) / c)^2) m); with ``bn``, ``w /= bn`` in place."""
+        w = self.scratch(w)
+        return _MODULE.rc_ess(
+            self.f64, w.data_ptr(), self.mask.data_ptr(), self.rows, self.width, upper, c, bn is not None,
+            0.0 if bn is None else bn,
+        )  # fmt: skip
+
+    def rc_fill(self, values: Tensor) -> Tensor:
+        """``values[i] * m`` on every token of row i (a new tensor of the token dtype)."""
+        values = self._vector(values)
+        out = torch.empty(self.shape, dtype=values.dtype)
+        _MODULE.rc_fill(
+            self.f64, values.data_ptr(), self.mask.data_ptr(), self.rows, self.width, out.data_ptr()
+        )
+        return out
+
+    def rc_rs(
+        self,
+        rho: Tensor,
+        kind: int,
+        keep: Tensor | None = None,
+        *,
+        k1: bool = False,
+        lower: float = 0.0,
+        upper: float = 0.0,
+        clamp_lower: float = 0.0,
+        x1: Tensor | None = None,
+        x2: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor | None, list[float], list[int], list[float]]:
+        """A rejection statistic (kind 1/2/3: k1 = -safe, k2 = safe^2 / 2, k3 = rho - 1 - safe): rows
+        ``(2, rows)`` of sum(s m) and max of s over valid tokens (-inf for none). With ``keep`` (uint8 of
+        the inputs' shape: a token-level option, and then token-sized ``x1``, ``x2``) also:
+        ``keep &= (lower <= s if k1) & (s <= upper)``, valid tokens rejected per row, totals of
+        cl = clamp(s, clamp_lower, upper) and its square (``x1`` / ``x2`` receive cl m and (cl cl) m),
+        counts of valid s > upper / s < lower, max / min of s over valid tokens. Without ``keep``, ``x1``
+        (if given) receives s m."""
+        rho = self.scratch(rho)
+        token = keep is not None
+        if token and (
+            keep.shape != self.shape or keep.dtype != torch.uint8 or not keep.is_contiguous()
+            or keep.device.type != "cpu"
+        ):  # fmt: skip
+            raise ValueError("keep must be contiguous CPU bytes of the inputs' shape")
+        if token and (x1 is None or x2 is None):
+            raise ValueError("a token-level option writes cl m and (cl cl) m into x1, x2")
+        x1 = None if x1 is None else self.scratch(x1)
+        x2 = None if x2 is None or not token else self.scratch(x2)
+        rows = self._rows(2)
+        rej = torch.empty(self.rows, dtype=torch.int64) if token else None
+        tot, cnt, mm = (torch.empty(2, dtype=d) for d in (torch.float64, torch.int64, torch.float64))
+        _MODULE.rc_rs(
+            self.f64, self._p("old_log_prob"), self._p("rollout_log_prob"), rho.data_ptr(), self.mask.data_ptr(),
+            self.rows, self.width, kind, token, k1, lower, upper, clamp_lower,
+            keep.data_ptr() if token else 0, 0 if x1 is None else x1.data_ptr(), 0 if x2 is None else x2.data_ptr(),
+            rows.data_ptr(), rej.data_ptr() if token else 0, tot.data_ptr(), cnt.data_ptr(), mm.data_ptr(),
+        )  # fmt: skip
+        return rows, rej, tot.tolist(), cnt.tolist(), mm.tolist()
+
+    def rc_dbg(self, a: Tensor, r: Tensor) -> list[float]:
+        """``a = exp(old)``, ``r = exp(rollout)``, ``diff = |a - r|``: [sum(a m), sum(r m), sum(diff m), max
+        diff over valid tokens, valid tokens, and with x, y, e = a, r, diff less their values at the first
+        valid token: sum(x m), sum(y m), sum(e m), sum(e^2 m), sum(x y m), sum(x^2 m), sum(y^2 m)]."""
+        a, r = self.scratch(a), self.scratch(r)
+        out = torch.empty(12, dtype=torch.float64)
+        _MODULE.rc_dbg(
+            self.f64, a.data_ptr(), r.data_ptr(), self.mask.data_ptr(), self.rows, self.width, out.data_ptr()
+        )
+        return out.tolist()

@@ -1,0 +1,368 @@
+"""The compiled rollout-correction passes (analyzers/csrc/rollout.h, rollout.py's _Native) against the
+torch ops they replace (native.disabled()): every IS level and threshold kind, batch normalisation,
+every rejection option alone and chained, on every width the loops treat differently. Parity with
+verl itself runs on both paths in test_analyzers_rollout_parity.py."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from rlvitals.analyzers import native, rollout_corr_metrics, rollout_correction, rollout_debug_metrics
+from rlvitals.analyzers.rollout import _Native, _native_debug
+from rlvitals.analyzers.rollout_config import RS_OPTIONS
+
+CONFIGS = {
+    "off-policy": {},
+    "token TIS": {"rollout_is": "token", "rollout_is_threshold": 1.5},
+    "token IcePop": {"rollout_is": "token", "rollout_is_threshold": "0.8_1.2"},
+    "token TIS bn": {"rollout_is": "token", "rollout_is_threshold": 1.1, "rollout_is_batch_normalize": True},
+    "token IcePop bn": {
+        "rollout_is": "token",
+        "rollout_is_threshold": "0.9_1.3",
+        "rollout_is_batch_normalize": True,
+    },
+    "sequence TIS": {"rollout_is": "sequence", "rollout_is_threshold": 2.0},
+    "sequence IcePop": {"rollout_is": "sequence", "rollout_is_threshold": "0.01_100"},
+    "sequence TIS bn": {
+        "rollout_is": "sequence",
+        "rollout_is_threshold": 1.5,
+        "rollout_is_batch_normalize": True,
+    },
+    "sequence IcePop bn": {
+        "rollout_is": "sequence",
+        "rollout_is_threshold": "0.2_5",
+        "rollout_is_batch_normalize": True,
+    },
+    **{  # every rejection option alone, thresholds that keep some tokens and reject others
+        option: {"rollout_rs": option, "rollout_rs_threshold": "0.8_1.25" if option.endswith("k1") else 0.02}
+        for option in RS_OPTIONS
+    },
+    "chain token": {"rollout_rs": "token_k1,token_k2,token_k3", "rollout_rs_threshold": "0.7_1.3,0.05,0.03"},
+    "chain mixed + TIS": {
+        "rollout_is": "token",
+        "rollout_rs": "token_k1,seq_mean_k3,seq_max_k2",
+        "rollout_rs_threshold": "0.8_1.25,0.01,0.2",
+    },
+    "chain seq + IcePop bn": {
+        "rollout_is": "sequence",
+        "rollout_is_threshold": "0.1_10",
+        "rollout_is_batch_normalize": True,
+        "rollout_rs": "seq_sum_k1,seq_sum_k2,seq_mean_k1,seq_max_k3",
+        "rollout_rs_threshold": "0.5_2,1.0,0.9_1.1,0.3",
+    },
+}
+
+
+def _batch(
+    rows: int, width: int, dtype=torch.float32, seed: int = 0, spread: float = 0.15, mask_dtype=torch.int64
+):
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(rows, width, generator=g, dtype=torch.float64) * 3
+    rollout = old + torch.randn(rows, width, generator=g, dtype=torch.float64) * spread
+    mask = torch.rand(rows, width, generator=g) < 0.75
+    mask[:, 0] = True  # every row valid somewhere ...
+    if rows > 2:
+        mask[1] = False  # ... but one: an all-masked row
+    return old.to(dtype), rollout.to(dtype), mask.to(mask_dtype)
+
+
+def _exact(key: str) -> bool:
+    """Token-level rejection keys that are counts over tokens or max / min of token values: equal on
+    both paths (IS keys depend on the level: the callers that know it say)."""
+    name = key.removeprefix("rollout_corr/")
+    if not name.startswith("rollout_rs_token_"):
+        return False
+    rest = name[len("rollout_rs_token_k1_") :]
+    return rest in ("max", "min", "fraction_high", "fraction_low", "masked_fraction", "seq_masked_fraction")
+
+
+def _std_tolerance(key: str, ref: dict[str, float], tol: float) -> float:
+    """verl's std is sqrt(E[x^2] - E[x]^2): the moments agree to ``tol``, their difference cancels."""
+    stem = key[: -len("std")]
+    scale = max(abs(ref.get(stem + k, 0.0)) for k in ("mean", "max", "min"))
+    e2 = scale * scale + ref[key] ** 2
+    return 1e-7 + 4 * tol * e2 / max(ref[key], math.sqrt(tol * e2), 1e-30)
+
+
+def _compare(got, want, dtype, level=None, exact_is=False):
+    tol = 2e-6 if dtype == torch.float32 else 1e-12
+    (w1, m1, d1), (w2, m2, d2) = got, want
+    assert torch.equal(m1, m2) and m1.dtype == m2.dtype
+    if w2 is None:
+        assert w1 is None
+    else:
+        assert w1.dtype == w2.dtype and w1.shape == w2.shape
+        torch.testing.assert_close(w1, w2, rtol=tol, atol=tol, equal_nan=True)
+    assert list(d1) == list(d2)  # the same keys in verl's order
+    for key, b in d2.items():
+        a = d1[key]
+        if math.isnan(b):
+            assert math.isnan(a), key
+        elif _exact(key) or (
+            exact_is
+            and level == "token"
+            and key.endswith(
+                ("is_ratio_fraction_high", "is_ratio_fraction_low", "is_max", "is_min", "oob_ratio")
+            )
+        ):
+            assert a == b, key
+        elif key.endswith("_std") and not key.endswith("_seq_std"):
+            assert abs(a - b) <= _std_tolerance(key, d2, tol), (key, a, b)
+        else:
+            assert a == pytest.approx(b, rel=tol, abs=tol), key
+
+
+def _both(args, options):
+    got = rollout_correction(*args, **options)
+    with native.disabled():
+        want = rollout_correction(*args, **options)
+    return got, want
+
+
+def _outcome(args, options, torch_ops=False):
+    try:
+        if torch_ops:
+            with native.disabled():
+                return rollout_correction(*args, **options)
+        return rollout_correction(*args, **options)
+    except (ValueError, ZeroDivisionError) as exc:
+        return type(exc)
+
+
+def test_the_compiled_passes_take_what_they_can_read_in_place():
+    old, rollout, mask = _batch(4, 40)
+    for m in (mask, mask.bool(), mask.float(), mask.to(torch.uint8)):
+        nat = _Native.of(old, rollout, m)
+        assert nat is not None
+        nat.close()
+    assert _Native.of(old.double(), rollout.double(), mask.double()) is not None
+    refused = [
+        (old.half(), rollout.half(), mask),  # verl's ops in half precision
+        (old, rollout.double(), mask),  # mixed dtypes
+        (old, rollout, mask.double()),  # a float64 mask promotes verl's float32 sums to float64
+        (old, rollout, mask * 2),  # verl weighs by the mask's values
+        (old, rollout, mask.float() * 0.5),
+        (old, rollout, -mask),
+    ]
+    for args in refused:
+        assert _Native.of(*args) is None
+    with native.disabled():
+        assert _Native.of(old, rollout, mask) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("width", [1, 7, 8, 9, 63, 4096 + 3])
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_compiled_and_torch_ops_agree_on_every_width_and_option(dtype, width, config):
+    options = CONFIGS[config]
+    args = _batch(5, width, dtype, seed=width)
+    got, want = _outcome(args, options), _outcome(args, options, torch_ops=True)
+    if isinstance(want, type):  # IcePop zeroed every weight: verl's ESS divides by zero, on both paths
+        assert got is want
+    else:
+        _compare(got, want, dtype, options.get("rollout_is"), exact_is=True)
+    got = rollout_corr_metrics(*args)
+    with native.disabled():
+        want = rollout_corr_metrics(*args)
+    assert list(got) == list(want)
+    tol = 2e-6 if dtype == torch.float32 else 1e-12
+    for key in want:
+        assert got[key] == pytest.approx(want[key], rel=tol, abs=tol), key
+
+
+@pytest.mark.parametrize("mask_dtype", [torch.bool, torch.int32, torch.float32])
+def test_every_mask_dtype_gives_back_its_own_dtype(mask_dtype):
+    args = _batch(4, 33, mask_dtype=mask_dtype)
+    options = CONFIGS["chain mixed + TIS"]
+    got, want = _both(args, options)
+    assert got[1].dtype == mask_dtype
+    _compare(got, want, torch.float32, "token", exact_is=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_tokens_on_the_bounds_count_exactly_as_verl_counts_them(dtype):
+    old, rollout, mask = _batch(6, 50, dtype, seed=3)
+    valid = mask.bool()
+    log_ratio = old - rollout
+    safe = log_ratio.clamp(-20, 20)
+    rho = torch.exp(safe)
+    # thresholds that some valid tokens hit exactly (a strict > must not count them, <= must keep them)
+    upper = float(rho[valid][7])
+    lower = float(rho[valid][11])
+    lower, upper = min(lower, upper), max(lower, upper)
+    assert ((rho == upper) & valid).any() and ((rho == lower) & valid).any()
+    for options in (
+        {"rollout_is": "token", "rollout_is_threshold": upper},
+        {"rollout_is": "token", "rollout_is_threshold": f"{lower!r}_{upper!r}"},
+    ):
+        got, want = _both((old, rollout, mask), options)
+        _compare(got, want, dtype, "token", exact_is=True)
+        n = int(valid.sum())
+        assert got[2]["rollout_corr/rollout_is_ratio_fraction_high"] == pytest.approx(
+            int(((rho > upper) & valid).sum()) / n, rel=1e-6
+        )
+    k2 = 0.5 * safe**2
+    k3 = torch.exp(safe) - 1.0 - safe
+    for option, stat in (("token_k2", k2), ("token_k3", k3)):
+        bound = float(stat[valid][5])
+        got, want = _both((old, rollout, mask), {"rollout_rs": option, "rollout_rs_threshold": bound})
+        _compare(got, want, dtype)
+        rejected = int(((stat > bound) & valid).sum())
+        assert 0 < rejected < int(valid.sum())
+        kept = got[1].bool()
+        assert int((valid & ~kept).sum()) == rejected
+    # k1 = -safe against log(lower) / log(upper), compared in the token dtype: tokens placed on both
+    lo, hi = 0.8, 1.25
+    old = old.clone()
+    old[0, :4] = rollout[0, :4] + torch.tensor([-math.log(hi), -math.log(lo)] * 2, dtype=torch.float64).to(
+        dtype
+    )
+    mask = mask.clone()
+    mask[0, :4] = 1
+    got, want = _both((old, rollout, mask), {"rollout_rs": "token_k1", "rollout_rs_threshold": f"{lo}_{hi}"})
+    _compare(got, want, dtype)
+
+
+@pytest.mark.parametrize("where", ["masked", "valid"])
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize("name", ["old", "rollout"])
+@pytest.mark.parametrize("config", ["off-policy", "token TIS", "sequence IcePop bn", "chain mixed + TIS"])
+def test_a_non_finite_value_anywhere_sends_both_paths_to_verls_op_sequence(where, value, name, config):
+    old, rollout, mask = _batch(3, 20)
+    valid = mask.bool()
+    i, j = (0, int((~valid[0]).nonzero()[0])) if where == "masked" else (2, int(valid[2].nonzero()[0]))
+    t = {"old": old.clone(), "rollout": rollout.clone()}
+    t[name][i, j] = value
+    args = (t["old"], t["rollout"], mask)
+    assert _Native.of(*args) is None  # the off-policy sums are not finite
+    options = CONFIGS[config]
+    got, want = _outcome(args, options), _outcome(args, options, torch_ops=True)
+    if isinstance(want, type):  # verl's own error (e.g. IcePop zeroed every weight): both paths raise it
+        assert got is want
+        return
+    _compare(got, want, torch.float32, options.get("rollout_is"))
+
+
+def test_a_log_ratio_past_the_clamp_uses_the_clamped_exp():
+    old, rollout, mask = _batch(4, 30, seed=5)
+    old = old.clone()
+    old[0, 0], old[2, 3] = rollout[0, 0] + 25.0, rollout[2, 3] - 30.0  # |d| > 20: rho = exp(+-20), not exp(d)
+    for config in ("token TIS", "token_k3", "chain mixed + TIS"):
+        _compare(*_both((old, rollout, mask), CONFIGS[config]), torch.float32, "token", exact_is=True)
+
+
+def test_every_weight_truncated_to_the_bound_gives_verls_exact_std():  # the sums are torch's own
+    # every weight is the bound: verl's E[w^2] - E[w]^2 is float32 rounding noise around 0; the compiled
+    # path takes verl's own sums then, not a float64 sum that rounds to another noise
+    old, rollout, mask = _batch(4, 257, seed=9, spread=0.01)
+    old = rollout + 0.5  # every ratio e^0.5 > 1.01
+    options = {
+        "rollout_is": "token",
+        "rollout_is_threshold": 1.01,
+        "rollout_rs": "seq_max_k2",
+        "rollout_rs_threshold": 0.02,
+    }
+    got, want = _both((old, rollout, mask), options)
+    for key in ("rollout_corr/rollout_is_std", "rollout_corr/rollout_rs_seq_max_k2_std"):
+        assert got[2][key] == want[2][key], key
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.integers(1, 6),
+    width=st.integers(1, 70),
+    spread=st.floats(0.0, 30.0),
+    config=st.sampled_from(list(CONFIGS)),
+    upper=st.floats(1.0, 4.0),
+    seed=st.integers(0, 2**16),
+    f64=st.booleans(),
+)
+def test_compiled_and_torch_ops_agree_on_random_batches(rows, width, spread, config, upper, seed, f64):
+    # spread up to 30: log-ratios past the +-20 clamp; thresholds anywhere
+    dtype = torch.float64 if f64 else torch.float32
+    old, rollout, mask = _batch(rows, width, dtype, seed=seed, spread=spread)
+    options = dict(CONFIGS[config])
+    if "rollout_is" in options:
+        options["rollout_is_threshold"] = (
+            upper if "_" not in str(options.get("rollout_is_threshold", 2.0)) else f"{1 / upper}_{upper}"
+        )
+    got, want = (
+        _outcome((old, rollout, mask), options),
+        _outcome((old, rollout, mask), options, torch_ops=True),
+    )
+    if isinstance(want, type):  # IcePop zeroed every weight: verl's ESS divides by zero, on both paths
+        assert got is want
+        return
+    _compare(got, want, dtype, options.get("rollout_is"), exact_is=True)
+
+
+def _debug_both(args):
+    got = rollout_debug_metrics(*args)
+    with native.disabled():
+        want = rollout_debug_metrics(*args)
+    return got, want
+
+
+def _debug_close(got, want, dtype):
+    tol = 2e-6 if dtype == torch.float32 else 1e-12
+    assert list(got) == list(want)
+    for key, b in want.items():
+        a = got[key]
+        if math.isnan(b):
+            assert math.isnan(a), key
+        elif key.endswith(("_max", "_valid")):
+            assert a == b, key  # exact
+        else:  # torch.corrcoef is float32 (a 2 x n matmul): the compiled float64 correlation is closer
+            assert a == pytest.approx(b, rel=1e-5 if key.endswith("corr") and tol > 1e-9 else tol, abs=tol), (
+                key
+            )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("width", [1, 7, 8, 9, 63, 4096 + 3])
+@pytest.mark.parametrize("mask_dtype", [torch.bool, torch.int64])
+def test_debug_metrics_compiled_and_torch_ops_agree(dtype, width, mask_dtype):
+    args = _batch(5, width, dtype, seed=width, mask_dtype=mask_dtype)
+    assert _native_debug(*args) is not None  # the compiled pass, not the torch ops twice
+    _debug_close(*_debug_both(args), dtype)
+
+
+def test_debug_metrics_edge_cases_take_the_same_values():
+    old, rollout, mask = _batch(3, 12)
+    none = torch.zeros_like(mask)
+    got, want = _debug_both((old, rollout, none))
+    _debug_close(got, want, torch.float32)
+    assert got["training/rollout_probs_diff_valid"] == 0 and math.isnan(
+        got["training/rollout_probs_diff_max"]
+    )
+    one = none.clone()
+    one[2, 5] = 1  # one token: std and correlation NaN, as torch gives them
+    _debug_close(*_debug_both((old, rollout, one)), torch.float32)
+    assert math.isnan(rollout_debug_metrics(old, rollout, one)["training/rollout_probs_diff_std"])
+    same = (old, old.clone(), mask)  # equal probabilities: diff 0 everywhere, correlation 1
+    _debug_close(*_debug_both(same), torch.float32)
+    weighted = (old, rollout, mask * 3)  # masked_select reads any non-zero as valid: the torch ops then
+    _debug_close(*_debug_both(weighted), torch.float32)
+    for value, where in ((math.nan, 0), (math.inf, 0), (math.nan, 1)):
+        t = old.clone()
+        valid = mask.bool()
+        j = int((valid[0] if where else ~valid[0]).nonzero()[0])
+        t[0, j] = value  # masked: masked_select drops it; valid: NaN / inf results on both paths
+        _debug_close(*_debug_both((t, rollout, mask)), torch.float32)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.integers(1, 6),
+    width=st.integers(1, 70),
+    spread=st.floats(0.0, 3.0),
+    seed=st.integers(0, 2**16),
+    f64=st.booleans(),
+)
+def test_debug_metrics_agree_on_random_batches(rows, width, spread, seed, f64):
+    dtype = torch.float64 if f64 else torch.float32
+    _debug_close(*_debug_both(_batch(rows, width, dtype, seed=seed, spread=spread)), dtype)
