@@ -331,6 +331,11 @@ def test_torchs_exp_and_log_of_a_value_do_not_depend_on_where_it_sits(fn):
 def test_compiled_and_torch_ops_agree_on_random_batches(
     mode, rows, width, spread, low, high, c, valid, seed, f64, prefix
 ):
+    if not f64 and mode in ("clip_cov", "kl_cov"):
+        # no +-20 clamp in these two: a float32 log-ratio spread of 30 makes token losses near e^30
+        # whose float32 row sums (the torch ops', verl's) lose every digit to cancellation (found:
+        # -8.5225e9 vs -8.5228e9); the compiled float64 sums are the accurate ones there
+        spread = min(spread, 3.0)
     t = _batch(rows, width, torch.float64 if f64 else torch.float32, seed=seed, spread=spread, valid=valid)
     if prefix:  # each row a valid prefix of random length
         lengths = torch.randint(0, width + 1, (rows,), generator=torch.Generator().manual_seed(seed))
