@@ -203,19 +203,6 @@ class Inputs:
     def _p(self, name: str | None) -> int:
         return 0 if name is None else self.tensors[name].data_ptr()
 
-    def prep(self, d: Tensor, k: Tensor | None, *, check: bool) -> tuple[float, float]:
-        """``d = clamp(lp - old, -20, 20)`` and, into ``k`` when given, ``clamp(ref - lp, -20, 20)``;
-        returns the masked sum of ``d`` and, when ``check``, the sum of ``(ref - lp)^2`` (else 0)."""
-        need_ref = k is not None or check
-        if need_ref and "ref_log_prob" not in self.tensors:
-            raise ValueError("no ref_log_prob tensor")
-        d = self.scratch(d)
-        k_ptr = 0 if k is None else self.scratch(k).data_ptr()
-        return _MODULE.prep(
-            self.f64, self._p("log_prob"), self._p("old_log_prob"), self._p("ref_log_prob" if need_ref else None),
-            self.mask.data_ptr(), self.rows, self.width, check, d.data_ptr(), k_ptr,
-        )  # fmt: skip
-
     def vfused(
         self, lo: float, hi: float, c: float, *, entropy: bool, kl: str | None, check: bool
     ) -> tuple[list[float], int, int, list[float] | None, list[float] | None, float, float, float]:
@@ -301,39 +288,6 @@ class Inputs:
             self.f64, xr.data_ptr(), xe_ptr, cap, self._p("advantages"), self.mask.data_ptr(), self.rows,
             self.width, lo, hi, c, out[0].data_ptr(), self._p("entropy" if entropy else None),
             self._p("log_prob" if code else None), self._p("ref_log_prob" if code else None), code,
-            out[1].data_ptr(), out[2].data_ptr(),
-        )  # fmt: skip
-        rows, ent_rows, kl_rows = out.tolist()
-        return rows, pos, neg, ent_rows if entropy else None, kl_rows if code else None
-
-    def vanilla(
-        self,
-        r: Tensor,
-        lo: float,
-        hi: float,
-        c: float,
-        *,
-        entropy: bool,
-        kl: str | None,
-        e: Tensor | None = None,
-    ) -> tuple[list[float], int, int, list[float] | None, list[float] | None]:
-        """Row sums of verl's vanilla per-token loss and the counts of clipped and dual-clipped tokens
-        (``r`` holds ``exp(clamp(lp - old, -20, 20))``); in the same loop, when asked, the entropy and
-        KL-estimator row sums (``e`` as for :meth:`aux`)."""
-        code = KL_CODES[kl]
-        if code and not {"log_prob", "ref_log_prob"} <= self.tensors.keys():
-            raise ValueError("the KL row sums need log_prob and ref_log_prob")
-        if entropy and "entropy" not in self.tensors:
-            raise ValueError("no entropy tensor")
-        if code == 4 and e is None:
-            raise ValueError("k3 needs exp(clamp(ref - lp, -20, 20))")
-        r = self.scratch(r)
-        e_ptr = self.scratch(e).data_ptr() if code == 4 else 0
-        out = torch.empty((3, self.rows), dtype=torch.float64)
-        pos, neg = _MODULE.vanilla(
-            self.f64, r.data_ptr(), self._p("advantages"), self.mask.data_ptr(), self.rows, self.width,
-            lo, hi, c, out[0].data_ptr(), self._p("entropy" if entropy else None),
-            self._p("log_prob" if code else None), self._p("ref_log_prob" if code else None), e_ptr, code,
             out[1].data_ptr(), out[2].data_ptr(),
         )  # fmt: skip
         rows, ent_rows, kl_rows = out.tolist()

@@ -134,47 +134,6 @@ static PyObject *py_count_rows(PyObject *self, PyObject *args) {
     return PyLong_FromLongLong((long long)total);
 }
 
-static PyObject *py_prep(PyObject *self, PyObject *args) {
-    int f64, check;
-    ptr_t lp, old, ref, mask, d_out, k_out;
-    Py_ssize_t rows, width;
-    double kl = 0.0, k2 = 0.0;
-    if (!PyArg_ParseTuple(args, "pKKKKnnpKK", &f64, &lp, &old, &ref, &mask, &rows, &width, &check, &d_out,
-                          &k_out))
-        return NULL;
-    Py_BEGIN_ALLOW_THREADS;
-    if (f64)
-        DISPATCH(prep_f64, P(double, lp), P(double, old), P(double, ref), P(uint8_t, mask), rows, width, check,
-                 P(double, d_out), P(double, k_out), &kl, &k2);
-    else
-        DISPATCH(prep_f32, P(float, lp), P(float, old), P(float, ref), P(uint8_t, mask), rows, width, check,
-                 P(float, d_out), P(float, k_out), &kl, &k2);
-    Py_END_ALLOW_THREADS;
-    return Py_BuildValue("dd", kl, k2);
-}
-
-static PyObject *py_vanilla(PyObject *self, PyObject *args) {
-    int f64, kind;
-    ptr_t r, adv, mask, row_out, ent, lp, ref, e, ent_out, kl_out;
-    Py_ssize_t rows, width;
-    double lo, hi, c;
-    int64_t pos = 0, neg = 0;
-    if (!PyArg_ParseTuple(args, "pKKKnndddKKKKKiKK", &f64, &r, &adv, &mask, &rows, &width, &lo, &hi, &c,
-                          &row_out, &ent, &lp, &ref, &e, &kind, &ent_out, &kl_out))
-        return NULL;
-    Py_BEGIN_ALLOW_THREADS;
-    if (f64)
-        DISPATCH(vanilla_f64, P(double, r), P(double, adv), P(uint8_t, mask), rows, width, lo, hi, c,
-                 P(double, row_out), &pos, &neg, P(double, ent), P(double, lp), P(double, ref), P(double, e),
-                 kind, P(double, ent_out), P(double, kl_out));
-    else
-        DISPATCH(vanilla_f32, P(float, r), P(float, adv), P(uint8_t, mask), rows, width, (float)lo, (float)hi,
-                 (float)c, P(double, row_out), &pos, &neg, P(float, ent), P(float, lp), P(float, ref),
-                 P(float, e), kind, P(double, ent_out), P(double, kl_out));
-    Py_END_ALLOW_THREADS;
-    return Py_BuildValue("LL", (long long)pos, (long long)neg);
-}
-
 static PyObject *py_vprep(PyObject *self, PyObject *args) {
     int f64, check;
     ptr_t lp, old, ref, adv, ent, mask, xd, xk;
@@ -240,8 +199,6 @@ static PyMethodDef methods[] = {
     {"exp_chunks", py_exp_chunks, METH_VARARGS, "exp through the resolved function, in the loops' chunks"},
     {"vfused", py_vfused, METH_VARARGS, "vanilla + entropy / KL in one pass, exp inline (checked exp only)"},
     {"count_rows", py_count_rows, METH_VARARGS, "valid tokens per row, verl's T + 1e-8 per row, the total"},
-    {"prep", py_prep, METH_VARARGS, "clamped log-ratios (and ref log-ratios), their masked sum, the k2 check"},
-    {"vanilla", py_vanilla, METH_VARARGS, "vanilla PPO clip row sums and clip counts, with entropy / KL rows"},
     {"vprep", py_vprep, METH_VARARGS, "vanilla: packed valid log-ratios, kl / k2 / non-finite guard sums"},
     {"vpacked", py_vpacked, METH_VARARGS, "vanilla over packed ratios, with entropy / KL rows"},
     {"aux", py_aux, METH_VARARGS, "entropy and KL-estimator row sums, and the k2 check sum"},

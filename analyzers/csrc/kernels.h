@@ -104,56 +104,6 @@ static int64_t K(count_rows)(const uint8_t *mask, Py_ssize_t rows, Py_ssize_t wi
     return total;
 }
 
-/* ---- the log-ratios every ratio-based loss starts from ----------------------------------------------
- * d = clamp(lp - old, -20, 20) into d_out (then exp'd by torch: the ratio), its masked sum (verl's ppo_kl
- * is -sum / (n + 1e-8)); k = clamp(ref - lp, -20, 20) into k_out when k_out is given (exp'd by torch for
- * k3); the sum of (ref - lp)^2 over every token when check (a straight-through KL's k2 must be finite). */
-#define PREP_BODY(S, LP, OLD, REF, M, D, KO)                                                             \
-    {                                                                                                    \
-        const S##v m = K(mask_##S)(M), lpv = K(ld_##S)(LP);                                              \
-        S##v d = lpv - K(ld_##S)(OLD);                                                                   \
-        d = CLAMP(S, d, -lim, lim);                                                                      \
-        memcpy((D), &d, sizeof d);                                                                       \
-        K(acc_##S)(kl_acc, d * m);                                                                       \
-        if (ref) {                                                                                       \
-            S##v k = K(ld_##S)(REF) - lpv;                                                               \
-            if (check) K(acc_##S)(k2_acc, k * k);                                                        \
-            if (k_out) {                                                                                 \
-                k = CLAMP(S, k, -lim, lim);                                                              \
-                memcpy((KO), &k, sizeof k);                                                              \
-            }                                                                                            \
-        }                                                                                                \
-    }
-
-#define DEFINE_PREP(S, T)                                                                                \
-    static void K(prep_##S)(const T *lp, const T *old, const T *ref, const uint8_t *mask, Py_ssize_t rows, \
-                            Py_ssize_t width, int check, T *d_out, T *k_out, double *kl_out,             \
-                            double *k2_out) {                                                            \
-        const S##v lim = SPLAT(S, T, 20);                                                                \
-        dacc kl_acc[2] = {0}, k2_acc[2] = {0};                                                           \
-        for (Py_ssize_t i = 0; i < rows; i++) {                                                          \
-            const Py_ssize_t o = i * width;                                                              \
-            Py_ssize_t j = 0;                                                                            \
-            for (; j + N_##S <= width; j += N_##S)                                                       \
-                PREP_BODY(S, lp + o + j, old + o + j, ref + o + j, mask + o + j, d_out + o + j,          \
-                          k_out + o + j);                                                                \
-            if (j < width) {                                                                             \
-                const Py_ssize_t n = width - j;                                                          \
-                PAD(T, N_##S, lp, lp + o, j, width) PAD(T, N_##S, old, old + o, j, width);               \
-                PAD(T, N_##S, ref, ref ? ref + o : NULL, j, width);                                      \
-                PAD(uint8_t, N_##S, m, mask + o, j, width);                                              \
-                T d_pad[N_##S], k_pad[N_##S];                                                            \
-                PREP_BODY(S, lp_pad, old_pad, ref_pad, m_pad, d_pad, k_pad);                             \
-                memcpy(d_out + o + j, d_pad, (size_t)n * sizeof(T));                                     \
-                if (k_out) memcpy(k_out + o + j, k_pad, (size_t)n * sizeof(T));                          \
-            }                                                                                            \
-        }                                                                                                \
-        *kl_out = K(acc_total)(kl_acc);                                                                  \
-        *k2_out = K(acc_total)(k2_acc);                                                                  \
-    }
-DEFINE_PREP(f32, float)
-DEFINE_PREP(f64, double)
-
 /* ---- entropy and KL-estimator row sums (verl's agg_loss inputs for entropy and kl_penalty) -----------
  * kind 0: none, 1: k1 (lp - ref), 2: abs |lp - ref|, 3: k2 ((lp - ref)^2 * 0.5),
  * 4: k3 (clamp(e - delta - 1, -10, 10), delta = clamp(ref - lp, -20, 20), e = exp(delta) from torch).
@@ -212,81 +162,9 @@ DEFINE_AUX(f64, double)
  * a = A m, a+ = max(a, 0), a- = a+ - a (exactly -A or 0);
  * l = a- clamp(r, lo, c) - a+ min(r, hi)   (one term is 0: the rounding of verl's separate products)
  * z = a r + l: z > 0 where verl's pg_losses2 > pg_losses1 (clipped), z < 0 where the dual clip won.
- * r = exp(clamp(lp - old, -20, 20)) (prep, then torch). In the same loop, when asked: the entropy and
- * KL-estimator row sums of AUX_BODY (kind as for aux; e = exp(clamp(ref - lp, -20, 20)) for k3). */
-#define VANILLA_BODY(S, R, ADV, M)                                                                       \
-    {                                                                                                    \
-        const S##v m = K(mask_##S)(M);                                                                   \
-        const S##v a = K(ld_##S)(ADV) * m;                                                               \
-        const S##v ap = CLAMP_MIN(S, a, zero);                                                           \
-        const S##v an = ap - a;                                                                          \
-        const S##v rk = K(ld_##S)(R);                                                                    \
-        const S##v loss = CLAMP(S, rk, lo, c) * an - CLAMP_MAX(S, rk, hi) * ap;                          \
-        K(acc_##S)(acc, loss);                                                                           \
-        const S##v z = a * rk + loss;                                                                    \
-        pc += (z > zero);                                                                                \
-        nc += (z < zero);                                                                                \
-    }
-
-#define DEFINE_VANILLA(S, T)                                                                             \
-    static inline __attribute__((always_inline)) void K(vanilla_rows_##S)(                               \
-        const T *r, const T *adv, const uint8_t *mask, Py_ssize_t rows, Py_ssize_t width, T lo_, T hi_,  \
-        T c_, double *row_out, int64_t *pos_out, int64_t *neg_out, const T *ent, const T *lp,            \
-        const T *ref, const T *e, const int kind, double *ent_out, double *kl_out) {                     \
-        const S##v lo = SPLAT(S, T, lo_), hi = SPLAT(S, T, hi_), c = SPLAT(S, T, c_);                    \
-        const S##v zero = SPLAT(S, T, 0), one = SPLAT(S, T, 1), half = SPLAT(S, T, 0.5);                 \
-        const S##v lim = SPLAT(S, T, 20), ten = SPLAT(S, T, 10);                                         \
-        const int check = 0;                                                                             \
-        dacc k2_acc[2] = {0};                                                                            \
-        int64_t pos = 0, neg = 0;                                                                        \
-        for (Py_ssize_t i = 0; i < rows; i++) {                                                          \
-            const Py_ssize_t o = i * width;                                                              \
-            dacc acc[2] = {0}, ea[2] = {0}, ka[2] = {0};                                                 \
-            S##m pc = {0}, nc = {0};                                                                     \
-            Py_ssize_t j = 0;                                                                            \
-            for (; j + N_##S <= width; j += N_##S) {                                                     \
-                VANILLA_BODY(S, r + o + j, adv + o + j, mask + o + j);                                   \
-                if (ent || kind) AUX_BODY(S, ent + o + j, lp + o + j, ref + o + j, e + o + j, mask + o + j); \
-            }                                                                                            \
-            if (j < width) {                                                                             \
-                PAD(T, N_##S, r, r + o, j, width) PAD(T, N_##S, adv, adv + o, j, width);                 \
-                PAD(uint8_t, N_##S, m, mask + o, j, width);                                              \
-                PAD(T, N_##S, ent, ent ? ent + o : NULL, j, width);                                      \
-                PAD(T, N_##S, lp, lp ? lp + o : NULL, j, width);                                         \
-                PAD(T, N_##S, ref, ref ? ref + o : NULL, j, width);                                      \
-                PAD(T, N_##S, e, e ? e + o : NULL, j, width);                                            \
-                VANILLA_BODY(S, r_pad, adv_pad, m_pad);                                                  \
-                if (ent || kind) AUX_BODY(S, ent_pad, lp_pad, ref_pad, e_pad, m_pad);                    \
-            }                                                                                            \
-            row_out[i] = K(acc_total)(acc);                                                              \
-            if (ent) ent_out[i] = K(acc_total)(ea);                                                      \
-            if (kind) kl_out[i] = K(acc_total)(ka);                                                      \
-            pos += K(count_##S)(pc);                                                                     \
-            neg += K(count_##S)(nc);                                                                     \
-        }                                                                                                \
-        *pos_out = pos;                                                                                  \
-        *neg_out = neg;                                                                                  \
-    }                                                                                                    \
-    /* one specialised copy per KL estimator (the loop keeps no branch on it) */                         \
-    static void K(vanilla_##S)(const T *r, const T *adv, const uint8_t *mask, Py_ssize_t rows,           \
-                               Py_ssize_t width, T lo, T hi, T c, double *row_out, int64_t *pos_out,     \
-                               int64_t *neg_out, const T *ent, const T *lp, const T *ref, const T *e,    \
-                               int kind, double *ent_out, double *kl_out) {                              \
-        switch (kind) {                                                                                  \
-        VANILLA_CASE(S, 0) VANILLA_CASE(S, 1) VANILLA_CASE(S, 2) VANILLA_CASE(S, 3) VANILLA_CASE(S, 4)   \
-        }                                                                                                \
-    }
-#define VANILLA_CASE(S, KIND)                                                                            \
-    case KIND:                                                                                           \
-        if (ent)                                                                                         \
-            K(vanilla_rows_##S)(r, adv, mask, rows, width, lo, hi, c, row_out, pos_out, neg_out, ent, lp, \
-                                ref, e, KIND, ent_out, kl_out);                                          \
-        else                                                                                             \
-            K(vanilla_rows_##S)(r, adv, mask, rows, width, lo, hi, c, row_out, pos_out, neg_out, NULL, lp, \
-                                ref, e, KIND, ent_out, kl_out);                                          \
-        break;
-DEFINE_VANILLA(f32, float)
-DEFINE_VANILLA(f64, double)
+ * r = exp(clamp(lp - old, -20, 20)), by torch: either from inside the loop (vfused, below) or between
+ * two passes over the valid tokens packed (vprep, vpacked). The entropy and KL-estimator row sums are
+ * taken in the same loop, as AUX_BODY does. */
 
 /* ---- vanilla over packed ratios: exp of the valid tokens only ---------------------------------------
  * The ratio (and k3's exp(delta)) is needed at valid tokens only, so vprep packs their log-ratios in
@@ -393,7 +271,7 @@ DEFINE_VPREP(f64, double)
         memcpy(&ek, te, sizeof ek);                                                                      \
     }
 
-/* VANILLA_BODY and AUX_BODY's math on a group whose r and e are vectors (rk, ek) */
+/* vanilla's and AUX_BODY's math on a group whose r and e are vectors (rk, ek) */
 #define VPACKED_BODY(S, T, ADV, ENT, LP, REF, M)                                                         \
     {                                                                                                    \
         const uint64_t bits = GROUP_BITS_##S(M);                                                         \

@@ -99,7 +99,7 @@ def test_inputs_refuse_what_the_loops_cannot_read(bad):
     inputs = native.Inputs(t, mask)
     for scratch in (torch.empty(4, 15), torch.empty(4, 16, dtype=torch.float64), torch.empty(16, 4).t()):
         with pytest.raises(ValueError):
-            inputs.vanilla(scratch, 0.8, 1.2, 3.0, entropy=False, kl=None)
+            inputs.aux(entropy=False, kl="k3", check=False, e=scratch)
 
 
 def test_a_batch_the_loops_cannot_read_in_place_is_copied_once_or_takes_the_torch_ops():
