@@ -222,6 +222,11 @@ class TokenBatch:
         finally:
             if e is not None:
                 _give(e)
+        self._store_aux(entropy, kl, check, ent_rows, kl_rows, k2)
+
+    def _store_aux(self, entropy: bool, kl: str | None, check: bool, ent_rows, kl_rows, k2: float) -> None:
+        """Cache what a compiled pass computed of the entropy / KL terms (what a torch-op pass's
+        :meth:`_Pass.rows` stores): their row sums and whether the straight-through k2 is finite."""
         if entropy:
             self._cache["entropy"] = self._row_sums(ent_rows)
         if kl is not None:
@@ -343,12 +348,7 @@ class TokenBatch:
         if self.ppo_kl is None:
             self.ppo_kl = -kl_sum / _eps_count(self.n_tokens)
             self.finite = self.finite and math.isfinite(kl_sum)
-        if entropy:
-            self._cache["entropy"] = self._row_sums(ent_rows)
-        if kl is not None:
-            self._cache[("kl", kl)] = self._row_sums(kl_rows)
-        if check:
-            self._cache["k2_finite"] = math.isfinite(k2)
+        self._store_aux(entropy, kl, check, ent_rows, kl_rows, k2)
         stats = PolicyStats(rows=self._row_sums(rows), n_clipped=n_clipped, n_dual_clipped=n_dual)
         self._cache[key] = stats
         return stats
@@ -614,23 +614,7 @@ def _rows_key(config: LossConfig) -> tuple:
 
 def _policy_key(config: LossConfig) -> tuple:
     """Every setting a policy loss may read (all of LossConfig but the entropy / KL-term ones)."""
-    return (
-        config.loss_mode,
-        config.clip_low,
-        config.clip_high,
-        config.clip_ratio_c,
-        str(config.loss_agg_mode),
-        *config.global_batch_info.values(),
-        config.clip_cov_ratio,
-        config.clip_cov_lb,
-        config.clip_cov_ub,
-        config.kl_cov_ratio,
-        config.ppo_kl_coef,
-        config.dro_beta,
-        config.tau_pos,
-        config.tau_neg,
-        config.rollout_correction,
-    )
+    return (*_rows_key(config), str(config.loss_agg_mode), *config.global_batch_info.values())
 
 
 # -- one fused pass over row blocks ---------------------------------------------------------------------
@@ -799,7 +783,7 @@ def _fused_vanilla(batch: TokenBatch, config: LossConfig) -> dict[str, float] | 
 class _Side:
     """The entropy / KL row sums ``config`` still needs, computed inside a compiled loss pass (the loops
     of csrc/losses_a.h run the aux loop's body too, so the batch is read once): ``args`` for the pass;
-    :meth:`store` caches what it returned as :meth:`TokenBatch._native_aux` does. ``ratio``: also
+    :meth:`store` caches what it returned (:meth:`TokenBatch._store_aux`). ``ratio``: also
     ``r = exp(clamp(logp - old, -20, 20))``. The exp buffers (r, and k3's ``exp(clamp(ref - logp,
     -20, 20))``) are pool buffers: their log-ratios by one loop, the exp by torch (one op per tensor,
     as verl takes it); they go back to the pool when the block ends."""
@@ -824,14 +808,7 @@ class _Side:
         self.r = self.e = None
 
     def store(self, result: tuple) -> None:
-        (entropy, kl, check), (ent_rows, kl_rows, k2) = self.plan, result
-        cache = self.batch._cache
-        if entropy:
-            cache["entropy"] = self.batch._row_sums(ent_rows)
-        if kl is not None:
-            cache[("kl", kl)] = self.batch._row_sums(kl_rows)
-        if check:
-            cache["k2_finite"] = math.isfinite(k2)
+        self.batch._store_aux(*self.plan, *result)
 
 
 def _fused_gpg(batch: TokenBatch, config: LossConfig) -> dict[str, float] | None:

@@ -271,6 +271,28 @@ DEFINE_VPREP(f64, double)
         memcpy(&ek, te, sizeof ek);                                                                      \
     }
 
+/* vanilla's math on one group (m the mask, rk the ratios): the clipped loss into acc, the clip counts
+ * into pc / nc, the entropy into ea (the loops of vpacked and vfused share it) */
+#define VANILLA_GROUP(S, m, rk, ADV, ENT)                                                                \
+    const S##v a = K(ld_##S)(ADV) * m;                                                                   \
+    const S##v ap = CLAMP_MIN(S, a, zero);                                                               \
+    const S##v an = ap - a;                                                                              \
+    const S##v loss = CLAMP(S, rk, lo, c) * an - CLAMP_MAX(S, rk, hi) * ap;                              \
+    K(acc_##S)(acc, loss);                                                                               \
+    const S##v z = a * rk + loss;                                                                        \
+    pc += (z > zero);                                                                                    \
+    nc += (z < zero);                                                                                    \
+    if (ent) K(acc_##S)(ea, K(ld_##S)(ENT) * m);
+
+/* the KL estimators that need no exp (kind 1 k1, 2 abs, 3 k2) of one group into ka */
+#define KL_PLAIN(S, m, LP, REF)                                                                          \
+    {                                                                                                    \
+        S##v v = K(ld_##S)(LP) - K(ld_##S)(REF);                                                         \
+        if (kind == 2) v = K(sel_##S)(v < zero, -v, v);                                                  \
+        if (kind == 3) v = (v * v) * half;                                                               \
+        K(acc_##S)(ka, v * m);                                                                           \
+    }
+
 /* vanilla's and AUX_BODY's math on a group whose r and e are vectors (rk, ek) */
 #define VPACKED_BODY(S, T, ADV, ENT, LP, REF, M)                                                         \
     {                                                                                                    \
@@ -278,27 +300,15 @@ DEFINE_VPREP(f64, double)
         if (bits) {                                                                                      \
             VGATHER(S, T, M)                                                                             \
             const S##v m = K(mask_##S)(M);                                                               \
-            const S##v a = K(ld_##S)(ADV) * m;                                                           \
-            const S##v ap = CLAMP_MIN(S, a, zero);                                                       \
-            const S##v an = ap - a;                                                                      \
-            const S##v loss = CLAMP(S, rk, lo, c) * an - CLAMP_MAX(S, rk, hi) * ap;                      \
-            K(acc_##S)(acc, loss);                                                                       \
-            const S##v z = a * rk + loss;                                                                \
-            pc += (z > zero);                                                                            \
-            nc += (z < zero);                                                                            \
-            if (ent) K(acc_##S)(ea, K(ld_##S)(ENT) * m);                                                 \
+            VANILLA_GROUP(S, m, rk, ADV, ENT)                                                            \
             if (kind == 4) {                                                                             \
                 S##v delta = K(ld_##S)(REF) - K(ld_##S)(LP);                                             \
                 delta = CLAMP(S, delta, -lim, lim);                                                      \
                 S##v v = ek - delta;                                                                     \
                 v = v - one;                                                                             \
                 K(acc_##S)(ka, CLAMP(S, v, -ten, ten) * m);                                              \
-            } else if (kind > 0) {                                                                       \
-                S##v v = K(ld_##S)(LP) - K(ld_##S)(REF);                                                 \
-                if (kind == 2) v = K(sel_##S)(v < zero, -v, v);                                          \
-                if (kind == 3) v = (v * v) * half;                                                       \
-                K(acc_##S)(ka, v * m);                                                                   \
-            }                                                                                            \
+            } else if (kind > 0)                                                                         \
+                KL_PLAIN(S, m, LP, REF)                                                                  \
         }                                                                                                \
     }
 
@@ -391,25 +401,13 @@ static inline void K(exp_f64)(int n, const double *a, double *r) { torch_exp_f64
     {                                                                                                    \
         const S##v m = K(mask_##S)(M);                                                                   \
         const S##v rk = K(ld_##S)(RV);                                                                   \
-        const S##v a = K(ld_##S)(ADV) * m;                                                               \
-        const S##v ap = CLAMP_MIN(S, a, zero);                                                           \
-        const S##v an = ap - a;                                                                          \
-        const S##v loss = CLAMP(S, rk, lo, c) * an - CLAMP_MAX(S, rk, hi) * ap;                          \
-        K(acc_##S)(acc, loss);                                                                           \
-        const S##v z = a * rk + loss;                                                                    \
-        pc += (z > zero);                                                                                \
-        nc += (z < zero);                                                                                \
-        if (ent) K(acc_##S)(ea, K(ld_##S)(ENT) * m);                                                     \
+        VANILLA_GROUP(S, m, rk, ADV, ENT)                                                                \
         if (kind == 4) {                                                                                 \
             S##v v = K(ld_##S)(EV) - K(ld_##S)(DV);                                                      \
             v = v - one;                                                                                 \
             K(acc_##S)(ka, CLAMP(S, v, -ten, ten) * m);                                                  \
-        } else if (kind > 0) {                                                                           \
-            S##v v = K(ld_##S)(LP) - K(ld_##S)(REF);                                                     \
-            if (kind == 2) v = K(sel_##S)(v < zero, -v, v);                                              \
-            if (kind == 3) v = (v * v) * half;                                                           \
-            K(acc_##S)(ka, v * m);                                                                       \
-        }                                                                                                \
+        } else if (kind > 0)                                                                             \
+            KL_PLAIN(S, m, LP, REF)                                                                      \
     }
 
 #define DEFINE_VFUSED(S, T)                                                                              \
@@ -436,7 +434,7 @@ static inline void K(exp_f64)(int n, const double *a, double *r) { torch_exp_f64
                 for (; j + N_##S <= n; j += N_##S) {                                                     \
                     VF_A(S, lp + b + j, old + b + j, ref + b + j, adv + b + j, ent + b + j, mask + b + j, \
                          D + j, KB + j);                                                                 \
-                    any |= K(group_any)(mask + b + j, N_##S);                                            \
+                    any |= GROUP_BITS_##S(mask + b + j) != 0;                                            \
                 }                                                                                        \
                 if (j < n) {                                                                             \
                     PAD(T, N_##S, lp, lp + b, j, n) PAD(T, N_##S, old, old + b, j, n);                   \
@@ -444,7 +442,7 @@ static inline void K(exp_f64)(int n, const double *a, double *r) { torch_exp_f64
                     PAD(T, N_##S, adv, adv + b, j, n) PAD(T, N_##S, ent, ent ? ent + b : NULL, j, n);    \
                     PAD(uint8_t, N_##S, m, mask + b, j, n);                                              \
                     VF_A(S, lp_pad, old_pad, ref_pad, adv_pad, ent_pad, m_pad, D + j, KB + j);           \
-                    any |= K(group_any)(m_pad, N_##S);                                                   \
+                    any |= GROUP_BITS_##S(m_pad) != 0;                                                   \
                 }                                                                                        \
                 if (!any) continue;                                                                      \
                 const int ne = (int)((n + N_##S - 1) / N_##S * N_##S);                                   \
@@ -491,11 +489,6 @@ static inline void K(exp_f64)(int n, const double *a, double *r) { torch_exp_f64
             K(vfused_rows_##S)(lp, old, ref, adv, NULL, mask, rows, width, lo, hi, c, KIND, check, row_out, \
                                ent_out, kl_out, pos_out, neg_out, kl_sum, k2, guard);                    \
         break;
-static inline int K(group_any)(const uint8_t *m, int n) {
-    uint64_t b = 0;
-    memcpy(&b, m, (size_t)n);
-    return b != 0;
-}
 DEFINE_VFUSED(f32, float)
 DEFINE_VFUSED(f64, double)
 

@@ -4,21 +4,8 @@
 /* The valid tokens' values that only torch can finish (exp, log) are packed, in row-major order, into
  * vectors of n_valid floats: torch then evaluates them on those tokens only (its exp / log of a value
  * does not depend on where in a tensor it sits: tested), and the main loop reads them back in the same
- * order. A group of N mask bytes is "all" (every byte 1, the bool mask's bytes), "none" (0) or mixed. */
-#define MASK_ALL_f32 0x0101010101010101ULL
-#define MASK_ALL_f64 0x01010101ULL
-#define MASK_BITS_f32(M) K(bits8)(M)
-#define MASK_BITS_f64(M) K(bits4)(M)
-static inline uint64_t K(bits8)(const uint8_t *p) {
-    uint64_t b;
-    memcpy(&b, p, 8);
-    return b;
-}
-static inline uint64_t K(bits4)(const uint8_t *p) {
-    uint32_t b;
-    memcpy(&b, p, 4);
-    return b;
-}
+ * order. A group of N mask bytes is "all" (every byte 1, the bool mask's bytes), "none" (0) or mixed
+ * (GROUP_BITS / GROUP_ALL, kernels.h). */
 
 /* ---- DPPO-Binary-TV / -KL (verl's compute_policy_loss_dppo_tv / _dppo_kl) ---------------------------
  * dppo_pack writes, for the valid tokens, x = [clamp(lp - old, -20, 20) | lp | old] (3 blocks of
@@ -34,8 +21,8 @@ static inline uint64_t K(bits4)(const uint8_t *p) {
  * makes a sum non-finite. */
 #define DPPO_PACK_BODY(S, T, LP, OLD, M)                                                                 \
     {                                                                                                    \
-        const uint64_t bits = MASK_BITS_##S(M);                                                          \
-        if (bits == MASK_ALL_##S && k + N_##S <= cap) {                                                  \
+        const uint64_t bits = GROUP_BITS_##S(M);                                                          \
+        if (bits == GROUP_ALL_##S && k + N_##S <= cap) {                                                  \
             const S##v lpv = K(ld_##S)(LP), oldv = K(ld_##S)(OLD);                                       \
             S##v d = lpv - oldv;                                                                         \
             d = CLAMP(S, d, -lim, lim);                                                                  \
@@ -80,9 +67,9 @@ DEFINE_DPPO_PACK(f64, double)
 
 /* rk, p, q, L of the N tokens at M from the packed vectors (0 where masked) */
 #define DPPO_UNPACK(S, T, KL, M)                                                                         \
-    const uint64_t bits = MASK_BITS_##S(M);                                                              \
+    const uint64_t bits = GROUP_BITS_##S(M);                                                              \
     S##v rk = zero, p = zero, q = zero, L = zero;                                                        \
-    if (bits == MASK_ALL_##S && k + N_##S <= cap) {                                                      \
+    if (bits == GROUP_ALL_##S && k + N_##S <= cap) {                                                      \
         rk = K(ld_##S)(xr + k), p = K(ld_##S)(xp + k), q = K(ld_##S)(xq + k);                            \
         if (KL) L = K(ld_##S)(ll + k);                                                                   \
         k += N_##S;                                                                                      \
@@ -219,8 +206,8 @@ DEFINE_DPPO_FRAC(f64, double)
         const S##v amv = av * m, lmv = lpv * m;                                                          \
         memcpy(AMP, &amv, sizeof amv);                                                                   \
         memcpy(LMP, &lmv, sizeof lmv);                                                                   \
-        const uint64_t bits = MASK_BITS_##S(M);                                                          \
-        if (bits == MASK_ALL_##S && k + N_##S <= cap) {                                                  \
+        const uint64_t bits = GROUP_BITS_##S(M);                                                          \
+        if (bits == GROUP_ALL_##S && k + N_##S <= cap) {                                                  \
             memcpy(vd + k, &d, sizeof d);                                                                \
             k += N_##S;                                                                                  \
         } else if (bits) {                                                                               \
@@ -270,10 +257,10 @@ static inline int K(any_set)(const void *v, size_t n) {
     {                                                                                                    \
         const S##v m = K(mask_##S)(M);                                                                   \
         const S##v lpv = K(ld_##S)(LP), av = K(ld_##S)(ADV);                                             \
-        const uint64_t bits = MASK_BITS_##S(M);                                                          \
+        const uint64_t bits = GROUP_BITS_##S(M);                                                          \
         const Py_ssize_t k0 = kq;                                                                        \
         S##v rk = zero;                                                                                  \
-        if (bits == MASK_ALL_##S && kq + N_##S <= n_packed) {                                            \
+        if (bits == GROUP_ALL_##S && kq + N_##S <= n_packed) {                                            \
             rk = K(ld_##S)(xr + kq);                                                                     \
             kq += N_##S;                                                                                 \
         } else if (bits) {                                                                               \
@@ -373,8 +360,8 @@ DEFINE_CLIP_COV_FIX(f64, double)
         const S##v d = lpv - K(ld_##S)(OLD);                                                             \
         K(acc_##S)(abs_acc, K(sel_##S)(d < zero, -d, d) * m);                                            \
         K(acc_##S)(a_acc, av * m);                                                                       \
-        const uint64_t bits = MASK_BITS_##S(M);                                                          \
-        if (bits == MASK_ALL_##S && k + N_##S <= cap) {                                                  \
+        const uint64_t bits = GROUP_BITS_##S(M);                                                          \
+        if (bits == GROUP_ALL_##S && k + N_##S <= cap) {                                                  \
             memcpy(va + k, &av, sizeof av);                                                              \
             memcpy(vl + k, &lpv, sizeof lpv);                                                            \
             memcpy(vd + k, &d, sizeof d);                                                                \
@@ -475,7 +462,7 @@ static inline int K(nonzero_bytes)(uint64_t w) {
             const uint8_t *row = mask + a * width;                                                       \
             Py_ssize_t j = 0;                                                                            \
             for (; j + 8 <= width; j += 8) {                                                             \
-                const int c = K(nonzero_bytes)(K(bits8)(row + j));                                       \
+                const int c = K(nonzero_bytes)(K(group8)(row + j));                                       \
                 if (c > left) break;                                                                     \
                 left -= c;                                                                               \
             }                                                                                            \
