@@ -37,10 +37,13 @@ static exp_f64_fn torch_exp_f64 = NULL;
 
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
 #define HAVE_AVX2_COPY 1
+#include <immintrin.h>
 #pragma GCC push_options
 #pragma GCC target("avx2")
 #define ISA avx2
+#define RLV_AVX2_INTRINSICS 1 /* the few conversions GCC's vector extensions compile badly (kernels.h) */
 #include "kernels.h"
+#undef RLV_AVX2_INTRINSICS
 #undef ISA
 #pragma GCC pop_options
 #endif

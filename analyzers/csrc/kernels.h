@@ -36,6 +36,22 @@ static inline f64v K(ld_f64)(const double *p) {
     memcpy(&v, p, sizeof v);
     return v;
 }
+/* The mask bytes as 0 / 1 floats, and float32 lanes widened to float64. GCC 12 lowers these vector
+ * conversions lane by lane (~30 instructions for the mask, 5 for a widening, through the stack), so
+ * the AVX2 copy uses the one instruction each (vpmovzxbd + vcvtdq2ps, vcvtps2pd); both give the same
+ * values exactly (0 / 1, and float -> double is exact). */
+#ifdef RLV_AVX2_INTRINSICS
+static inline f32v K(mask_f32)(const uint8_t *p) {
+    return (f32v)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+static inline f64v K(mask_f64)(const uint8_t *p) {
+    int32_t w;
+    memcpy(&w, p, sizeof w);
+    return (f64v)_mm256_cvtepi32_pd(_mm_cvtepu8_epi32(_mm_cvtsi32_si128(w)));
+}
+static inline f64v K(lo_f64)(f32v v) { return (f64v)_mm256_cvtps_pd(_mm256_castps256_ps128((__m256)v)); }
+static inline f64v K(hi_f64)(f32v v) { return (f64v)_mm256_cvtps_pd(_mm256_extractf128_ps((__m256)v, 1)); }
+#else
 static inline f32v K(mask_f32)(const uint8_t *p) {
     u8x8 b;
     memcpy(&b, p, sizeof b);
@@ -46,16 +62,27 @@ static inline f64v K(mask_f64)(const uint8_t *p) {
     memcpy(&b, p, sizeof b);
     return __builtin_convertvector(__builtin_convertvector(b, i32x4), f64v);
 }
-static inline f32v K(sel_f32)(f32m m, f32v a, f32v b) { return (f32v)(((f32m)a & m) | ((f32m)b & ~m)); }
-static inline f64v K(sel_f64)(f64m m, f64v a, f64v b) { return (f64v)(((f64m)a & m) | ((f64m)b & ~m)); }
-/* acc[0..1] += v in float64 (a float vector is two accumulators' worth) */
-static inline void K(acc_f32)(dacc *acc, f32v v) {
+static inline f64v K(lo_f64)(f32v v) {
     union {
         f32v v;
         f32h h[2];
     } u = {v};
-    acc[0] += __builtin_convertvector(u.h[0], f64v);
-    acc[1] += __builtin_convertvector(u.h[1], f64v);
+    return __builtin_convertvector(u.h[0], f64v);
+}
+static inline f64v K(hi_f64)(f32v v) {
+    union {
+        f32v v;
+        f32h h[2];
+    } u = {v};
+    return __builtin_convertvector(u.h[1], f64v);
+}
+#endif
+static inline f32v K(sel_f32)(f32m m, f32v a, f32v b) { return (f32v)(((f32m)a & m) | ((f32m)b & ~m)); }
+static inline f64v K(sel_f64)(f64m m, f64v a, f64v b) { return (f64v)(((f64m)a & m) | ((f64m)b & ~m)); }
+/* acc[0..1] += v in float64 (a float vector is two accumulators' worth) */
+static inline void K(acc_f32)(dacc *acc, f32v v) {
+    acc[0] += K(lo_f64)(v);
+    acc[1] += K(hi_f64)(v);
 }
 static inline void K(acc_f64)(dacc *acc, f64v v) { acc[0] += v; }
 static inline double K(acc_total)(const dacc *acc) {

@@ -345,8 +345,8 @@ DEFINE_RC_RS(f64, double)
         c_a += (x * x) * mm;                                                                             \
         c_r += (y * y) * mm;                                                                             \
     }
-#define RC_LO(v) __builtin_convertvector(__builtin_shufflevector(v, v, 0, 1, 2, 3), f64v)
-#define RC_HI(v) __builtin_convertvector(__builtin_shufflevector(v, v, 4, 5, 6, 7), f64v)
+#define RC_LO(v) K(lo_f64)(v)
+#define RC_HI(v) K(hi_f64)(v)
 #define RC_DBG_WIDE_f32(va, vr, d, m)                                                                    \
     RC_DBG_CORE(RC_LO(va), RC_LO(vr), RC_LO(d), RC_LO(m));                                               \
     RC_DBG_CORE(RC_HI(va), RC_HI(vr), RC_HI(d), RC_HI(m))
