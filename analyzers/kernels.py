@@ -783,21 +783,24 @@ def _fused_vanilla(batch: TokenBatch, config: LossConfig) -> dict[str, float] | 
 class _Side:
     """The entropy / KL row sums ``config`` still needs, computed inside a compiled loss pass (the loops
     of csrc/losses_a.h run the aux loop's body too, so the batch is read once): ``args`` for the pass;
-    :meth:`store` caches what it returned (:meth:`TokenBatch._store_aux`). ``ratio``: also
-    ``r = exp(clamp(logp - old, -20, 20))``. The exp buffers (r, and k3's ``exp(clamp(ref - logp,
-    -20, 20))``) are pool buffers: their log-ratios by one loop, the exp by torch (one op per tensor,
-    as verl takes it); they go back to the pool when the block ends."""
+    :meth:`store` caches what it returned (:meth:`TokenBatch._store_aux`). ``ratio``: the pass also
+    reads ``r = exp(clamp(logp - old, -20, 20))``. With the checked inline exp (:func:`native.inline_exp`)
+    the pass takes that exp, and k3's ``exp(clamp(ref - logp, -20, 20))``, itself, chunk by chunk: no
+    buffers (``r`` and ``e`` are None). Otherwise they are pool buffers: their log-ratios by one loop, the
+    exp by torch (one op per tensor, as verl takes it); they go back to the pool when the block ends."""
 
     def __init__(self, batch: TokenBatch, config: LossConfig, *, ratio: bool = False) -> None:
         self.batch, self.plan = batch, batch._aux_plan(config)
         entropy, kl, check = self.plan
-        self.r = _take(batch.shape, batch.dtype, batch.mask.device) if ratio else None
-        self.e = _take(batch.shape, batch.dtype, batch.mask.device) if kl == "k3" else None
-        if ratio or self.e is not None:
-            batch.native.logratios(self.r, self.e)
-        for buf in (self.r, self.e):
-            if buf is not None:
-                buf.exp_()
+        self.r = self.e = None
+        if not native.inline_exp():
+            self.r = _take(batch.shape, batch.dtype, batch.mask.device) if ratio else None
+            self.e = _take(batch.shape, batch.dtype, batch.mask.device) if kl == "k3" else None
+            if ratio or self.e is not None:
+                batch.native.logratios(self.r, self.e)
+            for buf in (self.r, self.e):
+                if buf is not None:
+                    buf.exp_()
         self.args = batch.native.side_terms(entropy=entropy, kl=kl, check=check, e=self.e)
 
     def __enter__(self) -> _Side:
@@ -953,8 +956,13 @@ def _fused_sapo(batch: TokenBatch, config: LossConfig) -> dict[str, float] | Non
         # r (the log-ratio by a loop, exp by torch); (r - 1) tau over it by the loop; sigmoid by torch;
         # the loss row sums by the loop
         with _Side(batch, config, ratio=True) as side:
-            kl_sum, aux = batch.native.sapo_gate(side.r, tau_pos, tau_neg, side.args)
-            rows = batch.native.sapo(side.r.sigmoid_(), q_pos, q_neg)
+            gates = side.r if side.r is not None else _take(batch.shape, dtype, batch.mask.device)
+            try:
+                kl_sum, aux = batch.native.sapo_gate(side.r, gates, tau_pos, tau_neg, side.args)
+                rows = batch.native.sapo(gates.sigmoid_(), q_pos, q_neg)
+            finally:
+                if side.r is None:
+                    _give(gates)
         side.store(aux)
     else:
         rows, kl_sum = _sapo_torch(batch, config, tau_pos, tau_neg, q_pos, q_neg)

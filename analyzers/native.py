@@ -330,20 +330,21 @@ class Inputs:
     def side_terms(
         self, *, entropy: bool = False, kl: str | None = None, check: bool = False, e: Tensor | None = None
     ) -> tuple[tuple, Tensor | None, Tensor | None]:
-        """The aux loop's arguments for a losses-A pass (checked as :meth:`aux` checks them)."""
+        """The aux loop's arguments for a losses-A pass (checked as :meth:`aux` checks them). k3 with
+        no ``e``: the pass takes that exp inline (only with :func:`inline_exp`)."""
         code = KL_CODES[kl]
         need = code or check
         if need and "ref_log_prob" not in self.tensors:
             raise ValueError("the KL row sums need ref_log_prob")
-        if code == 4 and e is None:
-            raise ValueError("k3 needs exp(clamp(ref - lp, -20, 20))")
+        if code == 4 and e is None and not inline_exp():
+            raise ValueError("k3 needs exp(clamp(ref - lp, -20, 20)) (no inline exp here)")
         if entropy and "entropy" not in self.tensors:
             raise ValueError("no entropy tensor")
         ent_out = torch.empty(self.rows, dtype=torch.float64) if entropy else None
         kl_out = torch.empty(self.rows, dtype=torch.float64) if code else None
         args = (
             self._p("entropy" if entropy else None), self._p("ref_log_prob" if need else None),
-            self.scratch(e).data_ptr() if code == 4 else 0, code, check,
+            self.scratch(e).data_ptr() if code == 4 and e is not None else 0, code, check,
             0 if ent_out is None else ent_out.data_ptr(), 0 if kl_out is None else kl_out.data_ptr(),
         )  # fmt: skip
         return args, ent_out, kl_out
@@ -402,24 +403,38 @@ class Inputs:
         )  # fmt: skip
         return out[0].tolist(), kl, self._side_out(side, k2)
 
-    def cispo(self, r: Tensor, lo: float, hi: float, side=_NO_SIDE) -> tuple[list[float], float, int, tuple]:
+    def _ratio(self, r: Tensor | None) -> int:
+        """The pointer of a pass's ratio buffer, or 0: the pass takes the exp inline."""
+        if r is None:
+            if not inline_exp():
+                raise ValueError("no ratio buffer and no inline exp")
+            return 0
+        return self.scratch(r).data_ptr()
+
+    def cispo(
+        self, r: Tensor | None, lo: float, hi: float, side=_NO_SIDE
+    ) -> tuple[list[float], float, int, tuple]:
         """Row sums of ``clamp(r, lo, hi) A logp m``, the masked sum of ``clamp(logp - old, -20, 20)``
-        and the count of valid tokens with ``r != clamp(r, lo, hi)``; ``r`` holds the exp of that."""
-        r = self.scratch(r)
+        and the count of valid tokens with ``r != clamp(r, lo, hi)``; ``r`` holds the exp of that (None:
+        the pass takes it inline)."""
+        r_ptr = self._ratio(r)
         out = self._rows_out()
         kl, hits, k2 = _MODULE.cispo(
-            self.f64, self._p("log_prob"), self._p("old_log_prob"), r.data_ptr(), self._p("advantages"),
+            self.f64, self._p("log_prob"), self._p("old_log_prob"), r_ptr, self._p("advantages"),
             self.mask.data_ptr(), self.rows, self.width, lo, hi, out.data_ptr(), *side[0],
         )  # fmt: skip
         return out[0].tolist(), kl, hits, self._side_out(side, k2)
 
-    def sapo_gate(self, r: Tensor, tau_pos: float, tau_neg: float, side=_NO_SIDE) -> tuple[float, tuple]:
-        """Overwrite ``r`` (``exp(clamp(logp - old, -20, 20))``) with ``(r - 1) tau`` (``tau_pos``
-        where ``A > 0``, else ``tau_neg``); return the masked sum of the clamped log-ratio."""
-        r = self.scratch(r)
+    def sapo_gate(
+        self, r: Tensor | None, x: Tensor, tau_pos: float, tau_neg: float, side=_NO_SIDE
+    ) -> tuple[float, tuple]:
+        """Write ``(r - 1) tau`` (``tau_pos`` where ``A > 0``, else ``tau_neg``) into ``x`` (which may be
+        ``r``), ``r`` being ``exp(clamp(logp - old, -20, 20))`` (None: the pass takes it inline); return
+        the masked sum of the clamped log-ratio."""
+        r_ptr, x = self._ratio(r), self.scratch(x)
         kl, k2 = _MODULE.sapo_gate(
-            self.f64, self._p("log_prob"), self._p("old_log_prob"), r.data_ptr(), self._p("advantages"),
-            self.mask.data_ptr(), self.rows, self.width, tau_pos, tau_neg, r.data_ptr(), *side[0],
+            self.f64, self._p("log_prob"), self._p("old_log_prob"), r_ptr, self._p("advantages"),
+            self.mask.data_ptr(), self.rows, self.width, tau_pos, tau_neg, x.data_ptr(), *side[0],
         )  # fmt: skip
         return kl, self._side_out(side, k2)
 

@@ -21,11 +21,11 @@ static inline void K(st_f64)(double *p, f64v v) { memcpy(p, &v, sizeof v); }
 #define AUX_PRE                                                                                          \
     dacc ea[2] = {0};                                                                                    \
     dacc ka[2] = {0}
-#define AUX_AT(S, LP, M) AUX_BODY(S, ent + o + j, LP, ref + o + j, e + o + j, M)
+#define AUX_AT(S, LP, M) AUX_BODY(S, ent + o + j, LP, ref + o + j, eo + j, M)
 #define AUX_TAIL(S, T)                                                                                   \
     PAD(T, N_##S, ent, ent ? ent + o : NULL, j, width);                                                  \
     PAD(T, N_##S, ref, ref ? ref + o : NULL, j, width);                                                  \
-    PAD(T, N_##S, e, e ? e + o : NULL, j, width);                                                        \
+    PAD(T, N_##S, e, eo, j, width);                                                                      \
     AUX_BODY(S, ent_pad, lp_pad, ref_pad, e_pad, m_pad)
 #define AUX_POST                                                                                         \
     if (ent) ent_out[i] = K(acc_total)(ea);                                                              \
@@ -48,16 +48,95 @@ static inline void K(st_f64)(double *p, f64v v) { memcpy(p, &v, sizeof v); }
     }
 
 /* The row loop of every kernel here: PRE(i) before row i (row accumulators), BODY on whole vectors at
- * offset o + j, TAIL on the zero-padded rest (it declares its pads), POST(i) after the row. */
-#define ROW_LOOP(S, PRE, BODY, TAIL, POST)                                                               \
-    for (Py_ssize_t i = 0; i < rows; i++) {                                                              \
-        const Py_ssize_t o = i * width;                                                                  \
-        PRE;                                                                                             \
-        Py_ssize_t j = 0;                                                                                \
-        for (; j + N_##S <= width; j += N_##S) BODY;                                                     \
-        if (j < width) TAIL;                                                                             \
-        POST;                                                                                            \
+ * offset o + j, TAIL on the zero-padded rest (it declares its pads), POST(i) after the row. A row runs in
+ * chunks of EXP_CHUNK tokens: inside XP, BODY and TAIL, o is the chunk's offset and width its length.
+ * EXP_CHUNK is a multiple of the vector width, so each lane sums the same tokens in the same order as
+ * one sweep of the row would (the results do not depend on the chunking). XP runs before a chunk's
+ * tokens: the inline exp (AUX_XP below), or nothing. */
+#define ROW_LOOP(S, PRE, BODY, TAIL, POST) ROW_LOOP_X(S, (void)0, PRE, BODY, TAIL, POST)
+#define ROW_LOOP_X(S, XP, PRE, BODY, TAIL, POST)                                                         \
+    {                                                                                                    \
+        const Py_ssize_t row_width = width;                                                              \
+        for (Py_ssize_t i = 0; i < rows; i++) {                                                          \
+            PRE;                                                                                         \
+            for (Py_ssize_t j0 = 0; j0 < row_width; j0 += EXP_CHUNK) {                                   \
+                const Py_ssize_t o = i * row_width + j0;                                                 \
+                const Py_ssize_t width = row_width - j0 < EXP_CHUNK ? row_width - j0 : EXP_CHUNK;        \
+                XP;                                                                                      \
+                Py_ssize_t j = 0;                                                                        \
+                for (; j + N_##S <= width; j += N_##S) BODY;                                             \
+                if (j < width) TAIL;                                                                     \
+            }                                                                                            \
+            POST;                                                                                        \
+        }                                                                                                \
     }
+
+/* ---- exp inline (only with torch's own exp resolved and checked: set_exp in _fused.c) ----------------
+ * A pass given no exp buffer (e NULL with k3; r NULL in cispo / sapo) takes exp per chunk into buffers
+ * on the stack: xchunk writes r = exp(clamp(lp - old, -20, 20)) into R and e = exp(clamp(ref - lp, -20,
+ * 20)) into E (either may be NULL) for the chunk's n tokens, from its first to its last group with a
+ * valid token; the chunk's other entries are 0. Those are masked tokens, whose r and e only ever meet a
+ * 0 mask: their terms stay 0, or NaN where delta or d (computed from the inputs in the pass) is NaN, as
+ * with the exp of every token; a finite input's clamped exp is finite either way. */
+#define DEFINE_XCHUNK(S, T)                                                                              \
+    static inline void K(xlog_##S)(const T *a, const T *b, Py_ssize_t first, Py_ssize_t end, Py_ssize_t n, \
+                                   T *x) {                                                               \
+        const S##v lim = SPLAT(S, T, 20);                                                                \
+        Py_ssize_t j = first;                                                                            \
+        for (; j + N_##S <= end && j + N_##S <= n; j += N_##S)                                           \
+            K(st_##S)(x + j, CLAMP(S, K(ld_##S)(a + j) - K(ld_##S)(b + j), -lim, lim));                  \
+        for (; j < end; j++) {                                                                           \
+            T d = j < n ? a[j] - b[j] : (T)0;                                                            \
+            d = d < (T)-20 ? (T)-20 : d;                                                                 \
+            x[j] = d > (T)20 ? (T)20 : d;                                                                \
+        }                                                                                                \
+    }                                                                                                    \
+    static void K(xchunk_##S)(const T *lp, const T *old, const T *ref, const uint8_t *mask, Py_ssize_t n, \
+                              T *R, T *E, T *tmp) {                                                      \
+        const Py_ssize_t nr = (n + N_##S - 1) / N_##S * N_##S;                                           \
+        Py_ssize_t first = -1, last = -1;                                                                \
+        Py_ssize_t j = 0;                                                                                \
+        for (; j + N_##S <= n; j += N_##S)                                                               \
+            if (GROUP_BITS_##S(mask + j)) {                                                              \
+                if (first < 0) first = j;                                                                \
+                last = j;                                                                                \
+            }                                                                                            \
+        for (Py_ssize_t l = j; l < n; l++)                                                               \
+            if (mask[l]) {                                                                               \
+                if (first < 0) first = j;                                                                \
+                last = j;                                                                                \
+                break;                                                                                   \
+            }                                                                                            \
+        const Py_ssize_t b = first < 0 ? 0 : first, e = first < 0 ? 0 : last + N_##S;                   \
+        T *const out[2] = {R, E};                                                                        \
+        for (int k = 0; k < 2; k++) {                                                                    \
+            T *const y = out[k];                                                                         \
+            if (!y) continue;                                                                            \
+            memset(y, 0, (size_t)b * sizeof(T));                                                         \
+            memset(y + e, 0, (size_t)(nr - e) * sizeof(T));                                              \
+            if (e == b) continue;                                                                        \
+            if (k == 0)                                                                                  \
+                K(xlog_##S)(lp, old, b, e, n, tmp);                                                      \
+            else                                                                                         \
+                K(xlog_##S)(ref, lp, b, e, n, tmp);                                                      \
+            K(exp_##S)((int)(e - b), tmp + b, y + b);                                                    \
+        }                                                                                                \
+    }
+DEFINE_XCHUNK(f32, float)
+DEFINE_XCHUNK(f64, double)
+
+/* The exp buffers of a pass (XBUFS; XBUFS_R with the ratio) and, before each chunk, eo: k3's e for the chunk, the caller's
+ * buffer or inline (AUX_XP); with the loss's ratio too, ro (AUX_XP_R). */
+#define XBUFS(T) T E_[EXP_CHUNK + 8], X_[EXP_CHUNK + 8]
+#define XBUFS_R(T) XBUFS(T), R_[EXP_CHUNK + 8]
+#define AUX_XP(S, T)                                                                                     \
+    const T *const eo = e ? e + o : kind == 4 ? E_ : NULL;                                               \
+    if (!e && kind == 4) K(xchunk_##S)(lp + o, NULL, ref + o, mask + o, width, NULL, E_, X_)
+#define AUX_XP_R(S, T)                                                                                   \
+    const T *const eo = e ? e + o : kind == 4 ? E_ : NULL;                                               \
+    const T *const ro = r ? r + o : R_;                                                                  \
+    if (!r || (!e && kind == 4))                                                                         \
+    K(xchunk_##S)(lp + o, old + o, ref + o, mask + o, width, r ? NULL : R_, !e && kind == 4 ? E_ : NULL, X_)
 
 /* ---- gpg: l = -(logp A); the row sums of (logp A) m (the caller negates them) ------------------------ */
 #define GPG_BODY(S, LP, ADV, M)                                                                          \
@@ -69,8 +148,9 @@ static inline void K(st_f64)(double *p, f64v v) { memcpy(p, &v, sizeof v); }
 #define DEFINE_GPG(S, T)                                                                                 \
     static void K(gpg_##S)(const T *lp, const T *adv, const uint8_t *mask, Py_ssize_t rows,              \
                            Py_ssize_t width, double *row_out, AUX_PARAMS(T)) {                           \
-        AUX_CONSTS(S, T);                                                                                \
-        AUX_SPECIALISED(T, ROW_LOOP(S, dacc acc[2] = {0}; AUX_PRE,                                                          \
+        AUX_CONSTS(S, T);                                                                            \
+        XBUFS(T);                                                                                \
+        AUX_SPECIALISED(T, ROW_LOOP_X(S, AUX_XP(S, T), dacc acc[2] = {0}; AUX_PRE,                                                          \
                  {                                                                                       \
                      GPG_BODY(S, lp + o + j, adv + o + j, mask + o + j);                                 \
                      AUX_AT(S, lp + o + j, mask + o + j);                                                \
@@ -104,9 +184,10 @@ DEFINE_GPG(f64, double)
     static void K(dro_##S)(const T *lp, const T *old, const T *adv, const uint8_t *mask, Py_ssize_t rows, \
                            Py_ssize_t width, T hb_, double *row_out, double *lr_out, AUX_PARAMS(T)) {    \
         const S##v hb = SPLAT(S, T, hb_);                                                                \
-        AUX_CONSTS(S, T);                                                                                \
+        AUX_CONSTS(S, T);                                                                            \
+        XBUFS(T);                                                                                \
         dacc kl_acc[2] = {0};                                                                            \
-        AUX_SPECIALISED(T, ROW_LOOP(S, dacc acc[2] = {0}; AUX_PRE,                                                          \
+        AUX_SPECIALISED(T, ROW_LOOP_X(S, AUX_XP(S, T), dacc acc[2] = {0}; AUX_PRE,                                                          \
                  {                                                                                       \
                      DRO_BODY(S, lp + o + j, old + o + j, adv + o + j, mask + o + j);                    \
                      AUX_AT(S, lp + o + j, mask + o + j);                                                \
@@ -146,17 +227,18 @@ DEFINE_DRO(f64, double)
                              Py_ssize_t rows, Py_ssize_t width, T lo_, T hi_, double *row_out,           \
                              double *lr_out, int64_t *hits_out, AUX_PARAMS(T)) {                         \
         const S##v lo = SPLAT(S, T, lo_), hi = SPLAT(S, T, hi_);                                         \
-        AUX_CONSTS(S, T);                                                                                \
+        AUX_CONSTS(S, T);                                                                            \
+        XBUFS_R(T);                                                                                \
         dacc kl_acc[2] = {0};                                                                            \
         int64_t hits = 0;                                                                                \
-        AUX_SPECIALISED(T, ROW_LOOP(S, dacc acc[2] = {0}; S##m hc = {0}; AUX_PRE,                                           \
+        AUX_SPECIALISED(T, ROW_LOOP_X(S, AUX_XP_R(S, T), dacc acc[2] = {0}; S##m hc = {0}; AUX_PRE,                                           \
                  {                                                                                       \
-                     CISPO_BODY(S, lp + o + j, old + o + j, r + o + j, adv + o + j, mask + o + j);       \
+                     CISPO_BODY(S, lp + o + j, old + o + j, ro + j, adv + o + j, mask + o + j);       \
                      AUX_AT(S, lp + o + j, mask + o + j);                                                \
                  },                                                                                      \
                  {                                                                                       \
                      PAD(T, N_##S, lp, lp + o, j, width) PAD(T, N_##S, old, old + o, j, width);          \
-                     PAD(T, N_##S, r, r + o, j, width) PAD(T, N_##S, adv, adv + o, j, width);            \
+                     PAD(T, N_##S, r, ro, j, width) PAD(T, N_##S, adv, adv + o, j, width);            \
                      PAD(uint8_t, N_##S, m, mask + o, j, width);                                         \
                      CISPO_BODY(S, lp_pad, old_pad, r_pad, adv_pad, m_pad);                              \
                      AUX_TAIL(S, T);                                                                     \
@@ -190,17 +272,18 @@ DEFINE_CISPO(f64, double)
                                  Py_ssize_t rows, Py_ssize_t width, T tp_, T tn_, T *x, double *lr_out,  \
                                  AUX_PARAMS(T)) {                                                        \
         const S##v tp = SPLAT(S, T, tp_), tn = SPLAT(S, T, tn_);                                         \
-        AUX_CONSTS(S, T);                                                                                \
+        AUX_CONSTS(S, T);                                                                            \
+        XBUFS_R(T);                                                                                \
         dacc kl_acc[2] = {0};                                                                            \
-        AUX_SPECIALISED(T, ROW_LOOP(S, AUX_PRE,                                                                             \
+        AUX_SPECIALISED(T, ROW_LOOP_X(S, AUX_XP_R(S, T), AUX_PRE,                                                                             \
                  {                                                                                       \
                      AUX_AT(S, lp + o + j, mask + o + j);                                                \
-                     SAPO_GATE_BODY(S, lp + o + j, old + o + j, r + o + j, adv + o + j, mask + o + j,    \
+                     SAPO_GATE_BODY(S, lp + o + j, old + o + j, ro + j, adv + o + j, mask + o + j,    \
                                     x + o + j);                                                          \
                  },                                                                                      \
                  {                                                                                       \
                      PAD(T, N_##S, lp, lp + o, j, width) PAD(T, N_##S, old, old + o, j, width);          \
-                     PAD(T, N_##S, r, r + o, j, width) PAD(T, N_##S, adv, adv + o, j, width);            \
+                     PAD(T, N_##S, r, ro, j, width) PAD(T, N_##S, adv, adv + o, j, width);            \
                      PAD(uint8_t, N_##S, m, mask + o, j, width);                                         \
                      T x_pad[N_##S];                                                                     \
                      AUX_TAIL(S, T);                                                                     \
@@ -247,8 +330,9 @@ DEFINE_SAPO(f64, double)
 #define DEFINE_GSPO_LOGRATIO(S, T)                                                                       \
     static void K(gspo_logratio_##S)(const T *lp, const T *old, const uint8_t *mask, Py_ssize_t rows,    \
                                      Py_ssize_t width, T *d, AUX_PARAMS(T)) {                            \
-        AUX_CONSTS(S, T);                                                                                \
-        AUX_SPECIALISED(T, ROW_LOOP(S, AUX_PRE,                                                                             \
+        AUX_CONSTS(S, T);                                                                            \
+        XBUFS(T);                                                                                \
+        AUX_SPECIALISED(T, ROW_LOOP_X(S, AUX_XP(S, T), AUX_PRE,                                                                             \
                  {                                                                                       \
                      AUX_AT(S, lp + o + j, mask + o + j);                                                \
                      GSPO_LOGRATIO_BODY(S, lp + o + j, old + o + j, mask + o + j, d + o + j);            \
@@ -333,10 +417,11 @@ DEFINE_GSPO(f64, double)
                                 double *adv_out, double *lr_out, int64_t *pos_out, int64_t *neg_out,     \
                                 AUX_PARAMS(T)) {                                                         \
         const S##v nlo = SPLAT(S, T, nlo_), hi = SPLAT(S, T, hi_);                                       \
-        AUX_CONSTS(S, T);                                                                                \
+        AUX_CONSTS(S, T);                                                                            \
+        XBUFS(T);                                                                                \
         dacc kl_acc[2] = {0};                                                                            \
         int64_t pos = 0, neg = 0;                                                                        \
-        AUX_SPECIALISED(T, ROW_LOOP(S, dacc acc[2] = {0}; dacc adv_acc[2] = {0}; S##m hp = {0}; S##m hn = {0}; AUX_PRE,     \
+        AUX_SPECIALISED(T, ROW_LOOP_X(S, AUX_XP(S, T), dacc acc[2] = {0}; dacc adv_acc[2] = {0}; S##m hp = {0}; S##m hn = {0}; AUX_PRE,     \
                  {                                                                                       \
                      GEO_MEAN_BODY(S, lp + o + j, old + o + j, adv + o + j, mask + o + j);               \
                      AUX_AT(S, lp + o + j, mask + o + j);                                                \

@@ -10,6 +10,15 @@
     double k2 = 0.0
 #define AUX_REFS &ent, &ref, &e, &kind, &check, &ent_out, &kl_out
 #define AUX_PASS(T) P(T, ent), P(T, ref), P(T, e), kind, check, P(double, ent_out), P(double, kl_out), &k2
+/* No exp buffer (e with k3, or the ratio r) means exp inline, which needs the checked exp */
+static int exp_ready(int f64, int inline_exp, const char *name) {
+    if (inline_exp && (f64 ? !torch_exp_f64 : !torch_exp_f32)) {
+        PyErr_Format(PyExc_RuntimeError, "%s: no exp buffer and no checked exp to take it inline", name);
+        return 0;
+    }
+    return 1;
+}
+#define AUX_EXP_READY(name, ...) exp_ready(f64, (kind == 4 && !e) __VA_ARGS__, name)
 
 static PyObject *py_gpg(PyObject *self, PyObject *args) {
     int f64;
@@ -17,6 +26,7 @@ static PyObject *py_gpg(PyObject *self, PyObject *args) {
     Py_ssize_t rows, width;
     AUX_DECL;
     if (!PyArg_ParseTuple(args, "pKKKnnK" AUX_FMT, &f64, &lp, &adv, &mask, &rows, &width, &row_out, AUX_REFS)) return NULL;
+    if (!AUX_EXP_READY("gpg")) return NULL;
     Py_BEGIN_ALLOW_THREADS;
     if (f64)
         DISPATCH(gpg_f64, P(double, lp), P(double, adv), P(uint8_t, mask), rows, width, P(double, row_out), AUX_PASS(double));
@@ -34,6 +44,7 @@ static PyObject *py_dro(PyObject *self, PyObject *args) {
     double hb, kl = 0.0;
     if (!PyArg_ParseTuple(args, "pKKKKnndK" AUX_FMT, &f64, &lp, &old, &adv, &mask, &rows, &width, &hb, &row_out, AUX_REFS))
         return NULL;
+    if (!AUX_EXP_READY("dro")) return NULL;
     Py_BEGIN_ALLOW_THREADS;
     if (f64)
         DISPATCH(dro_f64, P(double, lp), P(double, old), P(double, adv), P(uint8_t, mask), rows, width, hb,
@@ -55,6 +66,7 @@ static PyObject *py_cispo(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "pKKKKKnnddK" AUX_FMT, &f64, &lp, &old, &r, &adv, &mask, &rows, &width, &lo, &hi,
                           &row_out, AUX_REFS))
         return NULL;
+    if (!AUX_EXP_READY("cispo", || !r)) return NULL;
     Py_BEGIN_ALLOW_THREADS;
     if (f64)
         DISPATCH(cispo_f64, P(double, lp), P(double, old), P(double, r), P(double, adv), P(uint8_t, mask), rows,
@@ -74,6 +86,7 @@ static PyObject *py_sapo_gate(PyObject *self, PyObject *args) {
     double tp, tn, kl = 0.0;
     if (!PyArg_ParseTuple(args, "pKKKKKnnddK" AUX_FMT, &f64, &lp, &old, &r, &adv, &mask, &rows, &width, &tp, &tn, &x, AUX_REFS))
         return NULL;
+    if (!AUX_EXP_READY("sapo_gate", || !r)) return NULL;
     Py_BEGIN_ALLOW_THREADS;
     if (f64)
         DISPATCH(sapo_gate_f64, P(double, lp), P(double, old), P(double, r), P(double, adv), P(uint8_t, mask),
@@ -108,6 +121,7 @@ static PyObject *py_gspo_logratio(PyObject *self, PyObject *args) {
     Py_ssize_t rows, width;
     AUX_DECL;
     if (!PyArg_ParseTuple(args, "pKKKnnK" AUX_FMT, &f64, &lp, &old, &mask, &rows, &width, &d, AUX_REFS)) return NULL;
+    if (!AUX_EXP_READY("gspo_logratio")) return NULL;
     Py_BEGIN_ALLOW_THREADS;
     if (f64)
         DISPATCH(gspo_logratio_f64, P(double, lp), P(double, old), P(uint8_t, mask), rows, width, P(double, d), AUX_PASS(double));
@@ -146,6 +160,7 @@ static PyObject *py_geo_mean(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "pKKKKnnddKK" AUX_FMT, &f64, &lp, &old, &adv, &mask, &rows, &width, &nlo, &hi, &row_out,
                           &adv_out, AUX_REFS))
         return NULL;
+    if (!AUX_EXP_READY("geo_mean")) return NULL;
     Py_BEGIN_ALLOW_THREADS;
     if (f64)
         DISPATCH(geo_mean_f64, P(double, lp), P(double, old), P(double, adv), P(uint8_t, mask), rows, width, nlo,

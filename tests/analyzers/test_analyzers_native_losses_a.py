@@ -107,7 +107,7 @@ def test_the_loops_sums_are_the_per_token_values_of_the_torch_ops(mode):
         extra = {kl: (dc * m).sum(), hits: ((r != r.clamp(0.8, 1.2)) & mask).sum()}
     elif mode == "sapo":
         x = r.clone()
-        kl, _ = inputs.sapo_gate(x, 1.0, 1.05)
+        kl, _ = inputs.sapo_gate(x, x, 1.0, 1.05)
         tau = torch.full_like(adv, 1.05).masked_fill_(adv > 0, 1.0)
         assert torch.equal(x, (r - 1) * tau)
         rows = inputs.sapo(x.sigmoid_(), 4.0, 4 / 1.05)
@@ -150,7 +150,7 @@ def test_the_entropy_and_kl_terms_in_each_pass_are_the_aux_loops(entropy, kl, ch
         "gpg": lambda side: inputs.gpg(side)[-1],
         "dro": lambda side: inputs.dro(0.05, side)[-1],
         "cispo": lambda side: inputs.cispo(r.clone(), 0.8, 1.2, side)[-1],
-        "sapo_gate": lambda side: inputs.sapo_gate(r.clone(), 1.0, 1.05, side)[-1],
+        "sapo_gate": lambda side: inputs.sapo_gate(r, torch.empty_like(r), 1.0, 1.05, side)[-1],
         "gspo_logratio": lambda side: inputs.gspo_logratio(torch.empty_like(r), side)[-1],
         "geo_mean": lambda side: inputs.geo_mean(0.2, 0.2, side)[-1],
     }
@@ -182,7 +182,9 @@ def test_the_losses_a_wrappers_refuse_buffers_the_loops_cannot_read():
         with pytest.raises(ValueError):
             inputs.cispo(scratch, 0.8, 1.2)
         with pytest.raises(ValueError):
-            inputs.sapo_gate(scratch, 1.0, 1.05)
+            inputs.sapo_gate(scratch, torch.empty(4, 16), 1.0, 1.05)
+        with pytest.raises(ValueError):
+            inputs.sapo_gate(None, scratch, 1.0, 1.05)
         with pytest.raises(ValueError):
             inputs.sapo(scratch, 4.0, 3.8)
         with pytest.raises(ValueError):
@@ -194,8 +196,13 @@ def test_the_losses_a_wrappers_refuse_buffers_the_loops_cannot_read():
         inputs.logratios(torch.empty(4, 15), None)
     with pytest.raises(ValueError):
         inputs.logratios(None, torch.empty(4, 16, dtype=torch.float64))
-    with pytest.raises(ValueError):
-        inputs.side_terms(kl="k3")  # k3 without its exp buffer
+    with native.exp_between_passes():
+        with pytest.raises(ValueError):
+            inputs.side_terms(kl="k3")  # k3 without its exp buffer, and no inline exp
+        with pytest.raises(ValueError):
+            inputs.cispo(None, 0.8, 1.2)
+        with pytest.raises(ValueError):
+            inputs.sapo_gate(None, torch.empty(4, 16), 1.0, 1.05)
     with pytest.raises(ValueError):
         inputs.side_terms(kl="k3", e=torch.empty(4, 15))
     bare = native.Inputs({k: t[k] for k in ("log_prob", "old_log_prob", "advantages")}, inputs.mask)
@@ -317,3 +324,76 @@ def test_compiled_and_torch_ops_agree_on_random_batches(
     config = _config(mode, clip_ratio_low=low, clip_ratio_high=high, tau_pos=tau_pos, tau_neg=tau_neg)
     compiled, ops = _both(config, t)
     _agree(compiled, ops, 1e-12 if f64 else 2e-6)
+
+
+def _prefix_mask(rows: int, width: int, seed: int) -> torch.Tensor:
+    """Right-padded responses (a valid prefix per row) mixed with scattered rows: chunks of EXP_CHUNK
+    (512) tokens that are all valid, partly valid and all masked."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(0, width + 1, (rows,), generator=g)
+    lengths[0], lengths[-1] = width, 0
+    mask = torch.arange(width)[None, :] < lengths[:, None]
+    mask[1] = torch.rand(width, generator=g) < 0.1
+    return mask
+
+
+@pytest.mark.skipif(not native.inline_exp(), reason="torch's exp is not MKL's here: nothing is inline")
+@pytest.mark.parametrize("f64", [False, True])
+@pytest.mark.parametrize("width", [1, 9, 511, 512, 513, 1500, 4096 + 3])
+@pytest.mark.parametrize("poison", [None, "nan_masked", "inf_masked", "nan_valid"])
+def test_the_inline_exp_gives_the_passes_what_torchs_exp_buffers_give(f64, width, poison):
+    # each pass with exp inline (no r / e buffers: taken per chunk, only where the chunk has valid
+    # tokens) against the same pass over torch's exp of every token: the same floats, summed in the
+    # same order, so equal; a non-finite input, masked or not, still makes the same sums non-finite
+    t = _batch(6, width, torch.float64 if f64 else torch.float32, seed=width, spread=8.0, token_adv=True)
+    t["response_mask"] = _prefix_mask(6, width, width)
+    masked = (~t["response_mask"]).nonzero()
+    valid = t["response_mask"].nonzero()
+    if poison and (masked if poison.endswith("masked") else valid).numel():
+        i, j = (masked if poison.endswith("masked") else valid)[-1].tolist()
+        for name in ("old_log_prob", "ref_log_prob"):
+            t[name][i, j] = math.nan if poison.startswith("nan") else math.inf
+    inputs = native.Inputs({k: t[k] for k in FLOATS}, t["response_mask"].view(torch.uint8))
+    r = torch.sub(t["log_prob"], t["old_log_prob"]).clamp_(-20.0, 20.0).exp_()
+    e = torch.sub(t["ref_log_prob"], t["log_prob"]).clamp_(-20.0, 20.0).exp_()
+
+    def flat(a) -> list[float]:
+        if isinstance(a, (tuple, list)):
+            return [x for v in a for x in flat(v)]
+        if isinstance(a, torch.Tensor):
+            return a.double().flatten().tolist()
+        return [] if a is None else [float(a)]
+
+    def same(a, b) -> bool:
+        a, b = flat(a), flat(b)
+        if poison and poison.startswith("nan"):
+            # where a NaN lands may differ (a masked token's r is 0 inline); that one lands may not
+            return not all(map(math.isfinite, a)) and not all(map(math.isfinite, b))
+        return len(a) == len(b) and all(x == y or (math.isnan(x) and math.isnan(y)) for x, y in zip(a, b))
+
+    for entropy, kl, check in [(True, "k3", False), (False, "k3", True), (True, "k1", False)]:
+        side = lambda buf: inputs.side_terms(entropy=entropy, kl=kl, check=check, e=buf)  # noqa: E731
+        buffered, inline = (e if kl == "k3" else None), None
+        passes = {
+            "gpg": lambda x: inputs.gpg(side(x)),
+            "dro": lambda x: inputs.dro(0.05, side(x)),
+            "geo_mean": lambda x: inputs.geo_mean(0.2, 0.2, side(x)),
+            "gspo_logratio": lambda x: inputs.gspo_logratio(torch.empty_like(r), side(x)),
+            "cispo": lambda x: inputs.cispo(r if x is not None else None, 0.8, 1.2, side(x)),
+        }
+        for name, run in passes.items():
+            assert same(run(buffered if kl == "k3" else e), run(inline)), (name, entropy, kl, check)
+        x1, x2 = torch.empty_like(r), torch.empty_like(r)
+        got1 = inputs.sapo_gate(r, x1, 1.0, 1.05, side(buffered))
+        got2 = inputs.sapo_gate(None, x2, 1.0, 1.05, side(inline))
+        assert same(got1, got2), ("sapo_gate", entropy, kl, check)
+        # the gate of a valid token is the same; a masked one reads r = 0 inline, and is never summed
+        m = t["response_mask"]
+        assert torch.equal(x1[m].nan_to_num(7.0), x2[m].nan_to_num(7.0))
+    if not poison or poison == "inf_masked":  # and so is each mode's audit, end to end
+        batch = {**{k: t[k] for k in FLOATS}, "response_mask": t["response_mask"]}
+        for mode in MODES:
+            inline = recompute(_config(mode), **batch)
+            with native.exp_between_passes():
+                between = recompute(_config(mode), **batch)
+            assert between.keys() == inline.keys() and same(list(between.values()), list(inline.values())), mode
