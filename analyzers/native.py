@@ -770,13 +770,18 @@ class Inputs:
         )  # fmt: skip
         return rows, rej, tot.tolist(), cnt.tolist(), mm.tolist()
 
-    def rc_dbg(self, a: Tensor, r: Tensor) -> list[float]:
+    def rc_dbg(self, a: Tensor | None = None, r: Tensor | None = None) -> list[float]:
         """``a = exp(old)``, ``r = exp(rollout)``, ``diff = |a - r|``: [sum(a m), sum(r m), sum(diff m), max
         diff over valid tokens, valid tokens, and with x, y, e = a, r, diff less their values at the first
-        valid token: sum(x m), sum(y m), sum(e m), sum(e^2 m), sum(x y m), sum(x^2 m), sum(y^2 m)]."""
-        a, r = self.scratch(a), self.scratch(r)
+        valid token: sum(x m), sum(y m), sum(e m), sum(e^2 m), sum(x y m), sum(x^2 m), sum(y^2 m)].
+        ``a`` and ``r`` None: the pass takes both exps inline (only with :func:`inline_exp`), of
+        ``old_log_prob`` and ``rollout_log_prob``, on the valid spans only."""
+        if (a is None) != (r is None) or (a is None and not inline_exp()):
+            raise ValueError("rc_dbg takes both exp buffers, or neither with the inline exp")
+        ptrs = (0, 0) if a is None else (self.scratch(a).data_ptr(), self.scratch(r).data_ptr())
         out = torch.empty(12, dtype=torch.float64)
         _MODULE.rc_dbg(
-            self.f64, a.data_ptr(), r.data_ptr(), self.mask.data_ptr(), self.rows, self.width, out.data_ptr()
-        )
+            self.f64, *ptrs, self._p("old_log_prob"), self._p("rollout_log_prob"), self.mask.data_ptr(),
+            self.rows, self.width, out.data_ptr(),
+        )  # fmt: skip
         return out.tolist()

@@ -961,13 +961,16 @@ def _native_debug(old: Tensor, rollout: Tensor, mask: Tensor) -> dict[str, float
     if inputs is None:
         return None
     t = _NP[old.dtype]
-    a, r = (kernels._take(inputs.shape, old.dtype, old.device) for _ in range(2))
-    try:
-        torch.exp(inputs.tensors["old_log_prob"], out=a)
-        torch.exp(inputs.tensors["rollout_log_prob"], out=r)
-        sa, sr, sd, top, n, sx, sy, se, qe, cxy, qx, qy = inputs.rc_dbg(a, r)
-    finally:
-        kernels._give(a, r)
+    if native.inline_exp():  # the pass takes exp of the valid spans itself
+        sa, sr, sd, top, n, sx, sy, se, qe, cxy, qx, qy = inputs.rc_dbg()
+    else:
+        a, r = (kernels._take(inputs.shape, old.dtype, old.device) for _ in range(2))
+        try:
+            torch.exp(inputs.tensors["old_log_prob"], out=a)
+            torch.exp(inputs.tensors["rollout_log_prob"], out=r)
+            sa, sr, sd, top, n, sx, sy, se, qe, cxy, qx, qy = inputs.rc_dbg(a, r)
+        finally:
+            kernels._give(a, r)
     n = int(n)
     if not all(math.isfinite(v) for v in (sa, sr, sd, qe, cxy, qx, qy)) or n == 0:
         return None  # NaN / inf somewhere (masked_select drops the masked ones) or no valid token

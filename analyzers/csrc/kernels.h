@@ -402,6 +402,8 @@ DEFINE_VPACKED(f64, double)
 #ifndef EXP_CHUNK
 #define EXP_CHUNK 512
 #endif
+/* a chunk buffer on the stack, 64-byte aligned (as torch's tensors are: MKL's exp runs its aligned path) */
+#define XBUF(T, name) T name[EXP_CHUNK + 8] __attribute__((aligned(64)))
 static inline void K(exp_f32)(int n, const float *a, float *r) { torch_exp_f32(&n, a, r); }
 static inline void K(exp_f64)(int n, const double *a, double *r) { torch_exp_f64(&n, a, r); }
 
@@ -446,7 +448,7 @@ static inline void K(exp_f64)(int n, const double *a, double *r) { torch_exp_f64
         const S##v lo = SPLAT(S, T, lo_), hi = SPLAT(S, T, hi_), c = SPLAT(S, T, c_);                    \
         const S##v zero = SPLAT(S, T, 0), one = SPLAT(S, T, 1), half = SPLAT(S, T, 0.5);                 \
         const S##v lim = SPLAT(S, T, 20), ten = SPLAT(S, T, 10);                                         \
-        T D[EXP_CHUNK + 8], KB[EXP_CHUNK + 8], R[EXP_CHUNK + 8], E[EXP_CHUNK + 8];                       \
+        XBUF(T, D); XBUF(T, KB); XBUF(T, R); XBUF(T, E);                                                 \
         dacc kl_acc[2] = {0}, k2_acc[2] = {0}, guard_acc[2] = {0};                                       \
         int64_t pos = 0, neg = 0;                                                                        \
         for (Py_ssize_t i = 0; i < rows; i++) {                                                          \

@@ -125,10 +125,43 @@ static inline void K(st_f64)(double *p, f64v v) { memcpy(p, &v, sizeof v); }
 DEFINE_XCHUNK(f32, float)
 DEFINE_XCHUNK(f64, double)
 
+/* y = exp(x) over the span of the n tokens at mask from the first to the last group with a valid
+ * token, 0 elsewhere (the rest of the rounded-up chunk too); returns the first valid token's index,
+ * or -1 (then y is all 0). For exp of the inputs themselves (rollout's debug metrics). */
+#define DEFINE_XSPAN(S, T)                                                                               \
+    static Py_ssize_t K(xspan_##S)(const uint8_t *mask, Py_ssize_t n, const T *x, T *y) {                \
+        const Py_ssize_t nr = (n + N_##S - 1) / N_##S * N_##S;                                           \
+        Py_ssize_t first = -1, last = -1, j = 0;                                                         \
+        for (; j + N_##S <= n; j += N_##S)                                                               \
+            if (GROUP_BITS_##S(mask + j)) {                                                              \
+                if (first < 0) first = j;                                                                \
+                last = j;                                                                                \
+            }                                                                                            \
+        for (Py_ssize_t l = j; l < n; l++)                                                               \
+            if (mask[l]) {                                                                               \
+                if (first < 0) first = j;                                                                \
+                last = j;                                                                                \
+                break;                                                                                   \
+            }                                                                                            \
+        if (first < 0) {                                                                                 \
+            memset(y, 0, (size_t)nr * sizeof(T));                                                        \
+            return -1;                                                                                   \
+        }                                                                                                \
+        const Py_ssize_t e = last + N_##S < n ? last + N_##S : n;                                        \
+        memset(y, 0, (size_t)first * sizeof(T));                                                         \
+        memset(y + e, 0, (size_t)(nr - e) * sizeof(T));                                                  \
+        K(exp_##S)((int)(e - first), x + first, y + first);                                              \
+        Py_ssize_t f = first;                                                                            \
+        while (!mask[f]) f++;                                                                            \
+        return f;                                                                                        \
+    }
+DEFINE_XSPAN(f32, float)
+DEFINE_XSPAN(f64, double)
+
 /* The exp buffers of a pass (XBUFS; XBUFS_R with the ratio) and, before each chunk, eo: k3's e for the chunk, the caller's
  * buffer or inline (AUX_XP); with the loss's ratio too, ro (AUX_XP_R). */
-#define XBUFS(T) T E_[EXP_CHUNK + 8], X_[EXP_CHUNK + 8]
-#define XBUFS_R(T) XBUFS(T), R_[EXP_CHUNK + 8]
+#define XBUFS(T) XBUF(T, E_); XBUF(T, X_)
+#define XBUFS_R(T) XBUFS(T); XBUF(T, R_)
 #define AUX_XP(S, T)                                                                                     \
     const T *const eo = e ? e + o : kind == 4 ? E_ : NULL;                                               \
     if (!e && kind == 4) K(xchunk_##S)(lp + o, NULL, ref + o, mask + o, width, NULL, E_, X_)

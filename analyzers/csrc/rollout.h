@@ -366,29 +366,53 @@ DEFINE_RC_RS(f64, double)
         RC_DBG_WIDE_##S(va, vr, d, m);                                                                   \
     }
 
+/* a and r NULL: exp inline (the checked exp only), of la / lr per chunk of a row, over its valid span
+ * (XSPAN); masked tokens then read 0, and only ever meet a 0 mask. The shift is the first valid token's
+ * values either way. Groups of N tokens with none valid are skipped (verl's masked_select drops them:
+ * a finite masked value adds 0, a non-finite one is not verl's either). */
 #define DEFINE_RC_DBG(S, T, ABSBITS)                                                                     \
-    static void K(rc_dbg_##S)(const T *a, const T *r, const uint8_t *mask, Py_ssize_t rows,             \
-                              Py_ssize_t width, double *out) {                                           \
+    static void K(rc_dbg_##S)(const T *a_in, const T *r_in, const T *la, const T *lr, const uint8_t *mask, \
+                              Py_ssize_t rows, Py_ssize_t width, double *out) {                          \
         const S##v zero = SPLAT(S, T, 0), ninf = SPLAT(S, T, -__builtin_inf());                          \
         const S##m absbits = (S##m){0} + ABSBITS;                                                        \
+        const int inl = !a_in;                                                                           \
+        XBUF(T, A_); XBUF(T, R_);                                                                            \
         Py_ssize_t first = 0, n_all = rows * width;                                                      \
-        while (first < n_all - 1 && !mask[first]) first++;                                               \
-        const T d0 = __builtin_fabs(a[first] - r[first]);                                                \
-        const f64v ka = (f64v){0} + (double)a[first], kr = (f64v){0} + (double)r[first];                \
-        const f64v kd = (f64v){0} + (double)d0;                                                          \
+        f64v ka = {0}, kr = {0}, kd = {0};                                                               \
+        int shifted = 0;                                                                                 \
+        if (!inl) {                                                                                      \
+            while (first < n_all - 1 && !mask[first]) first++;                                           \
+            ka += (double)a_in[first], kr += (double)r_in[first];                                        \
+            kd += (double)__builtin_fabs(a_in[first] - r_in[first]);                                     \
+            shifted = 1;                                                                                 \
+        }                                                                                                \
         dacc s_a[2] = {0}, s_r[2] = {0}, s_d[2] = {0};                                                   \
         f64v c_x = {0}, c_y = {0}, c_e = {0}, c_q = {0}, c_c = {0}, c_a = {0}, c_r = {0};                \
         S##v vmax = ninf;                                                                                \
         int64_t n = 0;                                                                                   \
         for (Py_ssize_t i = 0; i < rows; i++) {                                                          \
-            const Py_ssize_t o = i * width;                                                              \
             S##m cnt = {0};                                                                              \
-            Py_ssize_t j = 0;                                                                            \
-            for (; j + N_##S <= width; j += N_##S) RC_DBG_BODY(S, a + o + j, r + o + j, mask + o + j);  \
-            if (j < width) {                                                                             \
-                PAD(T, N_##S, a, a + o, j, width) PAD(T, N_##S, r, r + o, j, width);                     \
-                PAD(uint8_t, N_##S, m, mask + o, j, width);                                              \
-                RC_DBG_BODY(S, a_pad, r_pad, m_pad);                                                     \
+            for (Py_ssize_t j0 = 0; j0 < width; j0 += EXP_CHUNK) {                                       \
+                const Py_ssize_t o = i * width + j0;                                                     \
+                const Py_ssize_t w = width - j0 < EXP_CHUNK ? width - j0 : EXP_CHUNK;                    \
+                const T *a = inl ? A_ : a_in + o, *r = inl ? R_ : r_in + o;                              \
+                if (inl) {                                                                               \
+                    const Py_ssize_t f = K(xspan_##S)(mask + o, w, la + o, A_);                          \
+                    K(xspan_##S)(mask + o, w, lr + o, R_);                                               \
+                    if (!shifted && f >= 0) {                                                            \
+                        ka += (double)A_[f], kr += (double)R_[f];                                        \
+                        kd += (double)__builtin_fabs(A_[f] - R_[f]);                                     \
+                        shifted = 1;                                                                     \
+                    }                                                                                    \
+                }                                                                                        \
+                Py_ssize_t j = 0;                                                                        \
+                for (; j + N_##S <= w; j += N_##S)                                                       \
+                    if (GROUP_BITS_##S(mask + o + j)) RC_DBG_BODY(S, a + j, r + j, mask + o + j);        \
+                if (j < w) {                                                                             \
+                    PAD(T, N_##S, a, a, j, w) PAD(T, N_##S, r, r, j, w);                                 \
+                    PAD(uint8_t, N_##S, m, mask + o, j, w);                                              \
+                    RC_DBG_BODY(S, a_pad, r_pad, m_pad);                                                 \
+                }                                                                                        \
             }                                                                                            \
             n += K(count_##S)(cnt);                                                                      \
         }                                                                                                \

@@ -99,14 +99,20 @@ static PyObject *py_rc_rs(PyObject *self, PyObject *args) {
 
 static PyObject *py_rc_dbg(PyObject *self, PyObject *args) {
     int f64;
-    ptr_t a, r, mask, out;
+    ptr_t a, r, la, lr, mask, out;
     Py_ssize_t rows, width;
-    if (!PyArg_ParseTuple(args, "pKKKnnK", &f64, &a, &r, &mask, &rows, &width, &out)) return NULL;
+    if (!PyArg_ParseTuple(args, "pKKKKKnnK", &f64, &a, &r, &la, &lr, &mask, &rows, &width, &out)) return NULL;
+    if ((!a || !r) && (a || r || !la || !lr || (f64 ? !torch_exp_f64 : !torch_exp_f32))) {
+        PyErr_SetString(PyExc_RuntimeError, "rc_dbg: exp inline needs both log-probs and the checked exp");
+        return NULL;
+    }
     Py_BEGIN_ALLOW_THREADS;
     if (f64)
-        DISPATCH(rc_dbg_f64, P(double, a), P(double, r), P(uint8_t, mask), rows, width, P(double, out));
+        DISPATCH(rc_dbg_f64, P(double, a), P(double, r), P(double, la), P(double, lr), P(uint8_t, mask), rows,
+                 width, P(double, out));
     else
-        DISPATCH(rc_dbg_f32, P(float, a), P(float, r), P(uint8_t, mask), rows, width, P(double, out));
+        DISPATCH(rc_dbg_f32, P(float, a), P(float, r), P(float, la), P(float, lr), P(uint8_t, mask), rows, width,
+                 P(double, out));
     Py_END_ALLOW_THREADS;
     Py_RETURN_NONE;
 }

@@ -355,6 +355,34 @@ def test_debug_metrics_edge_cases_take_the_same_values():
         _debug_close(*_debug_both((t, rollout, mask)), torch.float32)
 
 
+@pytest.mark.skipif(not native.inline_exp(), reason="torch's exp is not MKL's here: nothing is inline")
+@pytest.mark.parametrize("f64", [False, True])
+@pytest.mark.parametrize("width", [1, 9, 511, 512, 513, 1500, 4096 + 3])
+def test_debug_metrics_with_exp_inline_are_those_over_torchs_exp_buffers(f64, width):
+    # the pass taking exp of the valid spans per chunk, against the same pass over torch.exp of every
+    # token: the same sums exactly (right-padded rows, all-masked chunks, a row starting masked)
+    dtype = torch.float64 if f64 else torch.float32
+    old, rollout, _ = _batch(6, width, dtype, seed=width, spread=0.5)
+    g = torch.Generator().manual_seed(width)
+    lengths = torch.randint(0, width + 1, (6,), generator=g)
+    lengths[0] = 0
+    mask = torch.arange(width)[None, :] < lengths[:, None]
+    mask[2] = torch.rand(width, generator=g) < 0.1
+    mask[3, width // 2 :] = True
+    if not mask.any():
+        mask[4, -1] = True
+    inputs = native.Inputs(
+        {"old_log_prob": old, "rollout_log_prob": rollout}, mask.contiguous().view(torch.uint8)
+    )
+    buffered = inputs.rc_dbg(torch.exp(old), torch.exp(rollout))
+    assert inputs.rc_dbg() == buffered
+    with native.exp_between_passes():
+        with pytest.raises(ValueError):
+            inputs.rc_dbg()
+    with pytest.raises(ValueError):
+        inputs.rc_dbg(torch.exp(old), None)
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     rows=st.integers(1, 6),
