@@ -2,9 +2,11 @@
 
 verl computes each loss as a dozen or more full-tensor torch ops; rlvitals computes the same per-token
 floats in one C loop per loss (``_fused``, GCC vector extensions, an AVX2 copy picked at import when the
-CPU has it), reading each input once and writing only per-row sums. Only what C cannot reproduce bit for
-bit, ``exp`` (and ``sigmoid``/``log`` in the losses that use them), is computed by torch first, into a
-buffer the loop reads. See ``csrc/_fused.c`` for how the floats stay verl's.
+CPU has it), reading each input once and writing only per-row sums. What C cannot reproduce bit for bit,
+``exp`` (and ``sigmoid``/``log`` in the losses that use them), is torch's: its own exp called from inside
+the loops where :func:`inline_exp` holds (vanilla, gpg, dro, cispo, sapo's ratio, gspo, geo_mean, k3,
+the rollout debug metrics), else computed by torch first into a buffer the loop reads. See
+``csrc/_fused.c`` for how the floats stay verl's.
 
 The extension is optional: ``pip install`` builds it when a C compiler is there, and without it (or with
 ``RLVITALS_NATIVE=0``, or a build older than the sources beside it) every pass runs as torch ops, with

@@ -3,8 +3,10 @@
  * Each function reads row-major (rows, width) buffers, float32 or float64 (the token dtype T), and the
  * response mask as bytes (0 / non-zero), and writes per-row sums (float64) plus a few totals and counts.
  * The per-token values are the floats verl computes: the same IEEE operations in the same order, no
- * fused multiply-add (built with -ffp-contract=off) and no reassociation; the one thing torch computes
- * that C cannot reproduce bit for bit, exp / sigmoid / log, arrives precomputed by torch in a buffer.
+ * fused multiply-add (built with -ffp-contract=off) and no reassociation; what torch computes that C
+ * cannot reproduce bit for bit, exp / sigmoid / log, is torch's: exp called inside the loops, per chunk,
+ * where torch's own exp is resolved and checked (set_exp below), else everything arrives precomputed by
+ * torch in a buffer.
  * Sums accumulate in float64 in LANES independent partial sums per row (a fixed order, so results are
  * deterministic; they differ from torch's float32 cascade sums by far less than the audit's tolerance).
  *
@@ -20,6 +22,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <dlfcn.h>
+#include <stdlib.h>
 
 #ifndef RLV_SOURCE_SHA
 #define RLV_SOURCE_SHA "unknown"
@@ -216,7 +219,9 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit__fused(void) {
 #ifdef HAVE_AVX2_COPY
     __builtin_cpu_init();
-    use_avx2 = __builtin_cpu_supports("avx2");
+    /* RLVITALS_NATIVE_ISA=base runs the portable copy on an AVX2 machine (the tests compare the two) */
+    const char *isa = getenv("RLVITALS_NATIVE_ISA");
+    use_avx2 = __builtin_cpu_supports("avx2") && !(isa && strcmp(isa, "base") == 0);
 #endif
     PyObject *m = PyModule_Create(&module);
     if (m && (PyModule_AddStringConstant(m, "SOURCE_SHA", RLV_SOURCE_SHA) < 0 ||

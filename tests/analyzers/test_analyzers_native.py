@@ -303,3 +303,70 @@ def test_inline_exp_sends_a_non_finite_input_to_verls_ops(where, name):
     for key in compiled:
         a, b = compiled[key], ops[key]
         assert (math.isnan(a) and math.isnan(b)) or a == pytest.approx(b, rel=1e-6, abs=1e-7), key
+
+
+_ISA_SCRIPT = r"""
+import contextlib, json, sys, torch
+from rlvitals.analyzers import LossConfig, native, recompute, rollout_correction, rollout_debug_metrics
+from rlvitals.analyzers.policy_losses import LossMode
+
+def batch(rows, width, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    lp = -torch.rand(rows, width, generator=g, dtype=torch.float64) * 3
+    lengths = torch.randint(0, width + 1, (rows,), generator=g)
+    mask = torch.arange(width)[None, :] < lengths[:, None]
+    mask[0] = torch.rand(width, generator=g) < 0.7
+    t = {
+        "log_prob": lp,
+        "old_log_prob": lp + torch.randn(rows, width, generator=g, dtype=torch.float64) * 0.5,
+        "advantages": torch.randn(rows, width, generator=g, dtype=torch.float64),
+        "ref_log_prob": lp + torch.randn(rows, width, generator=g, dtype=torch.float64) * 0.2,
+        "entropy": torch.rand(rows, width, generator=g, dtype=torch.float64) * 2,
+    }
+    return {**{k: v.to(dtype) for k, v in t.items()}, "response_mask": mask}
+
+out = {"isa": native.STATUS.split(";")[0]}
+for dtype in (torch.float32, torch.float64):
+    for width in (13, 1027):
+        t = batch(5, width, dtype, width)
+        for inline in (True, False):
+            ctx = native.exp_between_passes() if not inline else contextlib.nullcontext()
+            with ctx:
+                for mode in [m.value for m in LossMode]:
+                    extra = {"dro_beta": 0.1} if mode == "dro" else {}
+                    if mode == "clip_cov":
+                        torch.manual_seed(0)
+                    config = LossConfig(loss_mode=mode, use_kl_loss=True, entropy_coeff=0.01,
+                                        kl_loss_type="low_var_kl", **extra)
+                    got = recompute(config, **t)
+                    out[f"{dtype} {width} {inline} {mode}"] = {k: float(v).hex() for k, v in got.items()}
+                rollout = t["old_log_prob"] + 0.1
+                _, _, metrics = rollout_correction(t["old_log_prob"], rollout, t["response_mask"],
+                                                   rollout_is="token", rollout_rs="token_k1",
+                                                   rollout_rs_threshold="0.5_2.0")
+                out[f"{dtype} {width} {inline} rc"] = {k: float(v).hex() for k, v in metrics.items()}
+                dbg = rollout_debug_metrics(t["old_log_prob"], rollout, t["response_mask"])
+                out[f"{dtype} {width} {inline} dbg"] = {k: float(v).hex() for k, v in dbg.items()}
+json.dump(out, sys.stdout)
+"""
+
+
+@pytest.mark.skipif(native.module() is None or native.module().ISA != "avx2", reason="needs the AVX2 copy")
+def test_the_portable_copy_gives_the_avx2_copys_numbers_exactly():
+    # the portable copy (SSE2 pairs / NEON where there is no AVX2) is what other machines run: the same
+    # floats in the same order, so every metric of every mode, rollout option and debug metric is equal,
+    # bit for bit, on both exp paths
+    import json
+
+    runs = {}
+    for isa in ("avx2", "base"):
+        env = {**os.environ, "RLVITALS_NATIVE_ISA": isa}
+        proc = subprocess.run(
+            [sys.executable, "-c", _ISA_SCRIPT], env=env, capture_output=True, text=True, timeout=300
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[isa] = json.loads(proc.stdout)
+    assert runs["avx2"].pop("isa") == "compiled (avx2)"
+    assert runs["base"].pop("isa") == "compiled (base)"
+    assert len(runs["avx2"]) > 50
+    assert runs["base"] == runs["avx2"]
