@@ -657,8 +657,7 @@ class _Native:
 
     def _is_token(self, upper: float, lower: float | None, low: float, batch_normalize: bool):
         sq = self.token_buffer()
-        w, rows64, _, cnt, mm = self.inputs.rc_is_token(self.rho, lower is not None, low, upper, sq)
-        rows = self.rows_t(rows64)
+        w, _, _, cnt, mm = self.inputs.rc_is_token(self.rho, lower is not None, low, upper, sq)
         m: dict[str, float] = {}
         # the clamped weights are the weights (0 <= w <= upper, 0 where masked): one mean for
         # rollout_is_mean, the std, the ESS and the batch norm, each of them verl's masked_mean(weights)
@@ -668,11 +667,16 @@ class _Native:
         m["rollout_is_ratio_fraction_low"] = float(self.flag_mean(cnt[1]))
         m["rollout_is_max"], m["rollout_is_min"] = mm
         m["rollout_is_std"] = std
+        # the per-sequence means as verl's masked_mean(., axis=-1) sums them, in the token dtype (before
+        # rc_ess normalises w in place): the fractions compare them with thresholds, where a float64
+        # row sum's rounding can flip a row
+        seq_w = w.sum(dim=-1) / self.per_row  # w is 0 where masked: verl's (weights * mask) row sums
+        seq_raw = torch.mul(self.rho, self.mask_tensor()).sum(dim=-1) / self.per_row
         c = mean + self.t(1e-8)
         norm = batch_normalize and mean > self.t(1e-8)
         ess = self.inputs.rc_ess(w, upper, float(c), float(mean) if norm else None)
         m["rollout_is_eff_sample_size"] = 1.0 / float(self.mean(ess))
-        _is_seq_metrics(m, rows[0] / self.per_row, rows[1] / self.per_row, upper, low)
+        _is_seq_metrics(m, seq_w, seq_raw, upper, low)
         if lower is not None:
             m["rollout_is_oob_ratio"] = float(self.flag_mean(cnt[0] + cnt[1]))
         if batch_normalize:
@@ -702,8 +706,12 @@ class _Native:
         c = mean + self.t(1e-8)
         q = clipped / torch.tensor(c, dtype=self.dtype)
         m["rollout_is_eff_sample_size"] = 1.0 / float(self.mean(self.dot_counts(q.square())))
-        seq_mean = (v.double() * self.counts_f64).to(self.dtype) / self.per_row
-        raw_seq_mean = (raw.double() * self.counts_f64).to(self.dtype) / self.per_row
+        # verl's masked_mean(weights, axis=-1): torch's float32 sum of the row's copies of v_i, whose
+        # rounding a float64 v_i * T_i does not reproduce (IcePop / the fraction metrics compare the
+        # result with thresholds an ulp away); the filled rows are verl's weights * mask exactly
+        filled = self.inputs.rc_fill(v.contiguous())
+        seq_mean = filled.sum(dim=-1) / self.per_row
+        raw_seq_mean = self.inputs.rc_fill(raw.contiguous()).sum(dim=-1) / self.per_row
         _is_seq_metrics(m, seq_mean, raw_seq_mean, upper, low)
         if lower is not None:
             m["rollout_is_oob_ratio"] = float(
@@ -713,11 +721,10 @@ class _Native:
             seq_mask = self.seq_valid.to(dtype=self.dtype)
             bn = (seq_mean * seq_mask).sum() / seq_mask.sum().clamp_min(1e-8)
             if bn > 1e-8:
-                v = v / bn
                 m["rollout_is_batch_norm_factor"] = bn.item()
-            else:
-                m["rollout_is_batch_norm_factor"] = 1.0
-        return self.inputs.rc_fill(v.contiguous()), m
+                return self.inputs.rc_fill((v / bn).contiguous()), m
+            m["rollout_is_batch_norm_factor"] = 1.0
+        return filled, m
 
     # -- rejection ---------------------------------------------------------------------------------------
     def rejection(self, rollout_rs: str, threshold, mask: Tensor) -> tuple[Tensor, dict[str, float]]:
