@@ -60,6 +60,20 @@ def _dtype(tensor: torch.Tensor) -> str:
 
 
 _FLOATS = ", ".join(rules.FLOAT_DTYPES[:-1]) + " or " + rules.FLOAT_DTYPES[-1]
+_DTYPE_SETS: tuple[frozenset, frozenset] | None = None
+
+
+def _dtype_sets() -> tuple[frozenset, frozenset]:
+    """The rule table's float and mask dtypes as torch dtypes (built once: torch loads lazily here)."""
+    global _DTYPE_SETS
+    if _DTYPE_SETS is None:
+        import torch
+
+        _DTYPE_SETS = (
+            frozenset(getattr(torch, name) for name in rules.FLOAT_DTYPES),
+            frozenset(getattr(torch, name) for name in rules.MASK_DTYPES),
+        )
+    return _DTYPE_SETS
 
 
 def check_token_tensors(tensors: Mapping[str, Any]) -> tuple[int, int]:
@@ -72,6 +86,7 @@ def check_token_tensors(tensors: Mapping[str, Any]) -> tuple[int, int]:
     import torch
 
     given = {k: tensors[k] for k in rules.TOKEN_TENSORS if tensors.get(k) is not None}
+    float_dtypes, mask_dtypes = _dtype_sets()
     for name, tensor in given.items():
         if not isinstance(tensor, torch.Tensor):
             raise BatchError(f"{name} must be a torch.Tensor; got {type(tensor).__name__}")
@@ -83,22 +98,24 @@ def check_token_tensors(tensors: Mapping[str, Any]) -> tuple[int, int]:
     mask = given.get("response_mask")
     if mask is None:
         raise BatchError("missing required tensor(s) ['response_mask']")
-    shape = list(mask.shape)
+    shape = mask.shape
+    device = mask.device
     for name, tensor in given.items():
-        if list(tensor.shape) != shape:
+        if tensor.shape != shape:
             raise BatchError(
-                f"{name} has shape {list(tensor.shape)}; every token tensor must match response_mask's {shape}",
-                detail={"tensor": name, "shape": list(tensor.shape), "expected": shape},
+                f"{name} has shape {list(tensor.shape)}; every token tensor must match response_mask's "
+                f"{list(shape)}",
+                detail={"tensor": name, "shape": list(tensor.shape), "expected": list(shape)},
             )
-        if tensor.device != mask.device:
+        if tensor.device != device:
             raise BatchError(f"{name} is on {tensor.device} but response_mask is on {mask.device}")
-        if name in rules.FLOAT_TENSORS and _dtype(tensor) not in rules.FLOAT_DTYPES:
+        if name in rules.FLOAT_TENSORS and tensor.dtype not in float_dtypes:
             raise BatchError(
                 f"{name} must be a floating-point tensor, {_FLOATS}; got {_dtype(tensor)} "
                 "(convert it with .float() before sending)",
                 detail={"tensor": name, "dtype": _dtype(tensor), "allowed": list(rules.FLOAT_DTYPES)},
             )
-    if _dtype(mask) not in rules.MASK_DTYPES:
+    if mask.dtype not in mask_dtypes:
         raise BatchError(
             f"response_mask must be one of {', '.join(rules.MASK_DTYPES)}; got {_dtype(mask)}",
             detail={"tensor": "response_mask", "dtype": _dtype(mask), "allowed": list(rules.MASK_DTYPES)},

@@ -59,12 +59,18 @@ class KLType(str, Enum):
     @property
     def base(self) -> str:
         """Canonical forward estimator: ``"k1"``, ``"abs"``, ``"k2"`` or ``"k3"``."""
-        name = self.value.rstrip("+")
-        return {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}.get(name, name)
+        return _KL_BASE[self.value]
 
     @property
     def straight_through(self) -> bool:
         return self.value.endswith("+")
+
+
+# KLType.base per value, computed once (the fast path asks it several times per call)
+_KL_BASE = {
+    k.value: {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}.get(k.value.rstrip("+"), k.value.rstrip("+"))
+    for k in KLType
+}
 
 
 def _allowed(enum: type[Enum]) -> str:

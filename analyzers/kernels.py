@@ -151,8 +151,8 @@ class TokenBatch:
         floats = {k: v for k, v in given.items() if v is not None}
         self.shape = tuple(response_mask.shape)
         self.width = self.shape[1]
-        self.tensors = {k: v.detach() for k, v in floats.items()}
-        self.mask = response_mask.detach()
+        self.tensors = {k: v.detach() if v.requires_grad else v for k, v in floats.items()}
+        self.mask = response_mask.detach() if response_mask.requires_grad else response_mask
         self.mask = self.mask if self.mask.dtype == torch.bool else self.mask != 0
         dtype = floats["log_prob"].dtype
         for value in floats.values():
@@ -253,7 +253,7 @@ class TokenBatch:
         entropy = "entropy" in self.tensors and "entropy" not in self._cache
         kl, check = None, False
         if "ref_log_prob" in self.tensors and isinstance(config.kl_loss_type, KLType):
-            kind = KLType(config.kl_loss_type)
+            kind = config.kl_loss_type if type(config.kl_loss_type) is KLType else KLType(config.kl_loss_type)
             kl = kind.base if ("kl", kind.base) not in self._cache else None
             check = kind.straight_through and "k2_finite" not in self._cache
         return entropy, kl, check
@@ -355,7 +355,7 @@ class TokenBatch:
 
     def kl_rows(self, kind: KLType | str) -> RowSums:
         """Row sums ``(batch,)`` of the forward value of a KL estimator (``+`` has k's value)."""
-        kind = KLType(kind)
+        kind = kind if type(kind) is KLType else KLType(kind)
         missing = ("kl", kind.base) not in self._cache
         if self.native and (missing or (kind.straight_through and "k2_finite" not in self._cache)):
             self._native_aux(
@@ -399,7 +399,7 @@ class TokenBatch:
         loss_scale_factor: float | None = None,
     ) -> float:
         """verl's ``agg_loss`` from row sums: scalar arithmetic, no token pass (built-in modes only)."""
-        mode = AggMode(mode)
+        mode = mode if type(mode) is AggMode else AggMode(mode)
         if mode is AggMode.TOKEN_MEAN:
             if batch_num_tokens is None:
                 if dp_size > 1:

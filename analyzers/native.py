@@ -342,25 +342,23 @@ class Inputs:
             raise ValueError("k3 needs exp(clamp(ref - lp, -20, 20)) (no inline exp here)")
         if entropy and "entropy" not in self.tensors:
             raise ValueError("no entropy tensor")
-        ent_out = torch.empty(self.rows, dtype=torch.float64) if entropy else None
-        kl_out = torch.empty(self.rows, dtype=torch.float64) if code else None
+        out = torch.empty((2, self.rows), dtype=torch.float64) if entropy or code else None
         args = (
             self._p("entropy" if entropy else None), self._p("ref_log_prob" if need else None),
             self.scratch(e).data_ptr() if code == 4 and e is not None else 0, code, check,
-            0 if ent_out is None else ent_out.data_ptr(), 0 if kl_out is None else kl_out.data_ptr(),
+            out[0].data_ptr() if entropy else 0, out[1].data_ptr() if code else 0,
         )  # fmt: skip
-        return args, ent_out, kl_out
+        return args, out, (bool(entropy), bool(code))
 
-    _NO_SIDE = ((0, 0, 0, 0, False, 0, 0), None, None)
+    _NO_SIDE = ((0, 0, 0, 0, False, 0, 0), None, (False, False))
 
     @staticmethod
     def _side_out(side, k2: float) -> tuple[list[float] | None, list[float] | None, float]:
-        _, ent_out, kl_out = side
-        return (
-            None if ent_out is None else ent_out.tolist(),
-            None if kl_out is None else kl_out.tolist(),
-            k2,
-        )
+        _, out, (entropy, kl) = side
+        if out is None:
+            return None, None, k2
+        ent_rows, kl_rows = out.tolist()
+        return ent_rows if entropy else None, kl_rows if kl else None, k2
 
     def logratios(self, r: Tensor | None, e: Tensor | None) -> None:
         """Fill ``r`` with ``clamp(logp - old, -20, 20)`` and ``e`` with ``clamp(ref - logp, -20, 20)``

@@ -369,24 +369,31 @@ def test_the_inline_exp_gives_the_passes_what_torchs_exp_buffers_give(f64, width
         if poison and poison.startswith("nan"):
             # where a NaN lands may differ (a masked token's r is 0 inline); that one lands may not
             return not all(map(math.isfinite, a)) and not all(map(math.isfinite, b))
-        return len(a) == len(b) and all(x == y or (math.isnan(x) and math.isnan(y)) for x, y in zip(a, b))
+        return len(a) == len(b) and all(
+            x == y or (math.isnan(x) and math.isnan(y)) for x, y in zip(a, b, strict=True)
+        )
 
-    for entropy, kl, check in [(True, "k3", False), (False, "k3", True), (True, "k1", False)]:
-        side = lambda buf: inputs.side_terms(entropy=entropy, kl=kl, check=check, e=buf)  # noqa: E731
-        buffered, inline = (e if kl == "k3" else None), None
-        passes = {
-            "gpg": lambda x: inputs.gpg(side(x)),
-            "dro": lambda x: inputs.dro(0.05, side(x)),
-            "geo_mean": lambda x: inputs.geo_mean(0.2, 0.2, side(x)),
-            "gspo_logratio": lambda x: inputs.gspo_logratio(torch.empty_like(r), side(x)),
-            "cispo": lambda x: inputs.cispo(r if x is not None else None, 0.8, 1.2, side(x)),
+    def passes(entropy: bool, kl: str, check: bool, buffered: bool) -> dict:
+        """Every losses-A pass, given torch's exp buffers (r, and e for k3) or taking exp inline."""
+        side = inputs.side_terms(
+            entropy=entropy, kl=kl, check=check, e=e if buffered and kl == "k3" else None
+        )
+        ratio = r if buffered else None
+        gates = torch.empty_like(r)
+        out = {
+            "gpg": inputs.gpg(side),
+            "dro": inputs.dro(0.05, side),
+            "geo_mean": inputs.geo_mean(0.2, 0.2, side),
+            "gspo_logratio": inputs.gspo_logratio(torch.empty_like(r), side),
+            "cispo": inputs.cispo(ratio, 0.8, 1.2, side),
+            "sapo_gate": inputs.sapo_gate(ratio, gates, 1.0, 1.05, side),
         }
-        for name, run in passes.items():
-            assert same(run(buffered if kl == "k3" else e), run(inline)), (name, entropy, kl, check)
-        x1, x2 = torch.empty_like(r), torch.empty_like(r)
-        got1 = inputs.sapo_gate(r, x1, 1.0, 1.05, side(buffered))
-        got2 = inputs.sapo_gate(None, x2, 1.0, 1.05, side(inline))
-        assert same(got1, got2), ("sapo_gate", entropy, kl, check)
+        return out, gates
+
+    for plan in [(True, "k3", False), (False, "k3", True), (True, "k1", False)]:
+        (buffered, x1), (inline, x2) = passes(*plan, True), passes(*plan, False)
+        for name in buffered:
+            assert same(buffered[name], inline[name]), (name, plan)
         # the gate of a valid token is the same; a masked one reads r = 0 inline, and is never summed
         m = t["response_mask"]
         assert torch.equal(x1[m].nan_to_num(7.0), x2[m].nan_to_num(7.0))
@@ -396,4 +403,6 @@ def test_the_inline_exp_gives_the_passes_what_torchs_exp_buffers_give(f64, width
             inline = recompute(_config(mode), **batch)
             with native.exp_between_passes():
                 between = recompute(_config(mode), **batch)
-            assert between.keys() == inline.keys() and same(list(between.values()), list(inline.values())), mode
+            assert between.keys() == inline.keys() and same(list(between.values()), list(inline.values())), (
+                mode
+            )
