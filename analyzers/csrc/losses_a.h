@@ -71,6 +71,28 @@ static inline void K(st_f64)(double *p, f64v v) { memcpy(p, &v, sizeof v); }
         }                                                                                                \
     }
 
+/* [*b, *e): the n tokens at mask from the first to the last group of N with a valid token, in whole
+ * groups (e may pass n by the tail group's padding); b = e = 0 with none valid */
+#define DEFINE_VSPAN(S)                                                                                  \
+    static inline void K(vspan_##S)(const uint8_t *mask, Py_ssize_t n, Py_ssize_t *b, Py_ssize_t *e) {   \
+        Py_ssize_t first = -1, last = -1, j = 0;                                                         \
+        for (; j + N_##S <= n; j += N_##S)                                                               \
+            if (GROUP_BITS_##S(mask + j)) {                                                              \
+                if (first < 0) first = j;                                                                \
+                last = j;                                                                                \
+            }                                                                                            \
+        for (Py_ssize_t l = j; l < n; l++)                                                               \
+            if (mask[l]) {                                                                               \
+                if (first < 0) first = j;                                                                \
+                last = j;                                                                                \
+                break;                                                                                   \
+            }                                                                                            \
+        *b = first < 0 ? 0 : first;                                                                      \
+        *e = first < 0 ? 0 : last + N_##S;                                                               \
+    }
+DEFINE_VSPAN(f32)
+DEFINE_VSPAN(f64)
+
 /* ---- exp inline (only with torch's own exp resolved and checked: set_exp in _fused.c) ----------------
  * A pass given no exp buffer (e NULL with k3; r NULL in cispo / sapo) takes exp per chunk into buffers
  * on the stack: xchunk writes r = exp(clamp(lp - old, -20, 20)) into R and e = exp(clamp(ref - lp, -20,
@@ -94,20 +116,8 @@ static inline void K(st_f64)(double *p, f64v v) { memcpy(p, &v, sizeof v); }
     static void K(xchunk_##S)(const T *lp, const T *old, const T *ref, const uint8_t *mask, Py_ssize_t n, \
                               T *R, T *E, T *tmp) {                                                      \
         const Py_ssize_t nr = (n + N_##S - 1) / N_##S * N_##S;                                           \
-        Py_ssize_t first = -1, last = -1;                                                                \
-        Py_ssize_t j = 0;                                                                                \
-        for (; j + N_##S <= n; j += N_##S)                                                               \
-            if (GROUP_BITS_##S(mask + j)) {                                                              \
-                if (first < 0) first = j;                                                                \
-                last = j;                                                                                \
-            }                                                                                            \
-        for (Py_ssize_t l = j; l < n; l++)                                                               \
-            if (mask[l]) {                                                                               \
-                if (first < 0) first = j;                                                                \
-                last = j;                                                                                \
-                break;                                                                                   \
-            }                                                                                            \
-        const Py_ssize_t b = first < 0 ? 0 : first, e = first < 0 ? 0 : last + N_##S;                   \
+        Py_ssize_t b, e;                                                                                 \
+        K(vspan_##S)(mask, n, &b, &e);                                                                   \
         T *const out[2] = {R, E};                                                                        \
         for (int k = 0; k < 2; k++) {                                                                    \
             T *const y = out[k];                                                                         \
@@ -131,23 +141,13 @@ DEFINE_XCHUNK(f64, double)
 #define DEFINE_XSPAN(S, T)                                                                               \
     static Py_ssize_t K(xspan_##S)(const uint8_t *mask, Py_ssize_t n, const T *x, T *y) {                \
         const Py_ssize_t nr = (n + N_##S - 1) / N_##S * N_##S;                                           \
-        Py_ssize_t first = -1, last = -1, j = 0;                                                         \
-        for (; j + N_##S <= n; j += N_##S)                                                               \
-            if (GROUP_BITS_##S(mask + j)) {                                                              \
-                if (first < 0) first = j;                                                                \
-                last = j;                                                                                \
-            }                                                                                            \
-        for (Py_ssize_t l = j; l < n; l++)                                                               \
-            if (mask[l]) {                                                                               \
-                if (first < 0) first = j;                                                                \
-                last = j;                                                                                \
-                break;                                                                                   \
-            }                                                                                            \
-        if (first < 0) {                                                                                 \
+        Py_ssize_t first, end;                                                                           \
+        K(vspan_##S)(mask, n, &first, &end);                                                             \
+        if (first == end) {                                                                              \
             memset(y, 0, (size_t)nr * sizeof(T));                                                        \
             return -1;                                                                                   \
         }                                                                                                \
-        const Py_ssize_t e = last + N_##S < n ? last + N_##S : n;                                        \
+        const Py_ssize_t e = end < n ? end : n;                                                          \
         memset(y, 0, (size_t)first * sizeof(T));                                                         \
         memset(y + e, 0, (size_t)(nr - e) * sizeof(T));                                                  \
         K(exp_##S)((int)(e - first), x + first, y + first);                                              \
