@@ -331,9 +331,10 @@ class Inputs:
 
     def side_terms(
         self, *, entropy: bool = False, kl: str | None = None, check: bool = False, e: Tensor | None = None
-    ) -> tuple[tuple, Tensor | None, Tensor | None]:
-        """The aux loop's arguments for a losses-A pass (checked as :meth:`aux` checks them). k3 with
-        no ``e``: the pass takes that exp inline (only with :func:`inline_exp`)."""
+    ) -> tuple[tuple, Tensor | None, tuple[bool, bool]]:
+        """The aux loop's arguments for a losses-A pass (checked as :meth:`aux` checks them), the
+        ``(2, rows)`` output the pass writes the entropy and KL row sums into, and which of the two it
+        writes. k3 with no ``e``: the pass takes that exp inline (only with :func:`inline_exp`)."""
         code = KL_CODES[kl]
         need = code or check
         if need and "ref_log_prob" not in self.tensors:
