@@ -44,7 +44,9 @@ static exp_f64_fn torch_exp_f64 = NULL;
 #pragma GCC push_options
 #pragma GCC target("avx2")
 #define ISA avx2
+#if !defined(__clang__) /* GCC's target pragma enables the AVX2 intrinsics here; clang's does not */
 #define RLV_AVX2_INTRINSICS 1 /* the few conversions GCC's vector extensions compile badly (kernels.h) */
+#endif
 #include "kernels.h"
 #undef RLV_AVX2_INTRINSICS
 #undef ISA
