@@ -62,20 +62,15 @@ static inline f64v K(mask_f64)(const uint8_t *p) {
     memcpy(&b, p, sizeof b);
     return __builtin_convertvector(__builtin_convertvector(b, i32x4), f64v);
 }
-static inline f64v K(lo_f64)(f32v v) {
+static inline f64v K(half_f64)(f32v v, int k) { /* lanes 4k .. 4k + 3 as doubles */
     union {
         f32v v;
         f32h h[2];
     } u = {v};
-    return __builtin_convertvector(u.h[0], f64v);
+    return __builtin_convertvector(u.h[k], f64v);
 }
-static inline f64v K(hi_f64)(f32v v) {
-    union {
-        f32v v;
-        f32h h[2];
-    } u = {v};
-    return __builtin_convertvector(u.h[1], f64v);
-}
+static inline f64v K(lo_f64)(f32v v) { return K(half_f64)(v, 0); }
+static inline f64v K(hi_f64)(f32v v) { return K(half_f64)(v, 1); }
 #endif
 static inline f32v K(sel_f32)(f32m m, f32v a, f32v b) { return (f32v)(((f32m)a & m) | ((f32m)b & ~m)); }
 static inline f64v K(sel_f64)(f64m m, f64v a, f64v b) { return (f64v)(((f64m)a & m) | ((f64m)b & ~m)); }
