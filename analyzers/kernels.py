@@ -214,7 +214,7 @@ class TokenBatch:
             return
         nt = self.native.tensors
         e = None
-        if kl == "k3":  # exp by torch (the loop reproduces everything but exp bit for bit)
+        if kl == "k3" and not native.inline_exp():  # exp by torch, between passes (else the loop's own)
             e = _take(self.shape, self.dtype, self.mask.device)
             torch.sub(nt["ref_log_prob"], nt["log_prob"], out=e).clamp_(-20.0, 20.0).exp_()
         try:

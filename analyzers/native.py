@@ -299,16 +299,17 @@ class Inputs:
         self, *, entropy: bool, kl: str | None, check: bool, e: Tensor | None = None
     ) -> tuple[list[float] | None, list[float] | None, float]:
         """Entropy row sums, KL-estimator row sums (``kl``: ``KLType.base``; ``e`` holds
-        ``exp(clamp(ref - lp, -20, 20))`` for k3) and the sum of ``(lp - ref)^2`` when ``check``."""
+        ``exp(clamp(ref - lp, -20, 20))`` for k3; none: the loop takes it inline, only with
+        :func:`inline_exp`) and the sum of ``(lp - ref)^2`` when ``check``."""
         code = KL_CODES[kl]
         need = code or check
         if need and not {"log_prob", "ref_log_prob"} <= self.tensors.keys():
             raise ValueError("the KL row sums need log_prob and ref_log_prob")
-        if code == 4 and e is None:
+        if code == 4 and e is None and not inline_exp():
             raise ValueError("k3 needs exp(clamp(ref - lp, -20, 20))")
         if entropy and "entropy" not in self.tensors:
             raise ValueError("no entropy tensor")
-        e_ptr = self.scratch(e).data_ptr() if code == 4 else 0
+        e_ptr = self.scratch(e).data_ptr() if code == 4 and e is not None else 0
         ent_out = torch.empty(self.rows, dtype=torch.float64) if entropy else None
         kl_out = torch.empty(self.rows, dtype=torch.float64) if code else None
         k2 = _MODULE.aux(

@@ -387,6 +387,8 @@ def test_the_inline_exp_gives_the_passes_what_torchs_exp_buffers_give(f64, width
             "gspo_logratio": inputs.gspo_logratio(torch.empty_like(r), side),
             "cispo": inputs.cispo(ratio, 0.8, 1.2, side),
             "sapo_gate": inputs.sapo_gate(ratio, gates, 1.0, 1.05, side),
+            # the shared aux loop, for the modes that take entropy / KL apart from their loss
+            "aux": inputs.aux(entropy=entropy, kl=kl, check=check, e=e if buffered and kl == "k3" else None),
         }
         return out, gates
 
@@ -399,7 +401,7 @@ def test_the_inline_exp_gives_the_passes_what_torchs_exp_buffers_give(f64, width
         assert torch.equal(x1[m].nan_to_num(7.0), x2[m].nan_to_num(7.0))
     if not poison or poison == "inf_masked":  # and so is each mode's audit, end to end
         batch = {**{k: t[k] for k in FLOATS}, "response_mask": t["response_mask"]}
-        for mode in MODES:
+        for mode in [*MODES, "vanilla", "dppo_tv", "dppo_kl", "kl_cov", "bypass_mode"]:
             inline = recompute(_config(mode), **batch)
             with native.exp_between_passes():
                 between = recompute(_config(mode), **batch)
