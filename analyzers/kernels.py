@@ -65,7 +65,7 @@ def _take(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> T
 
 def _give(*buffers: Tensor) -> None:
     for buf in buffers:
-        if buf.device.type == "cpu" and _WORKSPACE.nbytes + buf.nbytes <= POOL_BYTES:
+        if buf.is_cpu and _WORKSPACE.nbytes + buf.nbytes <= POOL_BYTES:
             _WORKSPACE.free.setdefault((tuple(buf.shape), buf.dtype, buf.device), []).append(buf)
             _WORKSPACE.nbytes += buf.nbytes
 
@@ -87,6 +87,9 @@ def ieee_div(a: float, b: float) -> float:
             return math.nan
         return math.copysign(math.inf, a) * math.copysign(1.0, b)
     return a / b
+
+
+_EMPTY_ROW_LENGTH = float(np.float32(0) + np.float32(1e-8))  # verl's T + 1e-8 of a row with no valid token
 
 
 def _eps_count(count: int) -> float:
@@ -156,7 +159,8 @@ class TokenBatch:
         self.mask = self.mask if self.mask.dtype == torch.bool else self.mask != 0
         dtype = floats["log_prob"].dtype
         for value in floats.values():
-            dtype = torch.promote_types(dtype, value.dtype)
+            if value.dtype != dtype:  # promote_types costs ~0.3 us a call; one dtype is the usual case
+                dtype = torch.promote_types(dtype, value.dtype)
         self.dtype = dtype
         self.fast = dtype in _FAST_DTYPES
         self._cache: dict = {}
@@ -193,7 +197,7 @@ class TokenBatch:
         self.finite = True  # until a fused sum says otherwise
         self.ppo_kl: float | None = None
         counted = None
-        if native.module() is not None and self.mask.device.type == "cpu":
+        if native.module() is not None and self.mask.is_cpu:
             self._mask_u8 = self._mask_u8.contiguous()
             self.native = native.Inputs.of(
                 {k: v if v.dtype == self.dtype and v.is_contiguous() else v.to(self.dtype).contiguous()
@@ -205,16 +209,16 @@ class TokenBatch:
             self._count(self._mask_u8.sum(dim=-1, dtype=torch.int32).to(torch.int64))
         else:  # one loop: the counts, verl's T + 1e-8 per row and the total (no torch op)
             self.n_row, self._lengths, self.n_tokens = counted
-            self.n_seqs = sum(1 for n in self._lengths if n >= 1.0)
+            self.n_seqs = len(self._lengths) - self._lengths.count(_EMPTY_ROW_LENGTH)
 
     def _native_aux(self, entropy: bool, kl: str | None, check: bool) -> None:
         """The planned entropy / KL row sums and the k2 check by the compiled loop, into the cache
         (what a torch-op pass's :meth:`_Pass.rows` stores)."""
         if not (entropy or kl or check):
             return
-        nt = self.native.tensors
         e = None
         if kl == "k3" and not native.inline_exp():  # exp by torch, between passes (else the loop's own)
+            nt = self.native.tensors
             e = _take(self.shape, self.dtype, self.mask.device)
             torch.sub(nt["ref_log_prob"], nt["log_prob"], out=e).clamp_(-20.0, 20.0).exp_()
         try:
@@ -594,7 +598,15 @@ class TokenBatch:
 
 
 def _rows_key(config: LossConfig) -> tuple:
-    """The settings a loss's per-token values depend on: :func:`_policy_key` less the aggregation."""
+    """The settings a loss's per-token values depend on: :func:`_policy_key` less the aggregation.
+    Memoised on the (frozen) config: the fast path asks for it several times a call."""
+    key = config.__dict__.get("_rows_key")
+    if key is None:
+        key = config.__dict__["_rows_key"] = _make_rows_key(config)
+    return key
+
+
+def _make_rows_key(config: LossConfig) -> tuple:
     return (
         config.loss_mode,
         config.clip_low,
@@ -613,8 +625,13 @@ def _rows_key(config: LossConfig) -> tuple:
 
 
 def _policy_key(config: LossConfig) -> tuple:
-    """Every setting a policy loss may read (all of LossConfig but the entropy / KL-term ones)."""
-    return (*_rows_key(config), str(config.loss_agg_mode), *config.global_batch_info.values())
+    """Every setting a policy loss may read (all of LossConfig but the entropy / KL-term ones); memoised
+    on the config as :func:`_rows_key` is."""
+    key = config.__dict__.get("_policy_key")
+    if key is None:
+        key = (*_rows_key(config), str(config.loss_agg_mode), *config.global_batch_info.values())
+        config.__dict__["_policy_key"] = key
+    return key
 
 
 # -- one fused pass over row blocks ---------------------------------------------------------------------

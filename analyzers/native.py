@@ -136,7 +136,7 @@ def count_rows(mask_u8: Tensor) -> tuple[Tensor, list[float], int] | None:
         or mask_u8.dtype != torch.uint8
         or mask_u8.dim() != 2
         or not mask_u8.is_contiguous()
-        or mask_u8.device.type != "cpu"
+        or not mask_u8.is_cpu
     ):
         return None
     rows, width = mask_u8.shape
@@ -144,6 +144,12 @@ def count_rows(mask_u8: Tensor) -> tuple[Tensor, list[float], int] | None:
     lengths = torch.empty(rows, dtype=torch.float64)
     total = _MODULE.count_rows(mask_u8.data_ptr(), rows, width, counts.data_ptr(), lengths.data_ptr())
     return counts, lengths.tolist(), total
+
+
+def _row_ptrs(out: Tensor) -> list[int]:
+    """The address of each row of a contiguous 2-D tensor (no per-row view: indexing costs ~1 us)."""
+    base, step = out.data_ptr(), out.stride(0) * out.element_size()
+    return [base + k * step for k in range(out.shape[0])]
 
 
 class Inputs:
@@ -161,7 +167,7 @@ class Inputs:
             raise ValueError("the compiled passes read 2-D float32 / float64 tensors")
         for name, t in tensors.items():
             if (
-                t.device.type != "cpu"
+                not t.is_cpu
                 or not t.is_contiguous()
                 or t.dtype != first.dtype
                 or t.shape != first.shape
@@ -173,7 +179,7 @@ class Inputs:
             mask_u8.dtype != torch.uint8
             or mask_u8.shape != first.shape
             or not mask_u8.is_contiguous()
-            or mask_u8.device.type != "cpu"
+            or not mask_u8.is_cpu
         ):
             raise ValueError("the compiled passes read the mask as contiguous CPU bytes of the same shape")
         self.tensors, self.mask = tensors, mask_u8
@@ -197,7 +203,7 @@ class Inputs:
             buf.shape != self.shape
             or buf.dtype != next(iter(self.tensors.values())).dtype
             or not buf.is_contiguous()
-            or buf.device.type != "cpu"
+            or not buf.is_cpu
         ):
             raise ValueError("scratch buffer does not match the inputs")
         return buf
@@ -224,7 +230,7 @@ class Inputs:
         pos, neg, kl_sum, k2, guard = _MODULE.vfused(
             self.f64, self._p("log_prob"), self._p("old_log_prob"), self._p("ref_log_prob" if need_ref else None),
             self._p("advantages"), self._p("entropy" if entropy else None), self.mask.data_ptr(), self.rows,
-            self.width, lo, hi, c, code, check, out[0].data_ptr(), out[1].data_ptr(), out[2].data_ptr(),
+            self.width, lo, hi, c, code, check, *_row_ptrs(out),
         )  # fmt: skip
         rows, ent_rows, kl_rows = out.tolist()
         return rows, pos, neg, ent_rows if entropy else None, kl_rows if code else None, kl_sum, k2, guard
@@ -237,7 +243,7 @@ class Inputs:
             or buf.numel() < cap
             or buf.dtype != next(iter(self.tensors.values())).dtype
             or not buf.is_contiguous()
-            or buf.device.type != "cpu"
+            or not buf.is_cpu
         ):
             raise ValueError("packed buffer does not match the inputs")
         return buf
@@ -286,11 +292,12 @@ class Inputs:
         xr = self.packed(xr, cap)
         xe_ptr = self.packed(xe, cap).data_ptr() if code == 4 else 0
         out = torch.empty((3, self.rows), dtype=torch.float64)
+        p_rows, p_ent, p_kl = _row_ptrs(out)
         pos, neg = _MODULE.vpacked(
             self.f64, xr.data_ptr(), xe_ptr, cap, self._p("advantages"), self.mask.data_ptr(), self.rows,
-            self.width, lo, hi, c, out[0].data_ptr(), self._p("entropy" if entropy else None),
+            self.width, lo, hi, c, p_rows, self._p("entropy" if entropy else None),
             self._p("log_prob" if code else None), self._p("ref_log_prob" if code else None), code,
-            out[1].data_ptr(), out[2].data_ptr(),
+            p_ent, p_kl,
         )  # fmt: skip
         rows, ent_rows, kl_rows = out.tolist()
         return rows, pos, neg, ent_rows if entropy else None, kl_rows if code else None
@@ -345,10 +352,11 @@ class Inputs:
         if entropy and "entropy" not in self.tensors:
             raise ValueError("no entropy tensor")
         out = torch.empty((2, self.rows), dtype=torch.float64) if entropy or code else None
+        p_ent, p_kl = _row_ptrs(out) if out is not None else (0, 0)
         args = (
             self._p("entropy" if entropy else None), self._p("ref_log_prob" if need else None),
             self.scratch(e).data_ptr() if code == 4 and e is not None else 0, code, check,
-            out[0].data_ptr() if entropy else 0, out[1].data_ptr() if code else 0,
+            p_ent if entropy else 0, p_kl if code else 0,
         )  # fmt: skip
         return args, out, (bool(entropy), bool(code))
 
@@ -373,6 +381,9 @@ class Inputs:
             0 if r is None else self.scratch(r).data_ptr(), 0 if e is None else self.scratch(e).data_ptr(),
         )  # fmt: skip
 
+    def _row_out(self) -> Tensor:
+        return torch.empty(self.rows, dtype=torch.float64)
+
     def _rows_out(self, n: int = 1) -> Tensor:
         return torch.empty((n, self.rows), dtype=torch.float64)
 
@@ -382,28 +393,28 @@ class Inputs:
             values.shape != (self.rows,)
             or values.dtype != (torch.float64 if self.f64 else torch.float32)
             or not values.is_contiguous()
-            or values.device.type != "cpu"
+            or not values.is_cpu
         ):
             raise ValueError("per-row values do not match the inputs")
         return values
 
     def gpg(self, side=_NO_SIDE) -> tuple[list[float], tuple]:
         """Row sums of ``logp A m``."""
-        out = self._rows_out()
+        out = self._row_out()
         k2 = _MODULE.gpg(
             self.f64, self._p("log_prob"), self._p("advantages"), self.mask.data_ptr(), self.rows, self.width,
             out.data_ptr(), *side[0],
         )  # fmt: skip
-        return out[0].tolist(), self._side_out(side, k2)
+        return out.tolist(), self._side_out(side, k2)
 
     def dro(self, half_beta: float, side=_NO_SIDE) -> tuple[list[float], float, tuple]:
         """Row sums of ``(logp A - half_beta (logp - old)^2) m`` and the masked sum of ``logp - old``."""
-        out = self._rows_out()
+        out = self._row_out()
         kl, k2 = _MODULE.dro(
             self.f64, self._p("log_prob"), self._p("old_log_prob"), self._p("advantages"), self.mask.data_ptr(),
             self.rows, self.width, half_beta, out.data_ptr(), *side[0],
         )  # fmt: skip
-        return out[0].tolist(), kl, self._side_out(side, k2)
+        return out.tolist(), kl, self._side_out(side, k2)
 
     def _ratio(self, r: Tensor | None) -> int:
         """The pointer of a pass's ratio buffer, or 0: the pass takes the exp inline."""
@@ -420,12 +431,12 @@ class Inputs:
         and the count of valid tokens with ``r != clamp(r, lo, hi)``; ``r`` holds the exp of that (None:
         the pass takes it inline)."""
         r_ptr = self._ratio(r)
-        out = self._rows_out()
+        out = self._row_out()
         kl, hits, k2 = _MODULE.cispo(
             self.f64, self._p("log_prob"), self._p("old_log_prob"), r_ptr, self._p("advantages"),
             self.mask.data_ptr(), self.rows, self.width, lo, hi, out.data_ptr(), *side[0],
         )  # fmt: skip
-        return out[0].tolist(), kl, hits, self._side_out(side, k2)
+        return out.tolist(), kl, hits, self._side_out(side, k2)
 
     def sapo_gate(
         self, r: Tensor | None, x: Tensor, tau_pos: float, tau_neg: float, side=_NO_SIDE
@@ -463,12 +474,12 @@ class Inputs:
         """Row sums of GSPO's loss for the sequence ratios ``s`` (one per row) and the count of tokens
         it clips."""
         s = self._per_row(s)
-        out = self._rows_out()
+        out = self._row_out()
         hits = _MODULE.gspo(
             self.f64, self._p("advantages"), self.mask.data_ptr(), s.data_ptr(), self.rows, self.width, lo, hi,
             out.data_ptr(),
         )  # fmt: skip
-        return out[0].tolist(), hits
+        return out.tolist(), hits
 
     def geo_mean(
         self, lo: float, hi: float, side=_NO_SIDE
@@ -478,7 +489,7 @@ class Inputs:
         out = self._rows_out(2)
         kl, pos, neg, k2 = _MODULE.geo_mean(
             self.f64, self._p("log_prob"), self._p("old_log_prob"), self._p("advantages"), self.mask.data_ptr(),
-            self.rows, self.width, -lo, hi, out[0].data_ptr(), out[1].data_ptr(), *side[0],
+            self.rows, self.width, -lo, hi, *_row_ptrs(out), *side[0],
         )  # fmt: skip
         v, a = out.tolist()
         return v, a, kl, pos, neg, self._side_out(side, k2)
@@ -508,7 +519,7 @@ class Inputs:
     def _packed(self, x: Tensor, rows: int) -> Tensor:
         if x.dtype != (torch.float64 if self.f64 else torch.float32) or x.dim() != 2 or x.shape[0] != rows:
             raise ValueError("not a packed buffer of these inputs")
-        if not x.is_contiguous() or x.device.type != "cpu":
+        if not x.is_contiguous() or not x.is_cpu:
             raise ValueError("packed buffers are contiguous CPU tensors")
         return x
 
@@ -537,7 +548,8 @@ class Inputs:
         ``p = x[1]``, ``q = x[2]``."""
         x = self._packed(x, 3)
         out = torch.empty(x.shape[1], dtype=x.dtype)
-        _MODULE.dppo_frac(self.f64, x[1].data_ptr(), x[2].data_ptr(), x.shape[1], out.data_ptr())
+        _, p, q = _row_ptrs(x)
+        _MODULE.dppo_frac(self.f64, p, q, x.shape[1], out.data_ptr())
         return out
 
     def clip_cov_pack(self, n_valid: int, am: Tensor, lm: Tensor) -> tuple[float, Tensor]:
@@ -557,7 +569,7 @@ class Inputs:
 
     def _packed_ratio(self, r: Tensor) -> Tensor:
         dtype = torch.float64 if self.f64 else torch.float32
-        if r.dtype != dtype or r.dim() != 1 or not r.is_contiguous() or r.device.type != "cpu":
+        if r.dtype != dtype or r.dim() != 1 or not r.is_contiguous() or not r.is_cpu:
             raise ValueError("r: the packed ratios, a contiguous CPU vector of the inputs' dtype")
         return r
 
@@ -624,7 +636,7 @@ class Inputs:
         dtype = torch.float64 if self.f64 else torch.float32
         n = va.numel()
         for x in (va, vl, r):
-            if x.dtype != dtype or x.shape != (n,) or not x.is_contiguous() or x.device.type != "cpu":
+            if x.dtype != dtype or x.shape != (n,) or not x.is_contiguous() or not x.is_cpu:
                 raise ValueError(
                     "kl_cov_rows reads contiguous CPU vectors of the inputs' dtype and one length"
                 )
@@ -645,7 +657,7 @@ class Inputs:
         dtype = torch.float64 if self.f64 else torch.float32
         if rows.dtype != torch.float64 or rows.shape != (self.rows,) or not rows.is_contiguous():
             raise ValueError("rows: kl_cov_rows's float64 row sums")
-        if r.dtype != dtype or r.dim() != 1 or not r.is_contiguous() or r.device.type != "cpu":
+        if r.dtype != dtype or r.dim() != 1 or not r.is_contiguous() or not r.is_cpu:
             raise ValueError("r: the packed ratios")
         if n_row.shape != (self.rows,):
             raise ValueError("n_row: one count per row")
@@ -674,7 +686,7 @@ class Inputs:
             v.shape != (self.rows,)
             or v.dtype != next(iter(self.tensors.values())).dtype
             or not v.is_contiguous()
-            or v.device.type != "cpu"
+            or not v.is_cpu
         ):
             raise ValueError("per-row vector does not match the inputs")
         return v
@@ -754,7 +766,7 @@ class Inputs:
         token = keep is not None
         if token and (
             keep.shape != self.shape or keep.dtype != torch.uint8 or not keep.is_contiguous()
-            or keep.device.type != "cpu"
+            or not keep.is_cpu
         ):  # fmt: skip
             raise ValueError("keep must be contiguous CPU bytes of the inputs' shape")
         if token and (x1 is None or x2 is None):

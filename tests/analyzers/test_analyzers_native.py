@@ -253,6 +253,24 @@ def test_row_counts_and_lengths_are_the_torch_ops_values():
         assert native.count_rows(mask.view(torch.uint8)) is None
 
 
+@pytest.mark.parametrize("width", [1, 7, 8, 9, 15, 16, 17, 2039, 2040, 2041, 2047, 2048, 2049, 4099, 16384])
+def test_row_counts_count_every_non_zero_byte_eight_at_a_time(width):
+    # the loop counts 8 bytes per step in byte lanes folded every 255 words (2040 bytes): any byte value
+    # (a bool tensor viewed from uint8 may hold 2..255), runs of zeros and of 0x80 / 0x7f / 0xff, widths
+    # around the word and the fold, ragged tails
+    g = torch.Generator().manual_seed(width)
+    raw = torch.randint(0, 256, (6, width), dtype=torch.uint8, generator=g)
+    raw[1] = 0
+    raw[2] = 0xFF
+    raw[3, ::2] = 0x80
+    raw[3, 1::2] = 0
+    raw[4] = torch.where(raw[4] < 200, 0, raw[4])  # sparse
+    raw[5] = torch.where(raw[5] < 128, 0x7F, 0)
+    counts, lengths, total = native.count_rows(raw)
+    want = (raw != 0).sum(dim=-1)
+    assert counts.tolist() == want.tolist() and total == int(want.sum())
+    assert lengths == (want.to(torch.float32) + 1e-8).tolist()
+
 def test_inline_exp_is_torchs_exp_bit_for_bit():
     # the loops call torch's own exp (MKL's vsExp / vdExp on this build) only after this check passed
     # at import; here on other values: random log-ratios, in a ragged length
