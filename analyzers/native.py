@@ -679,20 +679,30 @@ class Inputs:
             raise ValueError("per-row vector does not match the inputs")
         return v
 
-    def rc_off(self, e: Tensor, rho: Tensor, dm: Tensor) -> tuple[Tensor, Tensor, list[float], bool]:
+    def rc_off(
+        self, e: Tensor | None, rho: Tensor | None, dm: Tensor, rho_out: Tensor | None = None
+    ) -> tuple[Tensor, Tensor, list[float], bool]:
         """Off-policy sums: rows ``(3, rows)`` of sum(old m), sum(rollout m), sum(d m) (d = old -
         rollout; ``dm`` receives d m), valid tokens per row, totals [sum((e - d - 1) m), sum(rho^2 m)],
-        and whether some |d| > 20 (then ``rho`` must be ``exp(clamp(d, -20, 20))``, not ``e = exp(d)``)."""
-        e, rho, dm = self.scratch(e), self.scratch(rho), self.scratch(dm)
+        and whether some |d| > 20 (then ``rho`` must be ``exp(clamp(d, -20, 20))``, not ``e = exp(d)``).
+        ``e`` and ``rho`` None: the pass takes ``e = rho = exp(d)`` inline over the valid spans (only with
+        :func:`inline_exp`; its results are the buffers' only while it says no |d| > 20), and ``rho_out``
+        (if given) receives that exp per token, 0 outside the valid spans."""
+        if (e is None) != (rho is None) or (e is None and not inline_exp()):
+            raise ValueError("rc_off takes both exp buffers, or neither with the inline exp")
+        if e is not None and rho_out is not None:
+            raise ValueError("rc_off writes rho_out only when it takes exp inline")
+        ptrs = (0, 0) if e is None else (self.scratch(e).data_ptr(), self.scratch(rho).data_ptr())
+        dm = self.scratch(dm)
+        out_ptr = 0 if rho_out is None else self.scratch(rho_out).data_ptr()
         rows, counts, tot = (
             self._rows(3),
             torch.empty(self.rows, dtype=torch.int64),
             torch.empty(2, dtype=torch.float64),
         )
         big = _MODULE.rc_off(
-            self.f64, self._p("old_log_prob"), self._p("rollout_log_prob"), e.data_ptr(), rho.data_ptr(),
-            self.mask.data_ptr(), self.rows, self.width, dm.data_ptr(), rows.data_ptr(), counts.data_ptr(),
-            tot.data_ptr(),
+            self.f64, self._p("old_log_prob"), self._p("rollout_log_prob"), *ptrs, self.mask.data_ptr(),
+            self.rows, self.width, dm.data_ptr(), rows.data_ptr(), counts.data_ptr(), tot.data_ptr(), out_ptr,
         )  # fmt: skip
         return rows, counts, tot.tolist(), big
 

@@ -2,7 +2,7 @@
  * Included by kernels.h once per instruction set (names through K(...), vectors as in kernels.h).
  *
  * verl's rollout_corr_helper computes every statistic from d = old - rollout (the log-ratio), its
- * clamp to +-20 and exp of either; exp arrives from torch (e = exp(d), rho = exp(clamp(d, -20, 20)),
+ * clamp to +-20 and exp of either; exp is torch's (e = exp(d), rho = exp(clamp(d, -20, 20)),
  * the same buffer when no |d| exceeds 20). Row sums and totals are float64 (acc_##S), counts exact,
  * max / min exact. rollout.py does the per-row and scalar arithmetic after, in verl's dtypes. */
 
@@ -13,7 +13,13 @@
  * rows: sum(old m), sum(rollout m), sum(d m) per row, and the row's valid-token count; d m written out
  * (torch's row sums of it are verl's masked_sum(log_ratio, axis=-1), bit for bit);
  * totals: sum(((e - d) - 1) m) (k3_kl) and sum((rho rho) m) (chi2_token);
- * big: some |d| > 20 (rho then is not e: the caller computes it and runs again). */
+ * big: some |d| > 20 (rho then is not e: the caller computes it and runs again).
+ * e and rho NULL: exp inline (the checked exp only), e = rho = exp(d) per chunk of a row over its valid
+ * span (RC_XOFF), 0 at the chunk's other tokens: masked ones, whose e and rho only ever meet a 0 mask.
+ * That is the buffers' result exactly while no |d| > 20 (rho is e then, and every e is finite; a NaN d
+ * still makes the k3 term NaN, so the sums say non-finite as they do with torch's exp of every token):
+ * with big the caller runs the buffered pass instead. rho_out (inline only, may be NULL) receives those
+ * e per token: the rho the downstream passes read (they too meet a masked token's only with a 0 mask). */
 #define RC_OFF_BODY(S, OLD, RO, E, RHO, M, DM)                                                               \
     {                                                                                                    \
         const S##v m = K(mask_##S)(M);                                                                   \
@@ -33,27 +39,58 @@
         big |= (d > lim) | (d < -lim);                                                                   \
     }
 
+/* y = exp(old - ro) over the valid span of a chunk's n tokens (vspan), 0 at its other tokens (x: scratch) */
+#define DEFINE_RC_XOFF(S, T)                                                                             \
+    static inline void K(rc_xoff_##S)(const T *old, const T *ro, const uint8_t *mask, Py_ssize_t n, T *y, \
+                                      T *x) {                                                            \
+        Py_ssize_t b, end;                                                                               \
+        K(vspan_##S)(mask, n, &b, &end);                                                                 \
+        if (end > n) end = n;                                                                            \
+        memset(y, 0, (size_t)b * sizeof(T));                                                             \
+        memset(y + end, 0, (size_t)(n - end) * sizeof(T));                                               \
+        if (end == b) return;                                                                            \
+        Py_ssize_t j = b;                                                                                \
+        for (; j + N_##S <= end; j += N_##S) K(st_##S)(x + j, K(ld_##S)(old + j) - K(ld_##S)(ro + j));   \
+        for (; j < end; j++) x[j] = old[j] - ro[j];                                                      \
+        K(exp_##S)((int)(end - b), x + b, y + b);                                                        \
+    }
+DEFINE_RC_XOFF(f32, float)
+DEFINE_RC_XOFF(f64, double)
+
 #define DEFINE_RC_OFF(S, T)                                                                              \
-    static int K(rc_off_##S)(const T *old, const T *ro, const T *e, const T *rho, const uint8_t *mask,  \
+    static int K(rc_off_##S)(const T *old, const T *ro, const T *e_in, const T *rho_in, const uint8_t *mask, \
                              Py_ssize_t rows, Py_ssize_t width, T *dm_out, double *row_out,              \
-                             int64_t *count_out, double *tot_out) {                                      \
+                             int64_t *count_out, double *tot_out, T *rho_out) {                          \
         const S##v zero = SPLAT(S, T, 0), one = SPLAT(S, T, 1), lim = SPLAT(S, T, 20);                   \
+        const int inl = !e_in;                                                                           \
+        XBUF(T, E_); XBUF(T, X_);                                                                        \
         dacc t_k3[2] = {0}, t_rho[2] = {0};                                                              \
         S##m big = {0};                                                                                  \
         for (Py_ssize_t i = 0; i < rows; i++) {                                                          \
-            const Py_ssize_t o = i * width;                                                              \
             dacc a_lp[2] = {0}, a_ro[2] = {0}, a_d[2] = {0};                                             \
             S##m cnt = {0};                                                                              \
-            Py_ssize_t j = 0;                                                                            \
-            for (; j + N_##S <= width; j += N_##S)                                                       \
-                RC_OFF_BODY(S, old + o + j, ro + o + j, e + o + j, rho + o + j, mask + o + j, dm_out + o + j); \
-            if (j < width) {                                                                             \
-                PAD(T, N_##S, old, old + o, j, width) PAD(T, N_##S, ro, ro + o, j, width);               \
-                PAD(T, N_##S, e, e + o, j, width) PAD(T, N_##S, rho, rho + o, j, width);                 \
-                PAD(uint8_t, N_##S, m, mask + o, j, width);                                              \
-                T dm_pad[N_##S];                                                                         \
-                RC_OFF_BODY(S, old_pad, ro_pad, e_pad, rho_pad, m_pad, dm_pad);                          \
-                RC_STORE_TAIL(T, dm_out + o, dm_pad, j, width);                                          \
+            for (Py_ssize_t j0 = 0; j0 < width; j0 += EXP_CHUNK) {                                       \
+                const Py_ssize_t o = i * width + j0;                                                     \
+                const Py_ssize_t w = width - j0 < EXP_CHUNK ? width - j0 : EXP_CHUNK;                    \
+                const T *e, *rho;                                                                        \
+                if (inl) {                                                                               \
+                    T *const y = rho_out ? rho_out + o : E_;                                             \
+                    K(rc_xoff_##S)(old + o, ro + o, mask + o, w, y, X_);                                 \
+                    e = rho = y;                                                                         \
+                } else {                                                                                 \
+                    e = e_in + o, rho = rho_in + o;                                                      \
+                }                                                                                        \
+                Py_ssize_t j = 0;                                                                        \
+                for (; j + N_##S <= w; j += N_##S)                                                       \
+                    RC_OFF_BODY(S, old + o + j, ro + o + j, e + j, rho + j, mask + o + j, dm_out + o + j); \
+                if (j < w) {                                                                             \
+                    PAD(T, N_##S, old, old + o, j, w) PAD(T, N_##S, ro, ro + o, j, w);                   \
+                    PAD(T, N_##S, e, e, j, w) PAD(T, N_##S, rho, rho, j, w);                             \
+                    PAD(uint8_t, N_##S, m, mask + o, j, w);                                              \
+                    T dm_pad[N_##S];                                                                     \
+                    RC_OFF_BODY(S, old_pad, ro_pad, e_pad, rho_pad, m_pad, dm_pad);                      \
+                    RC_STORE_TAIL(T, dm_out + o, dm_pad, j, w);                                          \
+                }                                                                                        \
             }                                                                                            \
             row_out[i] = K(acc_total)(a_lp);                                                             \
             row_out[rows + i] = K(acc_total)(a_ro);                                                      \
@@ -426,3 +463,4 @@ DEFINE_RC_RS(f64, double)
     }
 DEFINE_RC_DBG(f32, float, 0x7fffffff)
 DEFINE_RC_DBG(f64, double, 0x7fffffffffffffffLL)
+

@@ -4,18 +4,28 @@
 
 static PyObject *py_rc_off(PyObject *self, PyObject *args) {
     int f64, big;
-    ptr_t old, ro, e, rho, mask, dm_out, row_out, count_out, tot_out;
+    ptr_t old, ro, e, rho, mask, dm_out, row_out, count_out, tot_out, rho_out;
     Py_ssize_t rows, width;
-    if (!PyArg_ParseTuple(args, "pKKKKKnnKKKK", &f64, &old, &ro, &e, &rho, &mask, &rows, &width, &dm_out,
-                          &row_out, &count_out, &tot_out))
+    if (!PyArg_ParseTuple(args, "pKKKKKnnKKKKK", &f64, &old, &ro, &e, &rho, &mask, &rows, &width, &dm_out,
+                          &row_out, &count_out, &tot_out, &rho_out))
         return NULL;
+    if ((!e || !rho) && (e || rho || (f64 ? !torch_exp_f64 : !torch_exp_f32))) {
+        PyErr_SetString(PyExc_RuntimeError, "rc_off: exp inline needs the checked exp (and neither buffer)");
+        return NULL;
+    }
+    if (e && rho_out) {
+        PyErr_SetString(PyExc_RuntimeError, "rc_off: rho_out is the inline exp's output");
+        return NULL;
+    }
     Py_BEGIN_ALLOW_THREADS;
     if (f64)
         big = DISPATCH(rc_off_f64, P(double, old), P(double, ro), P(double, e), P(double, rho), P(uint8_t, mask),
-                       rows, width, P(double, dm_out), P(double, row_out), P(int64_t, count_out), P(double, tot_out));
+                       rows, width, P(double, dm_out), P(double, row_out), P(int64_t, count_out), P(double, tot_out),
+                       P(double, rho_out));
     else
         big = DISPATCH(rc_off_f32, P(float, old), P(float, ro), P(float, e), P(float, rho), P(uint8_t, mask), rows,
-                       width, P(float, dm_out), P(double, row_out), P(int64_t, count_out), P(double, tot_out));
+                       width, P(float, dm_out), P(double, row_out), P(int64_t, count_out), P(double, tot_out),
+                       P(float, rho_out));
     Py_END_ALLOW_THREADS;
     return PyBool_FromLong(big);
 }
