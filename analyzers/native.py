@@ -146,6 +146,28 @@ def count_rows(mask_u8: Tensor) -> tuple[Tensor, list[float], int] | None:
     return counts, lengths.tolist(), total
 
 
+_MASK_KINDS = {torch.int64: 0, torch.int32: 1, torch.float32: 2, torch.float64: 3}
+
+
+def mask_bytes(mask: Tensor) -> tuple[bool, Tensor | None]:
+    """``(mask != 0)`` as contiguous uint8 in one pass, for a contiguous CPU int64 / int32 / float32 /
+    float64 mask: (True, the bytes), or (True, None) when some value is neither 0 nor 1 (NaN included);
+    (False, None) where the pass does not apply (the caller converts with torch ops)."""
+    kind = _MASK_KINDS.get(mask.dtype)
+    if (
+        _MODULE is None
+        or not _enabled
+        or kind is None
+        or not mask.is_contiguous()
+        or mask.device.type != "cpu"
+    ):
+        return False, None
+    out = torch.empty(mask.shape, dtype=torch.uint8)
+    if not _MODULE.rc_mask(kind, mask.data_ptr(), mask.numel(), out.data_ptr()):
+        return True, None
+    return True, out
+
+
 class Inputs:
     """One micro-batch's tensors as the loops read them, checked once: CPU, contiguous, one float
     dtype (float32 or float64), one 2-D shape, and the mask as 0/1 bytes of that shape. Every method

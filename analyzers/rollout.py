@@ -468,6 +468,9 @@ def _mask_bytes(mask: Tensor) -> Tensor | None:
         return mask.contiguous().view(torch.uint8)
     if mask.is_complex() or mask.dim() != 2:
         return None
+    done, out = native.mask_bytes(mask)  # int64 / int32 / float32 / float64: check and convert in one pass
+    if done:
+        return out
     if mask.dtype.is_floating_point:
         if not bool(((mask == 0) | (mask == 1)).all()):
             return None

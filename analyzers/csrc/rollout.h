@@ -464,3 +464,26 @@ DEFINE_RC_RS(f64, double)
 DEFINE_RC_DBG(f32, float, 0x7fffffff)
 DEFINE_RC_DBG(f64, double, 0x7fffffffffffffffLL)
 
+/* ---- a 0/1 mask of another dtype as bytes (what rollout.py's _mask_bytes gives, in one pass) ---------
+ * out[k] = src[k] != 0 for n values; returns 0 when some value is neither 0 nor 1 (then out is not the
+ * mask: the caller takes verl's op path, which weighs by the values). Floats: -0.0 is 0, NaN is neither. */
+#define DEFINE_RC_MASK(NAME, T, U, BAD, BYTE)                                                            \
+    static int K(NAME)(const T *src, Py_ssize_t n, uint8_t *out) {                                       \
+        U bad = 0;                                                                                       \
+        for (Py_ssize_t k = 0; k < n; k++) {                                                             \
+            const T v = src[k];                                                                          \
+            bad |= BAD(v);                                                                               \
+            out[k] = BYTE(v);                                                                            \
+        }                                                                                                \
+        return !bad;                                                                                     \
+    }
+/* branch-free tests (vectorised): an integer is 0 or 1 exactly when no bit but the lowest is set (a
+ * negative one has the sign bit), and its low byte is then its value */
+#define RC_BAD_INT(v) ((v) & ~1)
+#define RC_BYTE_INT(v) ((uint8_t)(v))
+#define RC_BAD_FLOAT(v) (((v) != 0) & ((v) != 1))
+#define RC_BYTE_FLOAT(v) ((v) != 0)
+DEFINE_RC_MASK(rc_mask_i64, int64_t, int64_t, RC_BAD_INT, RC_BYTE_INT)
+DEFINE_RC_MASK(rc_mask_i32, int32_t, int32_t, RC_BAD_INT, RC_BYTE_INT)
+DEFINE_RC_MASK(rc_mask_f32, float, uint8_t, RC_BAD_FLOAT, RC_BYTE_FLOAT)
+DEFINE_RC_MASK(rc_mask_f64, double, uint8_t, RC_BAD_FLOAT, RC_BYTE_FLOAT)

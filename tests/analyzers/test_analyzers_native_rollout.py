@@ -544,3 +544,39 @@ def test_every_option_gives_the_same_numbers_with_exp_inline_and_between_passes(
     with native.exp_between_passes():
         b = rollout_corr_metrics(*args)
     assert _bits(a) == _bits(b)
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.int64, torch.int32, torch.int16, torch.uint8, torch.float32, torch.float64, torch.bool]
+)
+def test_a_mask_of_any_dtype_becomes_the_bytes_torch_makes_of_it(dtype):
+    from rlvitals.analyzers.rollout import _mask_bytes
+
+    g = torch.Generator().manual_seed(1)
+    base = torch.rand(3, 1037, generator=g) < 0.6
+    mask = base.to(dtype)
+    got = _mask_bytes(mask)
+    assert got is not None and got.dtype == torch.uint8 and got.is_contiguous()
+    assert torch.equal(got, base.view(torch.uint8))
+    with native.disabled():
+        assert torch.equal(_mask_bytes(mask), got)
+    assert torch.equal(_mask_bytes(mask.t().contiguous().t()), got)  # not contiguous: torch's ops
+    if dtype == torch.bool:
+        return
+    bad = [2, -1] + ([0.5, math.nan, math.inf] if dtype.is_floating_point else [])
+    if dtype == torch.uint8:
+        bad = [2, 255]
+    for value in bad:
+        for j in (0, 517, 1036):  # first, middle, last: the vector body and the scalar tail
+            m = mask.clone()
+            m[1, j] = value
+            assert _mask_bytes(m) is None, (value, j)
+            with native.disabled():
+                assert _mask_bytes(m) is None
+    if dtype.is_floating_point:  # -0.0 is 0
+        m = mask.clone()
+        m[m == 0] = -0.0
+        assert torch.equal(_mask_bytes(m), got)
+    ok, out = native.mask_bytes(mask)  # the one-pass conversion where it applies
+    assert ok == (dtype in (torch.int64, torch.int32, torch.float32, torch.float64))
+    assert not ok or torch.equal(out, got)
