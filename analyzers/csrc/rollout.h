@@ -39,6 +39,19 @@
         big |= (d > lim) | (d < -lim);                                                                   \
     }
 
+/* A whole group of N masked tokens adds +-0 to every sum and count (or NaN): it only writes d m (d 0),
+ * tests |d| > 20, and adds (d 0) + (e 0) to guard, +0 or NaN: NaN exactly where one of its terms would
+ * be (a non-finite old, rollout or d makes d 0 NaN; e = inf, exp of a finite d > 88, makes e 0 NaN;
+ * rho, exp of a clamped d or e with no |d| > 20, is finite). guard joins the k3 total at the end. */
+#define RC_OFF_MASKED(S, OLD, RO, E, DM)                                                                 \
+    {                                                                                                    \
+        const S##v d = K(ld_##S)(OLD) - K(ld_##S)(RO);                                                   \
+        const S##v dz = d * zero;                                                                        \
+        memcpy(DM, &dz, sizeof dz);                                                                      \
+        guard = guard + (dz + K(ld_##S)(E) * zero);                                                      \
+        big |= (d > lim) | (d < -lim);                                                                   \
+    }
+
 /* y = exp(old - ro) over the valid span of a chunk's n tokens (vspan), 0 at its other tokens (x: scratch) */
 #define DEFINE_RC_XOFF(S, T)                                                                             \
     static inline void K(rc_xoff_##S)(const T *old, const T *ro, const uint8_t *mask, Py_ssize_t n, T *y, \
@@ -66,6 +79,7 @@ DEFINE_RC_XOFF(f64, double)
         XBUF(T, E_); XBUF(T, X_);                                                                        \
         dacc t_k3[2] = {0}, t_rho[2] = {0};                                                              \
         S##m big = {0};                                                                                  \
+        S##v guard = zero;                                                                               \
         for (Py_ssize_t i = 0; i < rows; i++) {                                                          \
             dacc a_lp[2] = {0}, a_ro[2] = {0}, a_d[2] = {0};                                             \
             S##m cnt = {0};                                                                              \
@@ -81,8 +95,13 @@ DEFINE_RC_XOFF(f64, double)
                     e = e_in + o, rho = rho_in + o;                                                      \
                 }                                                                                        \
                 Py_ssize_t j = 0;                                                                        \
-                for (; j + N_##S <= w; j += N_##S)                                                       \
-                    RC_OFF_BODY(S, old + o + j, ro + o + j, e + j, rho + j, mask + o + j, dm_out + o + j); \
+                for (; j + N_##S <= w; j += N_##S) {                                                     \
+                    if (GROUP_BITS_##S(mask + o + j)) {                                                  \
+                        RC_OFF_BODY(S, old + o + j, ro + o + j, e + j, rho + j, mask + o + j, dm_out + o + j); \
+                    } else {                                                                             \
+                        RC_OFF_MASKED(S, old + o + j, ro + o + j, e + j, dm_out + o + j);                \
+                    }                                                                                    \
+                }                                                                                        \
                 if (j < w) {                                                                             \
                     PAD(T, N_##S, old, old + o, j, w) PAD(T, N_##S, ro, ro + o, j, w);                   \
                     PAD(T, N_##S, e, e, j, w) PAD(T, N_##S, rho, rho, j, w);                             \
@@ -97,6 +116,7 @@ DEFINE_RC_XOFF(f64, double)
             row_out[2 * rows + i] = K(acc_total)(a_d);                                                   \
             count_out[i] = K(count_##S)(cnt);                                                           \
         }                                                                                                \
+        K(acc_##S)(t_k3, guard);                                                                         \
         tot_out[0] = K(acc_total)(t_k3);                                                                 \
         tot_out[1] = K(acc_total)(t_rho);                                                                \
         return K(count_##S)(big) != 0;                                                                   \

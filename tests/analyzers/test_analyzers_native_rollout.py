@@ -499,6 +499,11 @@ def test_off_policy_pass_with_exp_inline_sees_what_the_buffered_pass_sees(where,
     assert bi == bb  # from d at every token, masked or not
     assert bi or finite_i == finite_b  # with big the inline pass's sums are not used
     args = (t["old"], t["rollout"], mask.to(torch.int64))
+    # verl's ops: any non-finite input, or exp(d) = inf (even masked: inf 0 is NaN), leaves a NaN
+    overflow = not math.isfinite(value) or value == 100.0
+    assert (_Native.of(*args) is None) == overflow
+    with native.exp_between_passes():
+        assert (_Native.of(*args) is None) == overflow
     for options in ({}, CONFIGS["token TIS"], CONFIGS["chain mixed + TIS"]):
         inline = _outcome(args, options)
         with native.exp_between_passes():
