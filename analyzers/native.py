@@ -152,6 +152,28 @@ def _row_ptrs(out: Tensor) -> list[int]:
     return [base + k * step for k in range(out.shape[0])]
 
 
+_MASK_KINDS = {torch.int64: 0, torch.int32: 1, torch.float32: 2, torch.float64: 3}
+
+
+def mask_bytes(mask: Tensor) -> tuple[bool, Tensor | None]:
+    """``(mask != 0)`` as contiguous uint8 in one pass, for a contiguous CPU int64 / int32 / float32 /
+    float64 mask: (True, the bytes), or (True, None) when some value is neither 0 nor 1 (NaN included);
+    (False, None) where the pass does not apply (the caller converts with torch ops)."""
+    kind = _MASK_KINDS.get(mask.dtype)
+    if (
+        _MODULE is None
+        or not _enabled
+        or kind is None
+        or not mask.is_contiguous()
+        or not mask.is_cpu
+    ):
+        return False, None
+    out = torch.empty(mask.shape, dtype=torch.uint8)
+    if not _MODULE.rc_mask(kind, mask.data_ptr(), mask.numel(), out.data_ptr()):
+        return True, None
+    return True, out
+
+
 class Inputs:
     """One micro-batch's tensors as the loops read them, checked once: CPU, contiguous, one float
     dtype (float32 or float64), one 2-D shape, and the mask as 0/1 bytes of that shape. Every method
@@ -691,20 +713,30 @@ class Inputs:
             raise ValueError("per-row vector does not match the inputs")
         return v
 
-    def rc_off(self, e: Tensor, rho: Tensor, dm: Tensor) -> tuple[Tensor, Tensor, list[float], bool]:
+    def rc_off(
+        self, e: Tensor | None, rho: Tensor | None, dm: Tensor, rho_out: Tensor | None = None
+    ) -> tuple[Tensor, Tensor, list[float], bool]:
         """Off-policy sums: rows ``(3, rows)`` of sum(old m), sum(rollout m), sum(d m) (d = old -
         rollout; ``dm`` receives d m), valid tokens per row, totals [sum((e - d - 1) m), sum(rho^2 m)],
-        and whether some |d| > 20 (then ``rho`` must be ``exp(clamp(d, -20, 20))``, not ``e = exp(d)``)."""
-        e, rho, dm = self.scratch(e), self.scratch(rho), self.scratch(dm)
+        and whether some |d| > 20 (then ``rho`` must be ``exp(clamp(d, -20, 20))``, not ``e = exp(d)``).
+        ``e`` and ``rho`` None: the pass takes ``e = rho = exp(d)`` inline over the valid spans (only with
+        :func:`inline_exp`; its results are the buffers' only while it says no |d| > 20), and ``rho_out``
+        (if given) receives that exp per token, 0 outside the valid spans."""
+        if (e is None) != (rho is None) or (e is None and not inline_exp()):
+            raise ValueError("rc_off takes both exp buffers, or neither with the inline exp")
+        if e is not None and rho_out is not None:
+            raise ValueError("rc_off writes rho_out only when it takes exp inline")
+        ptrs = (0, 0) if e is None else (self.scratch(e).data_ptr(), self.scratch(rho).data_ptr())
+        dm = self.scratch(dm)
+        out_ptr = 0 if rho_out is None else self.scratch(rho_out).data_ptr()
         rows, counts, tot = (
             self._rows(3),
             torch.empty(self.rows, dtype=torch.int64),
             torch.empty(2, dtype=torch.float64),
         )
         big = _MODULE.rc_off(
-            self.f64, self._p("old_log_prob"), self._p("rollout_log_prob"), e.data_ptr(), rho.data_ptr(),
-            self.mask.data_ptr(), self.rows, self.width, dm.data_ptr(), rows.data_ptr(), counts.data_ptr(),
-            tot.data_ptr(),
+            self.f64, self._p("old_log_prob"), self._p("rollout_log_prob"), *ptrs, self.mask.data_ptr(),
+            self.rows, self.width, dm.data_ptr(), rows.data_ptr(), counts.data_ptr(), tot.data_ptr(), out_ptr,
         )  # fmt: skip
         return rows, counts, tot.tolist(), big
 

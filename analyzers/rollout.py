@@ -451,9 +451,10 @@ def _offpolicy_metrics_reference(
 
 
 # -- the compiled passes (analyzers/csrc/rollout.h) ----------------------------------------------------------
-# The same statistics from a few loops over the tokens: the loops compute verl's per-token floats (exp by
-# torch, on the whole tensor as verl does, so every exp is the one verl's op gives) and return float64 row
-# sums, exact counts and exact max / min. The arithmetic after runs in verl's dtypes: each sum is rounded to
+# The same statistics from a few loops over the tokens: the loops compute verl's per-token floats (exp is
+# torch's own: called by the off-policy pass on the valid spans where native.inline_exp() holds, else
+# torch.exp of the whole tensor as verl does; every exp a valid token sees is the one verl's op gives) and
+# return float64 row sums, exact counts and exact max / min. The arithmetic after runs in verl's dtypes: each sum is rounded to
 # the dtype verl's sum has, then divided and combined with numpy scalars of verl's 0-dim dtypes (IEEE ops
 # like torch's), and the per-row vectors go through the torch ops verl applies to them. Only the summation
 # order differs from verl's float32 sums (float64 here: closer to the exact value); every count and every
@@ -467,6 +468,9 @@ def _mask_bytes(mask: Tensor) -> Tensor | None:
         return mask.contiguous().view(torch.uint8)
     if mask.is_complex() or mask.dim() != 2:
         return None
+    done, out = native.mask_bytes(mask)  # int64 / int32 / float32 / float64: check and convert in one pass
+    if done:
+        return out
     if mask.dtype.is_floating_point:
         if not bool(((mask == 0) | (mask == 1)).all()):
             return None
@@ -481,9 +485,7 @@ class _Native:
     """One call's inputs as the compiled loops read them, with the off-policy pass already run (it is
     always needed, and its sums say whether every input is finite: if not, verl's op sequence runs)."""
 
-    def __init__(self, inputs: native.Inputs, mask: Tensor, bufs: list[Tensor]) -> None:
-        from . import kernels
-
+    def __init__(self, inputs: native.Inputs, mask: Tensor, bufs: list[Tensor], need_rho: bool) -> None:
         self.inputs, self.bufs = inputs, bufs
         self.dtype = inputs.tensors["old_log_prob"].dtype
         self.t = _NP[self.dtype]  # verl's sums and 0-dim results of the token dtype
@@ -491,17 +493,26 @@ class _Native:
         self.count_dtype = mask.dtype if mask.dtype.is_floating_point else torch.float32
         self.c = _NP[self.count_dtype]
         self.flag = np.promote_types(np.float32, self.c).type  # (x > bound).float() under the mask
-        d, e, self.dm = bufs
-        torch.sub(inputs.tensors["old_log_prob"], inputs.tensors["rollout_log_prob"], out=d)
-        torch.exp(d, out=e)
-        rows, counts, tot, big = inputs.rc_off(e, e, self.dm)
-        self.rho = e  # exp(clamp(d, -20, 20)) is exp(d) when no |d| > 20
-        if big:
-            rho = kernels._take(inputs.shape, self.dtype, d.device)
-            bufs.append(rho)
-            torch.exp(torch.clamp(d, -SAFETY_BOUND, SAFETY_BOUND, out=rho), out=rho)
-            rows, counts, tot, _ = inputs.rc_off(e, rho, self.dm)
-            self.rho = rho
+        self.dm = bufs[0]
+        self.rho: Tensor | None = (
+            None  # exp(clamp(d, -20, 20)) per token (need_rho); a masked token's meets 0
+        )
+        big = True
+        if native.inline_exp():  # exp inline, of the valid spans: the buffers' results while no |d| > 20
+            if need_rho:
+                self.rho = self.token_buffer()
+            rows, counts, tot, big = inputs.rc_off(None, None, self.dm, self.rho)
+        if big:  # torch's exp of every token between passes (verl's ops: e and rho differ where |d| > 20)
+            d, e = self.token_buffer(), self.token_buffer()
+            torch.sub(inputs.tensors["old_log_prob"], inputs.tensors["rollout_log_prob"], out=d)
+            torch.exp(d, out=e)
+            rows, counts, tot, big = inputs.rc_off(e, e, self.dm)
+            self.rho = e  # exp(clamp(d, -20, 20)) is exp(d) when no |d| > 20
+            if big:
+                rho = self.token_buffer()
+                torch.exp(torch.clamp(d, -SAFETY_BOUND, SAFETY_BOUND, out=rho), out=rho)
+                rows, counts, tot, _ = inputs.rc_off(e, rho, self.dm)
+                self.rho = rho
         self.finite = bool(torch.isfinite(rows).all()) and all(math.isfinite(v) for v in tot)
         self.off_rows, self.off_tot = rows, tot
         self.counts = counts
@@ -517,7 +528,9 @@ class _Native:
         self._lr_rows: Tensor | None = None
 
     @classmethod
-    def of(cls, old: Tensor, rollout: Tensor, mask: Tensor) -> _Native | None:
+    def of(cls, old: Tensor, rollout: Tensor, mask: Tensor, need_rho: bool = True) -> _Native | None:
+        """The passes' view of one call (None where they do not apply); ``need_rho``: the IS weights or
+        rejection statistics will read ``rho`` (else it may stay None)."""
         from . import kernels
 
         dtype = old.dtype
@@ -539,9 +552,9 @@ class _Native:
         )
         if inputs is None:
             return None
-        bufs = [kernels._take(inputs.shape, dtype, old.device) for _ in range(3)]
+        bufs = [kernels._take(inputs.shape, dtype, old.device)]
         try:
-            self = cls(inputs, mask, bufs)
+            self = cls(inputs, mask, bufs, need_rho)
         except BaseException:
             kernels._give(*bufs)
             raise
@@ -599,7 +612,7 @@ class _Native:
     def token_buffer(self) -> Tensor:
         from . import kernels
 
-        buf = kernels._take(self.inputs.shape, self.dtype, self.rho.device)
+        buf = kernels._take(self.inputs.shape, self.dtype, self.dm.device)
         self.bufs.append(buf)
         return buf
 
@@ -629,13 +642,15 @@ class _Native:
         lp_rows, ro_rows = rows[0], rows[1]
         m: dict[str, float] = {}
         mean_train = lp_rows / self.per_row
-        m["training_ppl"] = torch.exp(-mean_train).mean().item()
-        m["training_log_ppl"] = (-mean_train).mean().item()
+        neg = torch.neg(mean_train)  # one negation for both uses (the same floats as two)
+        m["training_ppl"] = torch.exp(neg).mean().item()
+        m["training_log_ppl"] = neg.mean().item()
         m["kl"] = float(self.mean(-float(self.off_rows[2].sum())))  # rollout - old is exactly -d
         m["k3_kl"] = float(self.mean(self.off_tot[0]))
         mean_rollout = ro_rows / self.per_row
-        m["rollout_ppl"] = torch.exp(-mean_rollout).mean().item()
-        m["rollout_log_ppl"] = (-mean_rollout).mean().item()
+        neg = torch.neg(mean_rollout)
+        m["rollout_ppl"] = torch.exp(neg).mean().item()
+        m["rollout_log_ppl"] = neg.mean().item()
         diff = mean_rollout - mean_train
         m["log_ppl_diff"] = diff.mean().item()
         m["log_ppl_abs_diff"] = diff.abs().mean().item()
@@ -813,7 +828,8 @@ def _native_correction(
     """:func:`rollout_correction` by the compiled passes; None where they do not apply (verl's ops then)."""
     if rollout_is is not None and rollout_is not in ("token", "sequence"):
         return None  # verl's error, from the op path
-    nat = _Native.of(old_log_prob, rollout_log_prob, response_mask)
+    need_rho = rollout_is == "token" or rollout_rs is not None  # the token weights / rejection read rho
+    nat = _Native.of(old_log_prob, rollout_log_prob, response_mask, need_rho)
     if nat is None:
         return None
     try:
@@ -888,7 +904,7 @@ def rollout_corr_metrics(
     """
     _check_shapes(log_prob, rollout_log_prob, response_mask)
     with torch.no_grad():
-        nat = _Native.of(log_prob, rollout_log_prob, response_mask)
+        nat = _Native.of(log_prob, rollout_log_prob, response_mask, need_rho=False)
         if nat is not None:
             try:
                 return {PREFIX + k: v for k, v in nat.offpolicy().items()}

@@ -2,7 +2,7 @@
  * Included by kernels.h once per instruction set (names through K(...), vectors as in kernels.h).
  *
  * verl's rollout_corr_helper computes every statistic from d = old - rollout (the log-ratio), its
- * clamp to +-20 and exp of either; exp arrives from torch (e = exp(d), rho = exp(clamp(d, -20, 20)),
+ * clamp to +-20 and exp of either; exp is torch's (e = exp(d), rho = exp(clamp(d, -20, 20)),
  * the same buffer when no |d| exceeds 20). Row sums and totals are float64 (acc_##S), counts exact,
  * max / min exact. rollout.py does the per-row and scalar arithmetic after, in verl's dtypes. */
 
@@ -13,7 +13,13 @@
  * rows: sum(old m), sum(rollout m), sum(d m) per row, and the row's valid-token count; d m written out
  * (torch's row sums of it are verl's masked_sum(log_ratio, axis=-1), bit for bit);
  * totals: sum(((e - d) - 1) m) (k3_kl) and sum((rho rho) m) (chi2_token);
- * big: some |d| > 20 (rho then is not e: the caller computes it and runs again). */
+ * big: some |d| > 20 (rho then is not e: the caller computes it and runs again).
+ * e and rho NULL: exp inline (the checked exp only), e = rho = exp(d) per chunk of a row over its valid
+ * span (RC_XOFF), 0 at the chunk's other tokens: masked ones, whose e and rho only ever meet a 0 mask.
+ * That is the buffers' result exactly while no |d| > 20 (rho is e then, and every e is finite; a NaN d
+ * still makes the k3 term NaN, so the sums say non-finite as they do with torch's exp of every token):
+ * with big the caller runs the buffered pass instead. rho_out (inline only, may be NULL) receives those
+ * e per token: the rho the downstream passes read (they too meet a masked token's only with a 0 mask). */
 #define RC_OFF_BODY(S, OLD, RO, E, RHO, M, DM)                                                               \
     {                                                                                                    \
         const S##v m = K(mask_##S)(M);                                                                   \
@@ -33,33 +39,84 @@
         big |= (d > lim) | (d < -lim);                                                                   \
     }
 
+/* A whole group of N masked tokens adds +-0 to every sum and count (or NaN): it only writes d m (d 0),
+ * tests |d| > 20, and adds (d 0) + (e 0) to guard, +0 or NaN: NaN exactly where one of its terms would
+ * be (a non-finite old, rollout or d makes d 0 NaN; e = inf, exp of a finite d > 88, makes e 0 NaN;
+ * rho, exp of a clamped d or e with no |d| > 20, is finite). guard joins the k3 total at the end. */
+#define RC_OFF_MASKED(S, OLD, RO, E, DM)                                                                 \
+    {                                                                                                    \
+        const S##v d = K(ld_##S)(OLD) - K(ld_##S)(RO);                                                   \
+        const S##v dz = d * zero;                                                                        \
+        memcpy(DM, &dz, sizeof dz);                                                                      \
+        guard = guard + (dz + K(ld_##S)(E) * zero);                                                      \
+        big |= (d > lim) | (d < -lim);                                                                   \
+    }
+
+/* y = exp(old - ro) over the valid span of a chunk's n tokens (vspan), 0 at its other tokens (x: scratch) */
+#define DEFINE_RC_XOFF(S, T)                                                                             \
+    static inline void K(rc_xoff_##S)(const T *old, const T *ro, const uint8_t *mask, Py_ssize_t n, T *y, \
+                                      T *x) {                                                            \
+        Py_ssize_t b, end;                                                                               \
+        K(vspan_##S)(mask, n, &b, &end);                                                                 \
+        if (end > n) end = n;                                                                            \
+        memset(y, 0, (size_t)b * sizeof(T));                                                             \
+        memset(y + end, 0, (size_t)(n - end) * sizeof(T));                                               \
+        if (end == b) return;                                                                            \
+        Py_ssize_t j = b;                                                                                \
+        for (; j + N_##S <= end; j += N_##S) K(st_##S)(x + j, K(ld_##S)(old + j) - K(ld_##S)(ro + j));   \
+        for (; j < end; j++) x[j] = old[j] - ro[j];                                                      \
+        K(exp_##S)((int)(end - b), x + b, y + b);                                                        \
+    }
+DEFINE_RC_XOFF(f32, float)
+DEFINE_RC_XOFF(f64, double)
+
 #define DEFINE_RC_OFF(S, T)                                                                              \
-    static int K(rc_off_##S)(const T *old, const T *ro, const T *e, const T *rho, const uint8_t *mask,  \
+    static int K(rc_off_##S)(const T *old, const T *ro, const T *e_in, const T *rho_in, const uint8_t *mask, \
                              Py_ssize_t rows, Py_ssize_t width, T *dm_out, double *row_out,              \
-                             int64_t *count_out, double *tot_out) {                                      \
+                             int64_t *count_out, double *tot_out, T *rho_out) {                          \
         const S##v zero = SPLAT(S, T, 0), one = SPLAT(S, T, 1), lim = SPLAT(S, T, 20);                   \
+        const int inl = !e_in;                                                                           \
+        XBUF(T, E_); XBUF(T, X_);                                                                        \
         dacc t_k3[2] = {0}, t_rho[2] = {0};                                                              \
         S##m big = {0};                                                                                  \
+        S##v guard = zero;                                                                               \
         for (Py_ssize_t i = 0; i < rows; i++) {                                                          \
-            const Py_ssize_t o = i * width;                                                              \
             dacc a_lp[2] = {0}, a_ro[2] = {0}, a_d[2] = {0};                                             \
             S##m cnt = {0};                                                                              \
-            Py_ssize_t j = 0;                                                                            \
-            for (; j + N_##S <= width; j += N_##S)                                                       \
-                RC_OFF_BODY(S, old + o + j, ro + o + j, e + o + j, rho + o + j, mask + o + j, dm_out + o + j); \
-            if (j < width) {                                                                             \
-                PAD(T, N_##S, old, old + o, j, width) PAD(T, N_##S, ro, ro + o, j, width);               \
-                PAD(T, N_##S, e, e + o, j, width) PAD(T, N_##S, rho, rho + o, j, width);                 \
-                PAD(uint8_t, N_##S, m, mask + o, j, width);                                              \
-                T dm_pad[N_##S];                                                                         \
-                RC_OFF_BODY(S, old_pad, ro_pad, e_pad, rho_pad, m_pad, dm_pad);                          \
-                RC_STORE_TAIL(T, dm_out + o, dm_pad, j, width);                                          \
+            for (Py_ssize_t j0 = 0; j0 < width; j0 += EXP_CHUNK) {                                       \
+                const Py_ssize_t o = i * width + j0;                                                     \
+                const Py_ssize_t w = width - j0 < EXP_CHUNK ? width - j0 : EXP_CHUNK;                    \
+                const T *e, *rho;                                                                        \
+                if (inl) {                                                                               \
+                    T *const y = rho_out ? rho_out + o : E_;                                             \
+                    K(rc_xoff_##S)(old + o, ro + o, mask + o, w, y, X_);                                 \
+                    e = rho = y;                                                                         \
+                } else {                                                                                 \
+                    e = e_in + o, rho = rho_in + o;                                                      \
+                }                                                                                        \
+                Py_ssize_t j = 0;                                                                        \
+                for (; j + N_##S <= w; j += N_##S) {                                                     \
+                    if (GROUP_BITS_##S(mask + o + j)) {                                                  \
+                        RC_OFF_BODY(S, old + o + j, ro + o + j, e + j, rho + j, mask + o + j, dm_out + o + j); \
+                    } else {                                                                             \
+                        RC_OFF_MASKED(S, old + o + j, ro + o + j, e + j, dm_out + o + j);                \
+                    }                                                                                    \
+                }                                                                                        \
+                if (j < w) {                                                                             \
+                    PAD(T, N_##S, old, old + o, j, w) PAD(T, N_##S, ro, ro + o, j, w);                   \
+                    PAD(T, N_##S, e, e, j, w) PAD(T, N_##S, rho, rho, j, w);                             \
+                    PAD(uint8_t, N_##S, m, mask + o, j, w);                                              \
+                    T dm_pad[N_##S];                                                                     \
+                    RC_OFF_BODY(S, old_pad, ro_pad, e_pad, rho_pad, m_pad, dm_pad);                      \
+                    RC_STORE_TAIL(T, dm_out + o, dm_pad, j, w);                                          \
+                }                                                                                        \
             }                                                                                            \
             row_out[i] = K(acc_total)(a_lp);                                                             \
             row_out[rows + i] = K(acc_total)(a_ro);                                                      \
             row_out[2 * rows + i] = K(acc_total)(a_d);                                                   \
             count_out[i] = K(count_##S)(cnt);                                                           \
         }                                                                                                \
+        K(acc_##S)(t_k3, guard);                                                                         \
         tot_out[0] = K(acc_total)(t_k3);                                                                 \
         tot_out[1] = K(acc_total)(t_rho);                                                                \
         return K(count_##S)(big) != 0;                                                                   \
@@ -426,3 +483,27 @@ DEFINE_RC_RS(f64, double)
     }
 DEFINE_RC_DBG(f32, float, 0x7fffffff)
 DEFINE_RC_DBG(f64, double, 0x7fffffffffffffffLL)
+
+/* ---- a 0/1 mask of another dtype as bytes (what rollout.py's _mask_bytes gives, in one pass) ---------
+ * out[k] = src[k] != 0 for n values; returns 0 when some value is neither 0 nor 1 (then out is not the
+ * mask: the caller takes verl's op path, which weighs by the values). Floats: -0.0 is 0, NaN is neither. */
+#define DEFINE_RC_MASK(NAME, T, U, BAD, BYTE)                                                            \
+    static int K(NAME)(const T *src, Py_ssize_t n, uint8_t *out) {                                       \
+        U bad = 0;                                                                                       \
+        for (Py_ssize_t k = 0; k < n; k++) {                                                             \
+            const T v = src[k];                                                                          \
+            bad |= BAD(v);                                                                               \
+            out[k] = BYTE(v);                                                                            \
+        }                                                                                                \
+        return !bad;                                                                                     \
+    }
+/* branch-free tests (vectorised): an integer is 0 or 1 exactly when no bit but the lowest is set (a
+ * negative one has the sign bit), and its low byte is then its value */
+#define RC_BAD_INT(v) ((v) & ~1)
+#define RC_BYTE_INT(v) ((uint8_t)(v))
+#define RC_BAD_FLOAT(v) (((v) != 0) & ((v) != 1))
+#define RC_BYTE_FLOAT(v) ((v) != 0)
+DEFINE_RC_MASK(rc_mask_i64, int64_t, int64_t, RC_BAD_INT, RC_BYTE_INT)
+DEFINE_RC_MASK(rc_mask_i32, int32_t, int32_t, RC_BAD_INT, RC_BYTE_INT)
+DEFINE_RC_MASK(rc_mask_f32, float, uint8_t, RC_BAD_FLOAT, RC_BYTE_FLOAT)
+DEFINE_RC_MASK(rc_mask_f64, double, uint8_t, RC_BAD_FLOAT, RC_BYTE_FLOAT)

@@ -4,18 +4,28 @@
 
 static PyObject *py_rc_off(PyObject *self, PyObject *args) {
     int f64, big;
-    ptr_t old, ro, e, rho, mask, dm_out, row_out, count_out, tot_out;
+    ptr_t old, ro, e, rho, mask, dm_out, row_out, count_out, tot_out, rho_out;
     Py_ssize_t rows, width;
-    if (!PyArg_ParseTuple(args, "pKKKKKnnKKKK", &f64, &old, &ro, &e, &rho, &mask, &rows, &width, &dm_out,
-                          &row_out, &count_out, &tot_out))
+    if (!PyArg_ParseTuple(args, "pKKKKKnnKKKKK", &f64, &old, &ro, &e, &rho, &mask, &rows, &width, &dm_out,
+                          &row_out, &count_out, &tot_out, &rho_out))
         return NULL;
+    if ((!e || !rho) && (e || rho || (f64 ? !torch_exp_f64 : !torch_exp_f32))) {
+        PyErr_SetString(PyExc_RuntimeError, "rc_off: exp inline needs the checked exp (and neither buffer)");
+        return NULL;
+    }
+    if (e && rho_out) {
+        PyErr_SetString(PyExc_RuntimeError, "rc_off: rho_out is the inline exp's output");
+        return NULL;
+    }
     Py_BEGIN_ALLOW_THREADS;
     if (f64)
         big = DISPATCH(rc_off_f64, P(double, old), P(double, ro), P(double, e), P(double, rho), P(uint8_t, mask),
-                       rows, width, P(double, dm_out), P(double, row_out), P(int64_t, count_out), P(double, tot_out));
+                       rows, width, P(double, dm_out), P(double, row_out), P(int64_t, count_out), P(double, tot_out),
+                       P(double, rho_out));
     else
         big = DISPATCH(rc_off_f32, P(float, old), P(float, ro), P(float, e), P(float, rho), P(uint8_t, mask), rows,
-                       width, P(float, dm_out), P(double, row_out), P(int64_t, count_out), P(double, tot_out));
+                       width, P(float, dm_out), P(double, row_out), P(int64_t, count_out), P(double, tot_out),
+                       P(float, rho_out));
     Py_END_ALLOW_THREADS;
     return PyBool_FromLong(big);
 }
@@ -117,10 +127,33 @@ static PyObject *py_rc_dbg(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_rc_mask(PyObject *self, PyObject *args) {
+    int kind, ok = 0;
+    ptr_t src, out;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "iKnK", &kind, &src, &n, &out)) return NULL;
+    if (kind < 0 || kind > 3) {
+        PyErr_SetString(PyExc_ValueError, "kind must be 0 (int64), 1 (int32), 2 (float32) or 3 (float64)");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS;
+    if (kind == 0)
+        ok = DISPATCH(rc_mask_i64, P(int64_t, src), n, P(uint8_t, out));
+    else if (kind == 1)
+        ok = DISPATCH(rc_mask_i32, P(int32_t, src), n, P(uint8_t, out));
+    else if (kind == 2)
+        ok = DISPATCH(rc_mask_f32, P(float, src), n, P(uint8_t, out));
+    else
+        ok = DISPATCH(rc_mask_f64, P(double, src), n, P(uint8_t, out));
+    Py_END_ALLOW_THREADS;
+    return PyBool_FromLong(ok);
+}
+
 #define ROLLOUT_METHODS                                                                                  \
     {"rc_off", py_rc_off, METH_VARARGS, "off-policy row sums, counts, k3 and rho^2 totals; |d| > 20 seen"}, \
     {"rc_ist", py_rc_ist, METH_VARARGS, "token IS weights (TIS / IcePop), their sums, counts, max, min"},   \
     {"rc_ess", py_rc_ess, METH_VARARGS, "ESS sum of the token weights; batch normalisation in place"},     \
     {"rc_fill", py_rc_fill, METH_VARARGS, "one value per row on its valid tokens"},                        \
     {"rc_rs", py_rc_rs, METH_VARARGS, "rejection statistic sums, maxima, counts and keep mask"},       \
-    {"rc_dbg", py_rc_dbg, METH_VARARGS, "probability-difference and correlation sums (debug metrics)"},
+    {"rc_dbg", py_rc_dbg, METH_VARARGS, "probability-difference and correlation sums (debug metrics)"},   \
+    {"rc_mask", py_rc_mask, METH_VARARGS, "a 0/1 mask of int64 / int32 / float32 / float64 as bytes"},

@@ -325,7 +325,8 @@ def test_inline_exp_sends_a_non_finite_input_to_verls_ops(where, name):
 
 _ISA_SCRIPT = r"""
 import contextlib, json, sys, torch
-from rlvitals.analyzers import LossConfig, native, recompute, rollout_correction, rollout_debug_metrics
+from rlvitals.analyzers import (LossConfig, native, recompute, rollout_corr_metrics, rollout_correction,
+                                rollout_debug_metrics)
 from rlvitals.analyzers.policy_losses import LossMode
 
 def batch(rows, width, dtype, seed):
@@ -365,6 +366,13 @@ for dtype in (torch.float32, torch.float64):
                 out[f"{dtype} {width} {inline} rc"] = {k: float(v).hex() for k, v in metrics.items()}
                 dbg = rollout_debug_metrics(t["old_log_prob"], rollout, t["response_mask"])
                 out[f"{dtype} {width} {inline} dbg"] = {k: float(v).hex() for k, v in dbg.items()}
+                mask64 = t["response_mask"].to(torch.int64)  # the mask's bytes by rc_mask
+                off = rollout_corr_metrics(t["old_log_prob"], rollout - 0.05, mask64)
+                out[f"{dtype} {width} {inline} off"] = {k: float(v).hex() for k, v in off.items()}
+                far = rollout.clone()
+                far[1, 3] += 30.0  # |d| > 20: the buffered passes, from the inline one too
+                _, _, metrics = rollout_correction(t["old_log_prob"], far, mask64, rollout_is="token")
+                out[f"{dtype} {width} {inline} far"] = {k: float(v).hex() for k, v in metrics.items()}
 json.dump(out, sys.stdout)
 """
 

@@ -427,3 +427,161 @@ def test_debug_metrics_with_exp_inline_are_those_over_torchs_exp_buffers(f64, wi
 def test_debug_metrics_agree_on_random_batches(rows, width, spread, seed, f64):
     dtype = torch.float64 if f64 else torch.float32
     _debug_close(*_debug_both(_batch(rows, width, dtype, seed=seed, spread=spread)), dtype)
+
+
+def _span_masks(rows: int, width: int, seed: int) -> torch.Tensor:
+    """Right-padded rows (one empty, one full), a sparse row, a row valid only in its second half and
+    one valid only at its last token: valid spans that start and end on and off the 512-token chunks."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(0, width + 1, (rows,), generator=g)
+    lengths[0], lengths[1] = 0, width
+    mask = torch.arange(width)[None, :] < lengths[:, None]
+    mask[2] = torch.rand(width, generator=g) < 0.1
+    mask[3] = False
+    mask[3, width // 2 :] = True
+    mask[4] = False
+    mask[4, -1] = True
+    return mask
+
+
+def _off_both(old, rollout, mask_u8):
+    inputs = native.Inputs({"old_log_prob": old, "rollout_log_prob": rollout}, mask_u8)
+    dm_i, rho, dm_b = torch.empty_like(old), torch.full_like(old, math.nan), torch.empty_like(old)
+    e = torch.exp(old - rollout)
+    inline = inputs.rc_off(None, None, dm_i, rho)
+    buffered = inputs.rc_off(e, e, dm_b)
+    return inline, buffered, (dm_i, dm_b), rho, e
+
+
+@pytest.mark.skipif(not native.inline_exp(), reason="torch's exp is not MKL's here: nothing is inline")
+@pytest.mark.parametrize("f64", [False, True])
+@pytest.mark.parametrize("width", [1, 7, 9, 511, 512, 513, 1024, 1500, 4096 + 3])
+def test_off_policy_pass_with_exp_inline_is_the_pass_over_torchs_exp_buffer(f64, width):
+    # exp of the valid spans per chunk, against torch.exp of every token: the same sums exactly, d m
+    # bit for bit, and rho (written by the inline pass) torch's exp at every valid token, finite (0 or
+    # exp(d)) at every masked one
+    dtype = torch.float64 if f64 else torch.float32
+    old, rollout, _ = _batch(6, width, dtype, seed=width, spread=0.5)
+    mask = _span_masks(6, width, width)
+    (ri, ci, ti, bi), (rb, cb, tb, bb), (dm_i, dm_b), rho, e = _off_both(old, rollout, mask.view(torch.uint8))
+    assert torch.equal(ri, rb) and torch.equal(ci, cb) and ti == tb
+    assert not bi and not bb
+    assert torch.equal(dm_i.view(torch.uint8), dm_b.view(torch.uint8))
+    assert torch.equal(rho[mask].view(torch.uint8), e[mask].view(torch.uint8))
+    assert bool(torch.isfinite(rho).all())
+    assert bool((rho[~mask] == 0).any()) or width == 1 or bool(mask.all())  # outside the spans: no exp
+    with native.exp_between_passes(), pytest.raises(ValueError):
+        native.Inputs({"old_log_prob": old, "rollout_log_prob": rollout}, mask.view(torch.uint8)).rc_off(
+            None, None, dm_i
+        )
+
+
+@pytest.mark.skipif(not native.inline_exp(), reason="torch's exp is not MKL's here: nothing is inline")
+@pytest.mark.parametrize("where", ["valid", "masked in the span", "masked past the span"])
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, 25.0, -25.0, 100.0])
+@pytest.mark.parametrize("name", ["old", "rollout"])
+def test_off_policy_pass_with_exp_inline_sees_what_the_buffered_pass_sees(where, value, name):
+    # a non-finite input leaves some sum non-finite on both; |d| > 20 (a finite input far out, even
+    # one whose exp overflows under the mask) says big on both, and then the caller runs the buffered
+    # passes: both exp paths end on the same results
+    old, rollout, _ = _batch(4, 1100, seed=3)
+    mask = torch.arange(1100)[None, :] < torch.tensor([[1100], [700], [300], [1]])
+    mask[0, 10] = False
+    i, j = {"valid": (1, 5), "masked in the span": (0, 10), "masked past the span": (2, 900)}[where]
+    t = {"old": old.clone(), "rollout": rollout.clone()}
+    if math.isfinite(value):  # d moved by value: old up by it, or rollout down
+        t[name][i, j] += value if name == "old" else -value
+    else:
+        t[name][i, j] = value
+    (ri, _, ti, bi), (rb, _, tb, bb), _, _, _ = _off_both(t["old"], t["rollout"], mask.view(torch.uint8))
+    finite_i = bool(torch.isfinite(ri).all()) and all(math.isfinite(v) for v in ti)
+    finite_b = bool(torch.isfinite(rb).all()) and all(math.isfinite(v) for v in tb)
+    assert bi == bb  # from d at every token, masked or not
+    assert bi or finite_i == finite_b  # with big the inline pass's sums are not used
+    args = (t["old"], t["rollout"], mask.to(torch.int64))
+    # verl's ops: any non-finite input, or exp(d) = inf (even masked: inf 0 is NaN), leaves a NaN
+    overflow = not math.isfinite(value) or value == 100.0
+    assert (_Native.of(*args) is None) == overflow
+    with native.exp_between_passes():
+        assert (_Native.of(*args) is None) == overflow
+    for options in ({}, CONFIGS["token TIS"], CONFIGS["chain mixed + TIS"]):
+        inline = _outcome(args, options)
+        with native.exp_between_passes():
+            buffered = _outcome(args, options)
+        _same(inline, buffered)
+        a = rollout_corr_metrics(*args)
+        with native.exp_between_passes():
+            b = rollout_corr_metrics(*args)
+        assert _bits(a) == _bits(b)
+
+
+def _bits(metrics: dict[str, float]) -> dict[str, str]:
+    return {k: float(v).hex() for k, v in metrics.items()}
+
+
+def _same(got, want) -> None:
+    """Two results of rollout_correction, exactly equal (NaN equal to NaN)."""
+    if isinstance(want, type):
+        assert got is want
+        return
+    (w1, m1, d1), (w2, m2, d2) = got, want
+    assert torch.equal(m1, m2) and m1.dtype == m2.dtype
+    assert (w1 is None and w2 is None) or torch.equal(w1.view(torch.uint8), w2.view(torch.uint8))
+    assert _bits(d1) == _bits(d2)
+
+
+@pytest.mark.skipif(not native.inline_exp(), reason="torch's exp is not MKL's here: nothing is inline")
+@pytest.mark.parametrize("f64", [False, True])
+@pytest.mark.parametrize("width", [7, 513, 1500])
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_every_option_gives_the_same_numbers_with_exp_inline_and_between_passes(f64, width, config):
+    # the downstream passes read the inline pass's rho: 0 past the valid spans, where they only ever
+    # multiply it by a 0 mask; every weight, mask and metric is the exp-between-passes one, bit for bit
+    dtype = torch.float64 if f64 else torch.float32
+    old, rollout, _ = _batch(6, width, dtype, seed=width, spread=0.3)
+    args = (old, rollout, _span_masks(6, width, width + 1).to(torch.int64))
+    options = CONFIGS[config]
+    inline = _outcome(args, options)
+    with native.exp_between_passes():
+        buffered = _outcome(args, options)
+    _same(inline, buffered)
+    a = rollout_corr_metrics(*args)
+    with native.exp_between_passes():
+        b = rollout_corr_metrics(*args)
+    assert _bits(a) == _bits(b)
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.int64, torch.int32, torch.int16, torch.uint8, torch.float32, torch.float64, torch.bool]
+)
+def test_a_mask_of_any_dtype_becomes_the_bytes_torch_makes_of_it(dtype):
+    from rlvitals.analyzers.rollout import _mask_bytes
+
+    g = torch.Generator().manual_seed(1)
+    base = torch.rand(3, 1037, generator=g) < 0.6
+    mask = base.to(dtype)
+    got = _mask_bytes(mask)
+    assert got is not None and got.dtype == torch.uint8 and got.is_contiguous()
+    assert torch.equal(got, base.view(torch.uint8))
+    with native.disabled():
+        assert torch.equal(_mask_bytes(mask), got)
+    assert torch.equal(_mask_bytes(mask.t().contiguous().t()), got)  # not contiguous: torch's ops
+    if dtype == torch.bool:
+        return
+    bad = [2, -1] + ([0.5, math.nan, math.inf] if dtype.is_floating_point else [])
+    if dtype == torch.uint8:
+        bad = [2, 255]
+    for value in bad:
+        for j in (0, 517, 1036):  # first, middle, last: the vector body and the scalar tail
+            m = mask.clone()
+            m[1, j] = value
+            assert _mask_bytes(m) is None, (value, j)
+            with native.disabled():
+                assert _mask_bytes(m) is None
+    if dtype.is_floating_point:  # -0.0 is 0
+        m = mask.clone()
+        m[m == 0] = -0.0
+        assert torch.equal(_mask_bytes(m), got)
+    ok, out = native.mask_bytes(mask)  # the one-pass conversion where it applies
+    assert ok == (dtype in (torch.int64, torch.int32, torch.float32, torch.float64))
+    assert not ok or torch.equal(out, got)
