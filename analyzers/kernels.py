@@ -22,6 +22,7 @@ How the token pass stays exact (the same per-token floats verl computes, in fewe
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 import threading
@@ -747,8 +748,25 @@ class _Pass:
 
 
 def _scalar(value: float, dtype: torch.dtype) -> float:
-    """``value`` rounded to ``dtype`` (what ``torch.as_tensor(value, dtype=dtype)`` holds)."""
+    """``value`` rounded to ``dtype`` (what ``torch.as_tensor(value, dtype=dtype)`` holds); memoized:
+    the tensor round trip costs microseconds, and a config's values repeat call after call."""
+    return _scalar_cached(value, math.copysign(1.0, value), dtype)
+
+
+def _four_over(tau: float, dtype: torch.dtype) -> float:
+    """verl's ``4.0 / tau`` for a ``dtype`` tau: ``reciprocal(tau) * 4`` in ``dtype`` (memoized)."""
+    return _four_over_cached(tau, math.copysign(1.0, tau), dtype)
+
+
+# keyed by the sign too: 0.0 == -0.0 (one dict key), but 4 / -0.0 is -inf
+@functools.lru_cache(maxsize=256)
+def _scalar_cached(value: float, _sign: float, dtype: torch.dtype) -> float:
     return float(torch.tensor(value, dtype=dtype))
+
+
+@functools.lru_cache(maxsize=256)
+def _four_over_cached(tau: float, _sign: float, dtype: torch.dtype) -> float:
+    return float(torch.tensor(tau, dtype=dtype).reciprocal() * 4.0)
 
 
 def _ratio_block(p: _Pass, m: Tensor, *, clamp: bool) -> tuple[Tensor, float]:
@@ -967,8 +985,7 @@ def _fused_sapo(batch: TokenBatch, config: LossConfig) -> dict[str, float] | Non
     # 4.0 / taus is reciprocal(taus) * 4, and where(A > 0, x, y) = g x + (1 - g) y exactly for g in {0, 1}
     dtype = batch.dtype
     tau_pos, tau_neg = _scalar(config.tau_pos, dtype), _scalar(config.tau_neg, dtype)
-    q_pos = float(torch.tensor(tau_pos, dtype=dtype).reciprocal() * 4.0)
-    q_neg = float(torch.tensor(tau_neg, dtype=dtype).reciprocal() * 4.0)
+    q_pos, q_neg = _four_over(tau_pos, dtype), _four_over(tau_neg, dtype)
     if batch.native:
         # r (the log-ratio by a loop, exp by torch); (r - 1) tau over it by the loop; sigmoid by torch;
         # the loss row sums by the loop
