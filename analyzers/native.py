@@ -160,13 +160,7 @@ def mask_bytes(mask: Tensor) -> tuple[bool, Tensor | None]:
     float64 mask: (True, the bytes), or (True, None) when some value is neither 0 nor 1 (NaN included);
     (False, None) where the pass does not apply (the caller converts with torch ops)."""
     kind = _MASK_KINDS.get(mask.dtype)
-    if (
-        _MODULE is None
-        or not _enabled
-        or kind is None
-        or not mask.is_contiguous()
-        or not mask.is_cpu
-    ):
+    if _MODULE is None or not _enabled or kind is None or not mask.is_contiguous() or not mask.is_cpu:
         return False, None
     out = torch.empty(mask.shape, dtype=torch.uint8)
     if not _MODULE.rc_mask(kind, mask.data_ptr(), mask.numel(), out.data_ptr()):
@@ -188,12 +182,7 @@ class Inputs:
         if first.dtype not in (torch.float32, torch.float64) or first.dim() != 2:
             raise ValueError("the compiled passes read 2-D float32 / float64 tensors")
         for name, t in tensors.items():
-            if (
-                not t.is_cpu
-                or not t.is_contiguous()
-                or t.dtype != first.dtype
-                or t.shape != first.shape
-            ):
+            if not t.is_cpu or not t.is_contiguous() or t.dtype != first.dtype or t.shape != first.shape:
                 raise ValueError(
                     f"{name}: the compiled passes read CPU, contiguous tensors of one dtype and shape"
                 )

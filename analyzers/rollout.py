@@ -539,8 +539,8 @@ class _Native:
             or dtype not in _NP
             or rollout.dtype != dtype
             or old.dim() != 2
-            or old.device.type != "cpu"
-            or mask.device.type != "cpu"
+            or not old.is_cpu
+            or not mask.is_cpu
             or torch.promote_types(dtype, mask.dtype) != dtype
         ):
             return None
@@ -971,8 +971,8 @@ def _native_debug(old: Tensor, rollout: Tensor, mask: Tensor) -> dict[str, float
         or rollout.dtype != old.dtype
         or old.dim() != 2
         or old.numel() == 0
-        or old.device.type != "cpu"
-        or mask.device.type != "cpu"
+        or not old.is_cpu
+        or not mask.is_cpu
     ):
         return None
     mask_u8 = _mask_bytes(mask)  # 0/1 only (a multiplier below); masked_select takes any non-zero as valid

@@ -271,6 +271,7 @@ def test_row_counts_count_every_non_zero_byte_eight_at_a_time(width):
     assert counts.tolist() == want.tolist() and total == int(want.sum())
     assert lengths == (want.to(torch.float32) + 1e-8).tolist()
 
+
 def test_inline_exp_is_torchs_exp_bit_for_bit():
     # the loops call torch's own exp (MKL's vsExp / vdExp on this build) only after this check passed
     # at import; here on other values: random log-ratios, in a ragged length
