@@ -505,14 +505,20 @@ def test_off_policy_pass_with_exp_inline_sees_what_the_buffered_pass_sees(where,
     with native.exp_between_passes():
         assert (_Native.of(*args) is None) == overflow
     for options in ({}, CONFIGS["token TIS"], CONFIGS["chain mixed + TIS"]):
-        inline = _outcome(args, options)
-        with native.exp_between_passes():
-            buffered = _outcome(args, options)
-        _same(inline, buffered)
-        a = rollout_corr_metrics(*args)
-        with native.exp_between_passes():
-            b = rollout_corr_metrics(*args)
-        assert _bits(a) == _bits(b)
+        _inline_is_between_passes(args, options)
+
+
+def _inline_is_between_passes(args, options) -> None:
+    """rollout_correction (``options``) and rollout_corr_metrics of ``args``: the same bits with exp
+    inline and with exp between passes."""
+    inline = _outcome(args, options)
+    with native.exp_between_passes():
+        buffered = _outcome(args, options)
+    _same(inline, buffered)
+    a = rollout_corr_metrics(*args)
+    with native.exp_between_passes():
+        b = rollout_corr_metrics(*args)
+    assert _bits(a) == _bits(b)
 
 
 def _bits(metrics: dict[str, float]) -> dict[str, str]:
@@ -540,15 +546,7 @@ def test_every_option_gives_the_same_numbers_with_exp_inline_and_between_passes(
     dtype = torch.float64 if f64 else torch.float32
     old, rollout, _ = _batch(6, width, dtype, seed=width, spread=0.3)
     args = (old, rollout, _span_masks(6, width, width + 1).to(torch.int64))
-    options = CONFIGS[config]
-    inline = _outcome(args, options)
-    with native.exp_between_passes():
-        buffered = _outcome(args, options)
-    _same(inline, buffered)
-    a = rollout_corr_metrics(*args)
-    with native.exp_between_passes():
-        b = rollout_corr_metrics(*args)
-    assert _bits(a) == _bits(b)
+    _inline_is_between_passes(args, CONFIGS[config])
 
 
 @pytest.mark.parametrize(
