@@ -393,10 +393,12 @@ class Inputs:
         )  # fmt: skip
 
     def _row_out(self) -> Tensor:
+        """One float64 per row: a pass's row sums."""
         return torch.empty(self.rows, dtype=torch.float64)
 
-    def _rows_out(self, n: int = 1) -> Tensor:
-        return torch.empty((n, self.rows), dtype=torch.float64)
+    def _rows(self, k: int) -> Tensor:
+        """``k`` float64 per row, ``(k, rows)``: several row sums of one pass."""
+        return torch.empty((k, self.rows), dtype=torch.float64)
 
     def _per_row(self, values: Tensor) -> Tensor:
         """``values`` if the loops may read it as one float per row, in the inputs' dtype."""
@@ -465,12 +467,12 @@ class Inputs:
     def sapo(self, gates: Tensor, q_pos: float, q_neg: float) -> list[float]:
         """Row sums of ``((gates q) A) m``, ``q = q_pos`` where ``A > 0``, else ``q_neg``."""
         gates = self.scratch(gates)
-        out = self._rows_out()
+        out = self._row_out()
         _MODULE.sapo(
             self.f64, gates.data_ptr(), self._p("advantages"), self.mask.data_ptr(), self.rows, self.width,
             q_pos, q_neg, out.data_ptr(),
         )  # fmt: skip
-        return out[0].tolist()
+        return out.tolist()
 
     def gspo_logratio(self, d: Tensor, side=_NO_SIDE) -> tuple[Tensor, tuple]:
         """``d`` filled with ``(logp - old) m``."""
@@ -497,7 +499,7 @@ class Inputs:
     ) -> tuple[list[float], list[float], float, int, int, tuple]:
         """Row sums of the sign-clipped log-ratio and of ``A m``, the masked sum of ``logp - old`` and
         the counts of clipped valid tokens with ``A > 0`` and with ``A < 0`` (bounds ``-lo``, ``hi``)."""
-        out = self._rows_out(2)
+        out = self._rows(2)
         kl, pos, neg, k2 = _MODULE.geo_mean(
             self.f64, self._p("log_prob"), self._p("old_log_prob"), self._p("advantages"), self.mask.data_ptr(),
             self.rows, self.width, -lo, hi, *_row_ptrs(out), *side[0],
@@ -688,9 +690,6 @@ class Inputs:
     # -- rollout correction: csrc/rollout.h -------------------------------------------------------------
     # Inputs of rollout.py: tensors {"old_log_prob", "rollout_log_prob"}. Row outputs are float64 tensors
     # (rollout.py rounds them to the token dtype, as verl's sums are); counts are exact.
-    def _rows(self, k: int) -> Tensor:
-        return torch.empty((k, self.rows), dtype=torch.float64)
-
     def _vector(self, v: Tensor) -> Tensor:
         """``v`` if the loops may read it as one value per row in the token dtype."""
         if (

@@ -494,9 +494,8 @@ class _Native:
         self.c = _NP[self.count_dtype]
         self.flag = np.promote_types(np.float32, self.c).type  # (x > bound).float() under the mask
         self.dm = bufs[0]
-        self.rho: Tensor | None = (
-            None  # exp(clamp(d, -20, 20)) per token (need_rho); a masked token's meets 0
-        )
+        # exp(clamp(d, -20, 20)) per token, when need_rho (a masked token's only ever meets a 0 mask)
+        self.rho: Tensor | None = None
         big = True
         if native.inline_exp():  # exp inline, of the valid spans: the buffers' results while no |d| > 20
             if need_rho:
