@@ -123,9 +123,11 @@ def _batch(tensors: Mapping[str, torch.Tensor]) -> TokenBatch:
             f"tensors is missing {missing}; an audit needs log_prob, old_log_prob, advantages, response_mask"
         )
     # the contract's per-tensor check runs here for a direct caller, and not again for an AuditBatch's
-    # tensors (checked when the batch was validated)
+    # tensors (checked when the batch was validated). Dense: the audit aggregates every way, the
+    # seq-mean modes included, and those count what lies under the mask (kernels.TokenBatch)
     kind = CheckedTensors if isinstance(tensors, CheckedTensors) else dict
-    return token_batch(kind((k, tensors[k]) for k in _BATCH_KEYS if k in tensors and tensors[k] is not None))
+    picked = kind((k, tensors[k]) for k in _BATCH_KEYS if k in tensors and tensors[k] is not None)
+    return token_batch(picked, dense=True)
 
 
 def _fmt(x: float) -> str:

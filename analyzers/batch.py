@@ -129,15 +129,16 @@ class CheckedTensors(dict):
     them without checking them again (:func:`token_batch`). Any other mapping is checked."""
 
 
-def token_batch(tensors: Mapping[str, Any]):
+def token_batch(tensors: Mapping[str, Any], *, dense: bool = False):
     """The :class:`~rlvitals.analyzers.kernels.TokenBatch` of ``tensors`` (its keyword names; None:
     absent), the per-tensor rules checked once: by :func:`check_token_tensors` here, unless ``tensors``
-    is a :class:`CheckedTensors` (checked at validation)."""
+    is a :class:`CheckedTensors` (checked at validation). ``dense``: TokenBatch's (an audit's batch,
+    which aggregates every way)."""
     from rlvitals.analyzers.kernels import TokenBatch
 
     if not isinstance(tensors, CheckedTensors):
         check_token_tensors(tensors)
-    return TokenBatch(**{k: v for k, v in tensors.items() if v is not None})
+    return TokenBatch(**{k: v for k, v in tensors.items() if v is not None}, dense=dense)
 
 
 def check_tensors(tensors: Mapping[str, torch.Tensor], *, max_tokens: int | None = None) -> tuple[int, int]:

@@ -15,9 +15,17 @@ How the token pass stays exact (the same per-token floats verl computes, in fewe
   (``A < 0``, ``(-A) r > (-A) c``), comparing the same rounded products verl compares. Counted from
   the sum of ``sign(z)`` and its dot with itself (no bool tensors, no ``where``, no ``count_nonzero``).
 - masked sums are sums of products with ``m`` (or dots): identical to verl's ``masked_sum`` whenever
-  every value is finite. A non-finite value anywhere (even under the mask) makes some sum non-finite;
-  the batch then falls back to the op-for-op reference in :mod:`.losses`, which is what verl does with
-  NaN/inf. Half precision always takes the reference ops, in the input dtype, as verl would.
+  every value is finite. A non-finite value in a sum makes it non-finite; the batch then falls back to
+  the op-for-op reference in :mod:`.losses`, which is what verl does with NaN/inf. Half precision always
+  takes the reference ops, in the input dtype, as verl would.
+- what lies under the mask: verl's token-mean / token-sum aggregations and its masked means take
+  ``where(mask, x, 0)``, so a masked value never counts, NaN or not; its seq-mean aggregations sum
+  ``loss * mask``, so a masked NaN, inf or overflowing product does. A batch made for one
+  :func:`~rlvitals.analyzers.recompute` is *sparse*: the compiled passes skip every group of tokens with
+  none valid, unread (right-padded responses are often half padding). Anything that aggregates by a
+  seq-mean mode needs a *dense* batch, whose passes read every token as above: :meth:`TokenBatch.metrics`
+  makes the batch dense first for such a config, an audit's batch is dense from the start, and
+  :meth:`TokenBatch.aggregate` refuses a seq-mean mode on a sparse batch.
 """
 
 from __future__ import annotations
@@ -36,6 +44,8 @@ from .config import AggMode, KLType, LossConfig
 
 Tensor = torch.Tensor
 _FAST_DTYPES = (torch.float32, torch.float64)
+# the aggregations that take masked_sum (where(mask, x, 0)): what lies under the mask never counts
+_TOKEN_MODES = (AggMode.TOKEN_MEAN, AggMode.TOKEN_SUM)
 
 
 class _Workspace(threading.local):
@@ -131,6 +141,8 @@ class TokenBatch:
     compiled loops check what they read themselves: :class:`~rlvitals.analyzers.native.Inputs`).
     Tensors are ``(batch, response_len)``. ``response_mask`` is bool or numeric (non-zero = valid).
     Float inputs of mixed dtype are promoted to a common dtype, as torch would promote them in verl.
+    ``dense``: the compiled passes read every token, masked or not (see the module's doc); a sparse
+    batch (the default) becomes dense when a config needs it.
     """
 
     def __init__(
@@ -143,7 +155,9 @@ class TokenBatch:
         ref_log_prob: Tensor | None = None,
         entropy: Tensor | None = None,
         rollout_is_weights: Tensor | None = None,
+        dense: bool = False,
     ) -> None:
+        self.dense = dense
         given = {
             "log_prob": log_prob,
             "old_log_prob": old_log_prob,
@@ -171,6 +185,15 @@ class TokenBatch:
             self._prepare()
         else:
             self._count(self.mask.sum(dim=-1))
+
+    def densify(self) -> None:
+        """From now on the compiled passes read every token (a seq-mean aggregation counts what lies
+        under the mask): what the sparse passes left is dropped, to be computed again."""
+        if not self.dense:
+            self.dense = True
+            self._cache.clear()
+            if self.fast:
+                self.ppo_kl = None
 
     def _count(self, n_row: Tensor) -> None:
         self.n_row = n_row  # (batch,) int64: valid tokens per row
@@ -223,7 +246,9 @@ class TokenBatch:
             e = _take(self.shape, self.dtype, self.mask.device)
             torch.sub(nt["ref_log_prob"], nt["log_prob"], out=e).clamp_(-20.0, 20.0).exp_()
         try:
-            ent_rows, kl_rows, k2 = self.native.aux(entropy=entropy, kl=kl, check=check, e=e)
+            ent_rows, kl_rows, k2 = self.native.aux(
+                entropy=entropy, kl=kl, check=check, e=e, skip=not self.dense
+            )
         finally:
             if e is not None:
                 _give(e)
@@ -322,7 +347,7 @@ class TokenBatch:
         entropy, kl, check = self._aux_plan(config)
         if native.inline_exp():  # torch's own exp callable from the loop: one pass over the batch
             rows, n_clipped, n_dual, ent_rows, kl_rows, kl_sum, k2, guard = self.native.vfused(
-                lo, hi, c, entropy=entropy, kl=kl, check=check
+                lo, hi, c, entropy=entropy, kl=kl, check=check, skip=not self.dense
             )
             return self._native_policy_done(
                 key, rows, n_clipped, n_dual, ent_rows, kl_rows, kl_sum + guard, k2, entropy, kl, check
@@ -403,8 +428,11 @@ class TokenBatch:
         global_batch_size: int | None = None,
         loss_scale_factor: float | None = None,
     ) -> float:
-        """verl's ``agg_loss`` from row sums: scalar arithmetic, no token pass (built-in modes only)."""
+        """verl's ``agg_loss`` from row sums: scalar arithmetic, no token pass (built-in modes only). A
+        seq-mean mode needs a dense batch's row sums (:meth:`densify`)."""
         mode = mode if type(mode) is AggMode else AggMode(mode)
+        if mode not in _TOKEN_MODES and not self.dense:
+            raise RuntimeError(f"{mode} aggregates what lies under the mask: densify() the batch first")
         if mode is AggMode.TOKEN_MEAN:
             if batch_num_tokens is None:
                 if dp_size > 1:
@@ -441,6 +469,8 @@ class TokenBatch:
 
         entry = get_policy_loss(config.loss_mode)
         builtin = isinstance(config.loss_agg_mode, AggMode) and isinstance(config.kl_loss_type, KLType)
+        if not self.dense and (config.loss_agg_mode not in _TOKEN_MODES or not entry.uses_agg_mode):
+            self.densify()  # a seq-mean aggregation (sapo and geo_mean fix their own)
         if self.fast and self.finite and builtin:
             fused = _FUSED.get(entry.fn) if "rollout_is_weights" not in self.tensors else None
             if fused is not None:
@@ -836,7 +866,9 @@ class _Side:
             for buf in (self.r, self.e):
                 if buf is not None:
                     buf.exp_()
-        self.args = batch.native.side_terms(entropy=entropy, kl=kl, check=check, e=self.e)
+        self.args = batch.native.side_terms(
+            entropy=entropy, kl=kl, check=check, e=self.e, skip=not batch.dense
+        )
 
     def __enter__(self) -> _Side:
         return self
@@ -1358,6 +1390,7 @@ def _fused_bypass(batch: TokenBatch, config: LossConfig) -> dict[str, float] | N
             old_log_prob=t["old_log_prob"],
             advantages=t["advantages"],
             response_mask=mask,
+            dense=batch.dense,
         )
         pg = _fused_vanilla(rejected, config)
         if pg is not None:  # the counterfactuals re-aggregate the rows of the mask after rejection

@@ -14,6 +14,13 @@ the same results to within float32 summation order. :data:`STATUS` says which, a
 
 The wrappers check every tensor a pointer is taken from (CPU, contiguous, the dtype and shape the loop
 reads): the C code trusts them, so nothing reaches it that could make it read out of bounds.
+
+``skip`` (vanilla's :meth:`Inputs.vfused`, :meth:`Inputs.aux`, and gpg / dro / cispo through
+:meth:`Inputs.side_terms`): the loop does not read the groups of 8 (float64: 4) tokens with none valid.
+Their values then reach no sum, which is what verl's ``masked_sum`` (``where(mask, x, 0)``) gives in the
+token-mean / token-sum aggregations and masked means; the seq-mean aggregations multiply by the mask, so
+a NaN, an inf or an overflowing product there counts, and those run without ``skip``
+(``kernels.TokenBatch``'s dense batches).
 """
 
 from __future__ import annotations
@@ -223,12 +230,20 @@ class Inputs:
         return 0 if name is None else self.tensors[name].data_ptr()
 
     def vfused(
-        self, lo: float, hi: float, c: float, *, entropy: bool, kl: str | None, check: bool
+        self,
+        lo: float,
+        hi: float,
+        c: float,
+        *,
+        entropy: bool,
+        kl: str | None,
+        check: bool,
+        skip: bool = False,
     ) -> tuple[list[float], int, int, list[float] | None, list[float] | None, float, float, float]:
         """Vanilla in one pass with exp inline (only when :func:`inline_exp`): row sums of the loss,
         clip counts, entropy and KL-estimator row sums, then the masked sum of the clamped log-ratio,
         the sum of ``(ref - lp)^2`` when ``check`` and the guard sum (NaN exactly when some input is
-        not finite)."""
+        not finite). ``skip``: the groups of tokens with none valid are not read (see the module's doc)."""
         if not inline_exp():
             raise ValueError("no checked inline exp")
         code = KL_CODES[kl]
@@ -241,7 +256,7 @@ class Inputs:
         pos, neg, kl_sum, k2, guard = _MODULE.vfused(
             self.f64, self._p("log_prob"), self._p("old_log_prob"), self._p("ref_log_prob" if need_ref else None),
             self._p("advantages"), self._p("entropy" if entropy else None), self.mask.data_ptr(), self.rows,
-            self.width, lo, hi, c, code, check, *_row_ptrs(out),
+            self.width, lo, hi, c, code, check, skip, *_row_ptrs(out),
         )  # fmt: skip
         rows, ent_rows, kl_rows = out.tolist()
         return rows, pos, neg, ent_rows if entropy else None, kl_rows if code else None, kl_sum, k2, guard
@@ -314,11 +329,11 @@ class Inputs:
         return rows, pos, neg, ent_rows if entropy else None, kl_rows if code else None
 
     def aux(
-        self, *, entropy: bool, kl: str | None, check: bool, e: Tensor | None = None
+        self, *, entropy: bool, kl: str | None, check: bool, e: Tensor | None = None, skip: bool = False
     ) -> tuple[list[float] | None, list[float] | None, float]:
         """Entropy row sums, KL-estimator row sums (``kl``: ``KLType.base``; ``e`` holds
         ``exp(clamp(ref - lp, -20, 20))`` for k3; none: the loop takes it inline, only with
-        :func:`inline_exp`) and the sum of ``(lp - ref)^2`` when ``check``."""
+        :func:`inline_exp`) and the sum of ``(lp - ref)^2`` when ``check``; ``skip`` as :meth:`vfused`'s."""
         code = KL_CODES[kl]
         need = code or check
         if need and not {"log_prob", "ref_log_prob"} <= self.tensors.keys():
@@ -334,7 +349,7 @@ class Inputs:
             self.f64, self.mask.data_ptr(), self._p("entropy" if entropy else None),
             self._p("log_prob" if need else None), self._p("ref_log_prob" if need else None), e_ptr,
             self.rows, self.width, code, check,
-            0 if ent_out is None else ent_out.data_ptr(), 0 if kl_out is None else kl_out.data_ptr(),
+            0 if ent_out is None else ent_out.data_ptr(), 0 if kl_out is None else kl_out.data_ptr(), skip,
         )  # fmt: skip
         return (
             None if ent_out is None else ent_out.tolist(),
@@ -349,11 +364,19 @@ class Inputs:
     # :meth:`side_terms`) and return them last, as :meth:`aux` does.
 
     def side_terms(
-        self, *, entropy: bool = False, kl: str | None = None, check: bool = False, e: Tensor | None = None
+        self,
+        *,
+        entropy: bool = False,
+        kl: str | None = None,
+        check: bool = False,
+        e: Tensor | None = None,
+        skip: bool = False,
     ) -> tuple[tuple, Tensor | None, tuple[bool, bool]]:
         """The aux loop's arguments for a losses-A pass (checked as :meth:`aux` checks them), the
         ``(2, rows)`` output the pass writes the entropy and KL row sums into, and which of the two it
-        writes. k3 with no ``e``: the pass takes that exp inline (only with :func:`inline_exp`)."""
+        writes. k3 with no ``e``: the pass takes that exp inline (only with :func:`inline_exp`).
+        ``skip`` (as :meth:`vfused`'s) goes with them: gpg, dro and cispo skip, the others read every
+        token whatever it says."""
         code = KL_CODES[kl]
         need = code or check
         if need and "ref_log_prob" not in self.tensors:
@@ -367,11 +390,11 @@ class Inputs:
         args = (
             self._p("entropy" if entropy else None), self._p("ref_log_prob" if need else None),
             self.scratch(e).data_ptr() if code == 4 and e is not None else 0, code, check,
-            p_ent if entropy else 0, p_kl if code else 0,
+            p_ent if entropy else 0, p_kl if code else 0, skip,
         )  # fmt: skip
         return args, out, (bool(entropy), bool(code))
 
-    _NO_SIDE = ((0, 0, 0, 0, False, 0, 0), None, (False, False))
+    _NO_SIDE = ((0, 0, 0, 0, False, 0, 0, False), None, (False, False))
 
     @staticmethod
     def _side_out(side, k2: float) -> tuple[list[float] | None, list[float] | None, float]:

@@ -106,13 +106,13 @@ static PyObject *py_exp_chunks(PyObject *self, PyObject *args) {
 }
 
 static PyObject *py_vfused(PyObject *self, PyObject *args) {
-    int f64, kind, check;
+    int f64, kind, check, skip;
     ptr_t lp, old, ref, adv, ent, mask, row_out, ent_out, kl_out;
     Py_ssize_t rows, width;
     double lo, hi, c, kl = 0.0, k2 = 0.0, guard = 0.0;
     int64_t pos = 0, neg = 0;
-    if (!PyArg_ParseTuple(args, "pKKKKKKnndddipKKK", &f64, &lp, &old, &ref, &adv, &ent, &mask, &rows, &width,
-                          &lo, &hi, &c, &kind, &check, &row_out, &ent_out, &kl_out))
+    if (!PyArg_ParseTuple(args, "pKKKKKKnndddippKKK", &f64, &lp, &old, &ref, &adv, &ent, &mask, &rows, &width,
+                          &lo, &hi, &c, &kind, &check, &skip, &row_out, &ent_out, &kl_out))
         return NULL;
     if (f64 ? !torch_exp_f64 : !torch_exp_f32) {
         PyErr_SetString(PyExc_RuntimeError, "vfused: no checked exp");
@@ -121,12 +121,12 @@ static PyObject *py_vfused(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS;
     if (f64)
         DISPATCH(vfused_f64, P(double, lp), P(double, old), P(double, ref), P(double, adv), P(double, ent),
-                 P(uint8_t, mask), rows, width, lo, hi, c, kind, check, P(double, row_out), P(double, ent_out),
-                 P(double, kl_out), &pos, &neg, &kl, &k2, &guard);
+                 P(uint8_t, mask), rows, width, lo, hi, c, kind, check, skip, P(double, row_out),
+                 P(double, ent_out), P(double, kl_out), &pos, &neg, &kl, &k2, &guard);
     else
         DISPATCH(vfused_f32, P(float, lp), P(float, old), P(float, ref), P(float, adv), P(float, ent),
-                 P(uint8_t, mask), rows, width, (float)lo, (float)hi, (float)c, kind, check, P(double, row_out),
-                 P(double, ent_out), P(double, kl_out), &pos, &neg, &kl, &k2, &guard);
+                 P(uint8_t, mask), rows, width, (float)lo, (float)hi, (float)c, kind, check, skip,
+                 P(double, row_out), P(double, ent_out), P(double, kl_out), &pos, &neg, &kl, &k2, &guard);
     Py_END_ALLOW_THREADS;
     return Py_BuildValue("LLddd", (long long)pos, (long long)neg, kl, k2, guard);
 }
@@ -184,20 +184,20 @@ static PyObject *py_vpacked(PyObject *self, PyObject *args) {
 }
 
 static PyObject *py_aux(PyObject *self, PyObject *args) {
-    int f64, kind, check;
+    int f64, kind, check, skip;
     ptr_t mask, ent, lp, ref, e, ent_out, kl_out;
     Py_ssize_t rows, width;
     double k2 = 0.0;
-    if (!PyArg_ParseTuple(args, "pKKKKKnnipKK", &f64, &mask, &ent, &lp, &ref, &e, &rows, &width, &kind,
-                          &check, &ent_out, &kl_out))
+    if (!PyArg_ParseTuple(args, "pKKKKKnnipKKp", &f64, &mask, &ent, &lp, &ref, &e, &rows, &width, &kind,
+                          &check, &ent_out, &kl_out, &skip))
         return NULL;
     Py_BEGIN_ALLOW_THREADS;
     if (f64)
         DISPATCH(aux_f64, P(uint8_t, mask), P(double, ent), P(double, lp), P(double, ref), P(double, e), rows, width,
-                kind, check, P(double, ent_out), P(double, kl_out), &k2);
+                kind, check, P(double, ent_out), P(double, kl_out), &k2, skip);
     else
         DISPATCH(aux_f32, P(uint8_t, mask), P(float, ent), P(float, lp), P(float, ref), P(float, e), rows, width, kind,
-                check, P(double, ent_out), P(double, kl_out), &k2);
+                check, P(double, ent_out), P(double, kl_out), &k2, skip);
     Py_END_ALLOW_THREADS;
     return PyFloat_FromDouble(k2);
 }

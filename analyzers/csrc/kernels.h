@@ -36,6 +36,8 @@ static inline f64v K(ld_f64)(const double *p) {
     memcpy(&v, p, sizeof v);
     return v;
 }
+static inline void K(st_f32)(float *p, f32v v) { memcpy(p, &v, sizeof v); }
+static inline void K(st_f64)(double *p, f64v v) { memcpy(p, &v, sizeof v); }
 /* The mask bytes as 0 / 1 floats, and float32 lanes widened to float64. GCC 12 lowers these vector
  * conversions lane by lane (~30 instructions for the mask, 5 for a widening, through the stack), so
  * the AVX2 copy uses the one instruction each (vpmovzxbd + vcvtdq2ps, vcvtps2pd); both give the same
@@ -198,6 +200,11 @@ static inline uint64_t K(group8)(const uint8_t *p) {
     uint64_t b;
     memcpy(&b, p, 8);
     return b;
+}
+static inline int K(any_byte)(const uint8_t *p, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (p[i]) return 1;
+    return 0;
 }
 static inline uint64_t K(group4)(const uint8_t *p) {
     uint32_t b;
@@ -387,7 +394,9 @@ DEFINE_VPACKED(f64, double)
  * EXP_CHUNK tokens held in L1: pass A writes d = clamp(lp - old, -20, 20) and k = clamp(ref - lp, -20,
  * 20) of the chunk to local buffers (and the kl, k2 and non-finite guard sums, as vprep), exp turns them
  * into r and e (out of place: k is still delta), pass B does VANILLA + AUX's math. A chunk with no valid
- * token skips exp and pass B: its tokens add 0, and a non-finite one is in the guard sum. */
+ * token skips exp and pass B: its tokens add 0, and a non-finite one is in the guard sum. With skip
+ * (ROW_LOOP_V's), both passes skip every group of N tokens with none valid, unread, and exp runs over
+ * the chunk's span of valid groups only. */
 #ifndef EXP_CHUNK
 #define EXP_CHUNK 512
 #endif
@@ -431,7 +440,7 @@ static inline void K(exp_f64)(int n, const double *a, double *r) { torch_exp_f64
 #define DEFINE_VFUSED(S, T)                                                                              \
     static inline __attribute__((always_inline)) void K(vfused_rows_##S)(                                \
         const T *lp, const T *old, const T *ref, const T *adv, const T *ent, const uint8_t *mask,        \
-        Py_ssize_t rows, Py_ssize_t width, T lo_, T hi_, T c_, const int kind, int check,                \
+        Py_ssize_t rows, Py_ssize_t width, T lo_, T hi_, T c_, const int kind, int check, int skip,      \
         double *row_out, double *ent_out, double *kl_out, int64_t *pos_out, int64_t *neg_out,            \
         double *kl_out_sum, double *k2_out, double *guard_out) {                                         \
         const S##v lo = SPLAT(S, T, lo_), hi = SPLAT(S, T, hi_), c = SPLAT(S, T, c_);                    \
@@ -447,30 +456,45 @@ static inline void K(exp_f64)(int n, const double *a, double *r) { torch_exp_f64
             for (Py_ssize_t j0 = 0; j0 < width; j0 += EXP_CHUNK) {                                       \
                 const Py_ssize_t n = width - j0 < EXP_CHUNK ? width - j0 : EXP_CHUNK;                    \
                 const Py_ssize_t b = o + j0;                                                             \
-                Py_ssize_t j = 0;                                                                        \
-                int any = 0;                                                                             \
+                Py_ssize_t j = 0, first = -1, end = 0;                                                   \
                 for (; j + N_##S <= n; j += N_##S) {                                                     \
+                    const int valid = GROUP_BITS_##S(mask + b + j) != 0;                                 \
+                    if (skip && !valid) {                                                                \
+                        K(st_##S)(D + j, zero);                                                          \
+                        K(st_##S)(KB + j, zero);                                                         \
+                        continue;                                                                        \
+                    }                                                                                    \
                     VF_A(S, lp + b + j, old + b + j, ref + b + j, adv + b + j, ent + b + j, mask + b + j, \
                          D + j, KB + j);                                                                 \
-                    any |= GROUP_BITS_##S(mask + b + j) != 0;                                            \
+                    if (valid) {                                                                         \
+                        first = first < 0 ? j : first;                                                   \
+                        end = j + N_##S;                                                                 \
+                    }                                                                                    \
                 }                                                                                        \
-                if (j < n) {                                                                             \
+                if (j < n && (!skip || K(any_byte)(mask + b + j, n - j))) {                              \
                     PAD(T, N_##S, lp, lp + b, j, n) PAD(T, N_##S, old, old + b, j, n);                   \
                     PAD(T, N_##S, ref, ref ? ref + b : NULL, j, n);                                      \
                     PAD(T, N_##S, adv, adv + b, j, n) PAD(T, N_##S, ent, ent ? ent + b : NULL, j, n);    \
                     PAD(uint8_t, N_##S, m, mask + b, j, n);                                              \
                     VF_A(S, lp_pad, old_pad, ref_pad, adv_pad, ent_pad, m_pad, D + j, KB + j);           \
-                    any |= GROUP_BITS_##S(m_pad) != 0;                                                   \
+                    if (GROUP_BITS_##S(m_pad) != 0) {                                                    \
+                        first = first < 0 ? j : first;                                                   \
+                        end = j + N_##S;                                                                 \
+                    }                                                                                    \
                 }                                                                                        \
-                if (!any) continue;                                                                      \
-                const int ne = (int)((n + N_##S - 1) / N_##S * N_##S);                                   \
-                K(exp_##S)(ne, D, R);                                                                    \
-                if (kind == 4) K(exp_##S)(ne, KB, E);                                                    \
+                if (first < 0) continue;                                                                 \
+                /* every token's exp without skip (pass B reads them all); with it, the valid groups' */ \
+                /* span's (pass B reads those, the padded tail too only when it is one of them) */       \
+                const Py_ssize_t x0 = skip ? first : 0;                                                  \
+                const int ne = (int)(skip ? end - first : (n + N_##S - 1) / N_##S * N_##S);              \
+                K(exp_##S)(ne, D + x0, R + x0);                                                          \
+                if (kind == 4) K(exp_##S)(ne, KB + x0, E + x0);                                          \
                 j = 0;                                                                                   \
                 for (; j + N_##S <= n; j += N_##S)                                                       \
-                    VF_B(S, R + j, E + j, KB + j, adv + b + j, ent + b + j, lp + b + j, ref + b + j,     \
-                         mask + b + j);                                                                  \
-                if (j < n) {                                                                             \
+                    if (!skip || GROUP_BITS_##S(mask + b + j))                                           \
+                        VF_B(S, R + j, E + j, KB + j, adv + b + j, ent + b + j, lp + b + j, ref + b + j, \
+                             mask + b + j);                                                              \
+                if (j < n && (!skip || end > j)) {                                                       \
                     PAD(T, N_##S, adv, adv + b, j, n) PAD(T, N_##S, ent, ent ? ent + b : NULL, j, n);    \
                     PAD(T, N_##S, lp, lp + b, j, n) PAD(T, N_##S, ref, ref ? ref + b : NULL, j, n);      \
                     PAD(uint8_t, N_##S, m, mask + b, j, n);                                              \
@@ -491,7 +515,8 @@ static inline void K(exp_f64)(int n, const double *a, double *r) { torch_exp_f64
     }                                                                                                    \
     static void K(vfused_##S)(const T *lp, const T *old, const T *ref, const T *adv, const T *ent,       \
                               const uint8_t *mask, Py_ssize_t rows, Py_ssize_t width, T lo, T hi, T c,   \
-                              int kind, int check, double *row_out, double *ent_out, double *kl_out,     \
+                              int kind, int check, int skip, double *row_out, double *ent_out,           \
+                              double *kl_out,                                                            \
                               int64_t *pos_out, int64_t *neg_out, double *kl_sum, double *k2,            \
                               double *guard) {                                                           \
         switch (kind) {                                                                                  \
@@ -501,24 +526,22 @@ static inline void K(exp_f64)(int n, const double *a, double *r) { torch_exp_f64
 #define VFUSED_CASE(S, KIND)                                                                             \
     case KIND:                                                                                           \
         if (ent)                                                                                         \
-            K(vfused_rows_##S)(lp, old, ref, adv, ent, mask, rows, width, lo, hi, c, KIND, check, row_out, \
-                               ent_out, kl_out, pos_out, neg_out, kl_sum, k2, guard);                    \
+            K(vfused_rows_##S)(lp, old, ref, adv, ent, mask, rows, width, lo, hi, c, KIND, check, skip,   \
+                               row_out, ent_out, kl_out, pos_out, neg_out, kl_sum, k2, guard);           \
         else                                                                                             \
-            K(vfused_rows_##S)(lp, old, ref, adv, NULL, mask, rows, width, lo, hi, c, KIND, check, row_out, \
-                               ent_out, kl_out, pos_out, neg_out, kl_sum, k2, guard);                    \
+            K(vfused_rows_##S)(lp, old, ref, adv, NULL, mask, rows, width, lo, hi, c, KIND, check, skip,  \
+                               row_out, ent_out, kl_out, pos_out, neg_out, kl_sum, k2, guard);           \
         break;
 DEFINE_VFUSED(f32, float)
 DEFINE_VFUSED(f64, double)
 
 /* ---- shared by the passes below: the entropy / KL terms riding along, the chunked row loop, exp inline */
-static inline void K(st_f32)(float *p, f32v v) { memcpy(p, &v, sizeof v); }
-static inline void K(st_f64)(double *p, f64v v) { memcpy(p, &v, sizeof v); }
 
 /* The entropy / KL-estimator terms ride along in the pass of every loss of losses_a.h that reads logp
  * (AUX_BODY above, the same floats as the aux loop): ent may be NULL (no entropy), kind / check as there. */
 #define AUX_PARAMS(T)                                                                                    \
     const T *ent, const T *ref, const T *e, int kind, int check, double *ent_out, double *kl_out,        \
-        double *k2_out
+        double *k2_out, int skip
 #define AUX_CONSTS(S, T)                                                                                 \
     const S##v zero = SPLAT(S, T, 0), one = SPLAT(S, T, 1), half = SPLAT(S, T, 0.5);                     \
     const S##v lim = SPLAT(S, T, 20), ten = SPLAT(S, T, 10);                                             \
@@ -575,6 +598,16 @@ static inline void K(st_f64)(double *p, f64v v) { memcpy(p, &v, sizeof v); }
             POST;                                                                                        \
         }                                                                                                \
     }
+
+/* ROW_LOOP_X that, with skip, runs BODY only on the groups of N tokens with a valid one: the others'
+ * inputs are not read at all (right-padded responses are often half padding: the pass reads that much
+ * less). A skipped token only ever meets a 0 mask, so with finite values it adds 0; what it holds
+ * otherwise (NaN, inf, or an overflowing product) matters only where verl multiplies by the mask
+ * instead of masking, in the seq-mean aggregations, and those take a pass without skip (the caller's
+ * dense batch: kernels.TokenBatch). The padded tail group runs when one of its tokens is valid. */
+#define ROW_LOOP_V(S, XP, PRE, BODY, TAIL, POST)                                                         \
+    ROW_LOOP_X(S, XP, PRE, if (!skip || GROUP_BITS_##S(mask + o + j)) BODY,                              \
+               if (!skip || K(any_byte)(mask + o + j, width - j)) TAIL, POST)
 
 /* [*b, *e): the n tokens at mask from the first to the last group of N with a valid token, in whole
  * groups (e may pass n by the tail group's padding); b = e = 0 with none valid */
@@ -680,10 +713,10 @@ DEFINE_XSPAN(f64, double)
 #define DEFINE_AUX(S, T)                                                                                 \
     static void K(aux_##S)(const uint8_t *mask, const T *ent, const T *lp, const T *ref, const T *e,     \
                            Py_ssize_t rows, Py_ssize_t width, int kind, int check, double *ent_out,      \
-                           double *kl_out, double *k2_out) {                                             \
+                           double *kl_out, double *k2_out, int skip) {                                   \
         AUX_CONSTS(S, T);                                                                                \
         XBUFS(T);                                                                                        \
-        AUX_SPECIALISED(T, ROW_LOOP_X(S, AUX_XP(S, T), AUX_PRE,                                          \
+        AUX_SPECIALISED(T, ROW_LOOP_V(S, AUX_XP(S, T), AUX_PRE,                                          \
                                       AUX_AT(S, lp + o + j, mask + o + j),                               \
                                       {                                                                  \
                                           PAD(T, N_##S, lp, lp ? lp + o : NULL, j, width);               \

@@ -19,7 +19,7 @@
                            Py_ssize_t width, double *row_out, AUX_PARAMS(T)) {                           \
         AUX_CONSTS(S, T);                                                                            \
         XBUFS(T);                                                                                \
-        AUX_SPECIALISED(T, ROW_LOOP_X(S, AUX_XP(S, T), dacc acc[2] = {0}; AUX_PRE,                                                          \
+        AUX_SPECIALISED(T, ROW_LOOP_V(S, AUX_XP(S, T), dacc acc[2] = {0}; AUX_PRE,                                                          \
                  {                                                                                       \
                      GPG_BODY(S, lp + o + j, adv + o + j, mask + o + j);                                 \
                      AUX_AT(S, lp + o + j, mask + o + j);                                                \
@@ -56,7 +56,7 @@ DEFINE_GPG(f64, double)
         AUX_CONSTS(S, T);                                                                            \
         XBUFS(T);                                                                                \
         dacc kl_acc[2] = {0};                                                                            \
-        AUX_SPECIALISED(T, ROW_LOOP_X(S, AUX_XP(S, T), dacc acc[2] = {0}; AUX_PRE,                                                          \
+        AUX_SPECIALISED(T, ROW_LOOP_V(S, AUX_XP(S, T), dacc acc[2] = {0}; AUX_PRE,                                                          \
                  {                                                                                       \
                      DRO_BODY(S, lp + o + j, old + o + j, adv + o + j, mask + o + j);                    \
                      AUX_AT(S, lp + o + j, mask + o + j);                                                \
@@ -100,7 +100,7 @@ DEFINE_DRO(f64, double)
         XBUFS_R(T);                                                                                \
         dacc kl_acc[2] = {0};                                                                            \
         int64_t hits = 0;                                                                                \
-        AUX_SPECIALISED(T, ROW_LOOP_X(S, AUX_XP_R(S, T), dacc acc[2] = {0}; S##m hc = {0}; AUX_PRE,                                           \
+        AUX_SPECIALISED(T, ROW_LOOP_V(S, AUX_XP_R(S, T), dacc acc[2] = {0}; S##m hc = {0}; AUX_PRE,                                           \
                  {                                                                                       \
                      CISPO_BODY(S, lp + o + j, old + o + j, ro + j, adv + o + j, mask + o + j);       \
                      AUX_AT(S, lp + o + j, mask + o + j);                                                \

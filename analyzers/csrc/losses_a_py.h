@@ -2,14 +2,15 @@
  * Included by _fused.c after DISPATCH; LOSSES_A_METHODS lists the PyMethodDef entries.
  * Every pointer comes from a tensor native.Inputs checked (its losses-A section). The passes that read
  * logp also take the aux loop's arguments (AUX_FMT: entropy, ref, e, kind, check, entropy / KL row
- * outputs) and return its k2 check sum last. */
-#define AUX_FMT "KKKipKK"
+ * outputs, skip: ROW_LOOP_V's, ignored by the passes that read every token) and return its k2 check
+ * sum last. */
+#define AUX_FMT "KKKipKKp"
 #define AUX_DECL                                                                                         \
     ptr_t ent, ref, e, ent_out, kl_out;                                                                  \
-    int kind, check;                                                                                     \
+    int kind, check, skip;                                                                               \
     double k2 = 0.0
-#define AUX_REFS &ent, &ref, &e, &kind, &check, &ent_out, &kl_out
-#define AUX_PASS(T) P(T, ent), P(T, ref), P(T, e), kind, check, P(double, ent_out), P(double, kl_out), &k2
+#define AUX_REFS &ent, &ref, &e, &kind, &check, &ent_out, &kl_out, &skip
+#define AUX_PASS(T) P(T, ent), P(T, ref), P(T, e), kind, check, P(double, ent_out), P(double, kl_out), &k2, skip
 /* No exp buffer (e with k3, or the ratio r) means exp inline, which needs the checked exp */
 static int exp_ready(int f64, int inline_exp, const char *name) {
     if (inline_exp && (f64 ? !torch_exp_f64 : !torch_exp_f32)) {

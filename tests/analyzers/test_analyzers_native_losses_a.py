@@ -405,6 +405,12 @@ def test_the_inline_exp_gives_the_passes_what_torchs_exp_buffers_give(f64, width
             inline = recompute(_config(mode), **batch)
             with native.exp_between_passes():
                 between = recompute(_config(mode), **batch)
-            assert between.keys() == inline.keys() and same(list(between.values()), list(inline.values())), (
-                mode
-            )
+            assert between.keys() == inline.keys(), mode
+            if poison:
+                # recompute's batch is sparse: vanilla's inline pass leaves the masked inf unread and
+                # stays fast, the pass before torch's exp still sees it and takes verl's op sequence
+                assert list(between.values()) == pytest.approx(
+                    list(inline.values()), rel=1e-6, abs=1e-7, nan_ok=True
+                ), mode
+            else:
+                assert same(list(between.values()), list(inline.values())), mode
