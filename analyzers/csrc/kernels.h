@@ -637,7 +637,9 @@ DEFINE_VSPAN(f64)
  * 20)) into E (either may be NULL) for the chunk's n tokens, from its first to its last group with a
  * valid token; the chunk's other entries are 0. Those are masked tokens, whose r and e only ever meet a
  * 0 mask: their terms stay 0, or NaN where delta or d (computed from the inputs in the pass) is NaN, as
- * with the exp of every token; a finite input's clamped exp is finite either way. */
+ * with the exp of every token; a finite input's clamped exp is finite either way. every_r: r of every
+ * token (a dense pass: cispo's clamp(r) A logp and sapo's sigmoid gate times 4 / tau times A can
+ * overflow under the mask as verl's do only with verl's r there; k3's e - delta - 1 is clamped). */
 #define DEFINE_XCHUNK(S, T)                                                                              \
     static inline void K(xlog_##S)(const T *a, const T *b, Py_ssize_t first, Py_ssize_t end, Py_ssize_t n, \
                                    T *x) {                                                               \
@@ -652,14 +654,15 @@ DEFINE_VSPAN(f64)
         }                                                                                                \
     }                                                                                                    \
     static void K(xchunk_##S)(const T *lp, const T *old, const T *ref, const uint8_t *mask, Py_ssize_t n, \
-                              T *R, T *E, T *tmp) {                                                      \
+                              T *R, T *E, T *tmp, int every_r) {                                         \
         const Py_ssize_t nr = (n + N_##S - 1) / N_##S * N_##S;                                           \
-        Py_ssize_t b, e;                                                                                 \
-        K(vspan_##S)(mask, n, &b, &e);                                                                   \
+        Py_ssize_t vb, ve;                                                                               \
+        K(vspan_##S)(mask, n, &vb, &ve);                                                                 \
         T *const out[2] = {R, E};                                                                        \
         for (int k = 0; k < 2; k++) {                                                                    \
             T *const y = out[k];                                                                         \
             if (!y) continue;                                                                            \
+            const Py_ssize_t b = k == 0 && every_r ? 0 : vb, e = k == 0 && every_r ? nr : ve;            \
             memset(y, 0, (size_t)b * sizeof(T));                                                         \
             memset(y + e, 0, (size_t)(nr - e) * sizeof(T));                                              \
             if (e == b) continue;                                                                        \
@@ -702,12 +705,13 @@ DEFINE_XSPAN(f64, double)
 #define XBUFS_R(T) XBUFS(T); XBUF(T, R_)
 #define AUX_XP(S, T)                                                                                     \
     const T *const eo = e ? e + o : kind == 4 ? E_ : NULL;                                               \
-    if (!e && kind == 4) K(xchunk_##S)(lp + o, NULL, ref + o, mask + o, width, NULL, E_, X_)
+    if (!e && kind == 4) K(xchunk_##S)(lp + o, NULL, ref + o, mask + o, width, NULL, E_, X_, 0)
 #define AUX_XP_R(S, T)                                                                                   \
     const T *const eo = e ? e + o : kind == 4 ? E_ : NULL;                                               \
     const T *const ro = r ? r + o : R_;                                                                  \
     if (!r || (!e && kind == 4))                                                                         \
-    K(xchunk_##S)(lp + o, old + o, ref + o, mask + o, width, r ? NULL : R_, !e && kind == 4 ? E_ : NULL, X_)
+    K(xchunk_##S)(lp + o, old + o, ref + o, mask + o, width, r ? NULL : R_, !e && kind == 4 ? E_ : NULL, X_, \
+                  !skip)
 
 /* ---- the entropy / KL-estimator row sums on their own (AUX_BODY over the rows; k3's exp as above) ---- */
 #define DEFINE_AUX(S, T)                                                                                 \

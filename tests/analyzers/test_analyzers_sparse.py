@@ -109,16 +109,21 @@ def test_a_skipped_group_is_not_read(f64, value, where):
         assert not all(map(math.isfinite, _flat(dense[name]))), name
 
 
-def _overflowing(dtype=torch.float32) -> dict[str, torch.Tensor]:
+def _overflowing(
+    dtype=torch.float32, lengths: list[int] | None = None, entropy: bool = True, a: float = 0.5
+) -> dict[str, torch.Tensor]:
     """Finite inputs under the mask whose products overflow (A = -max / 2 against r = e^5 and logp = -4:
     each loss's per-token value is +-inf there, and verl's ``loss * mask`` NaN), and an infinite entropy."""
     t = _batch(6, 300, dtype, seed=11)
+    if lengths is not None:  # right-padded rows of these lengths
+        t["response_mask"] = torch.arange(300)[None, :] < torch.tensor(lengths)[:, None]
     masked = ~t["response_mask"]
     masked[-1] = False  # the empty row: verl's seq-mean leaves it out whatever it holds
-    t["advantages"] = t["advantages"].masked_fill(masked, -torch.finfo(dtype).max / 2)
+    t["advantages"] = t["advantages"].masked_fill(masked, -torch.finfo(dtype).max * a)
     t["log_prob"] = t["log_prob"].masked_fill(masked, -4.0)
     t["old_log_prob"] = t["old_log_prob"].masked_fill(masked, -9.0)
-    t["entropy"] = t["entropy"].masked_fill(masked, math.inf)
+    if entropy:
+        t["entropy"] = t["entropy"].masked_fill(masked, math.inf)
     return t
 
 
@@ -142,6 +147,21 @@ def test_what_lies_under_the_mask_counts_exactly_where_verl_counts_it(mode, agg,
         assert math.isnan(compiled["pg_loss"]) and math.isnan(compiled["entropy_loss"])
     else:
         assert all(map(math.isfinite, compiled.values()))
+
+
+@pytest.mark.parametrize("mode", ["cispo", "sapo"])
+def test_a_dense_pass_takes_verls_ratio_under_the_mask_too(mode):
+    # cispo's clamp(r, lo, hi) A logp and sapo's sigmoid((r - 1) tau) (4 / tau) A overflow under the mask
+    # as verl's do only with verl's r there: the dense pass takes exp of every token, not only of the
+    # valid span (every row's masked tokens fill whole groups of 8 here, past that span). A is sized so
+    # that verl's r overflows and a 0 in its place would not: cispo 1.2 A 4 > max > 0.8 A 4, sapo
+    # sigmoid(1.05 (e^5 - 1)) 3.8 A > max > sigmoid(-1.05) 3.8 A (4 / tau_neg = 3.8)
+    a = {"cispo": 0.25, "sapo": 0.5}[mode]
+    t = _overflowing(lengths=[296, 96, 8, 160, 240, 0], entropy=False, a=a)
+    compiled = recompute(_config(mode, "seq-mean-token-mean"), **t)
+    with native.disabled():
+        ops = recompute(_config(mode, "seq-mean-token-mean"), **t)
+    assert math.isnan(compiled["pg_loss"]) and math.isnan(ops["pg_loss"])
 
 
 def test_a_batch_turns_dense_when_a_config_aggregates_by_seq_mean():
