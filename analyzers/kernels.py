@@ -177,6 +177,13 @@ class TokenBatch:
         self.n_tokens = int(n_row.sum())
         self.n_seqs = int(torch.count_nonzero(n_row))
 
+    @functools.cached_property
+    def n_row(self) -> Tensor:
+        """``(batch,)`` int64: valid tokens per row. :meth:`_count` sets it; after the compiled count it
+        is built from that count's list when a loss first reads it (a tensor costs ~3 us to build, and
+        most losses never read it)."""
+        return torch.tensor(self._counts, dtype=torch.int64)
+
     @property
     def empty(self) -> bool:
         return self.n_tokens == 0
@@ -209,8 +216,8 @@ class TokenBatch:
         if counted is None:
             self._count(self._mask_u8.sum(dim=-1, dtype=torch.int32).to(torch.int64))
         else:  # one loop: the counts, verl's T + 1e-8 per row and the total (no torch op)
-            self.n_row, self._lengths, self.n_tokens = counted
-            self.n_seqs = len(self._lengths) - self._lengths.count(_EMPTY_ROW_LENGTH)
+            self._counts, self._lengths, self.n_tokens = counted
+            self.n_seqs = len(self._counts) - self._counts.count(0)
 
     def _native_aux(self, entropy: bool, kl: str | None, check: bool) -> None:
         """The planned entropy / KL row sums and the k2 check by the compiled loop, into the cache

@@ -67,6 +67,36 @@ static int use_avx2 = 0; /* set once at import: the CPU has AVX2 */
 typedef unsigned long long ptr_t;
 #define P(T, x) ((T *)(uintptr_t)(x))
 
+/* Row sums as Python lists: the entry points that return them (count_rows, losses A) write them into a
+ * buffer of their own, taken under the GIL, and build the lists themselves. Python then allocates no
+ * output tensor and calls no .tolist() (about a microsecond each, several when the caches are cold:
+ * most of the fixed cost of a small batch). The values are the same doubles .tolist() would give. */
+static double *rows_take(Py_ssize_t n) {
+    double *p = PyMem_New(double, n > 0 ? n : 1);
+    if (!p) PyErr_NoMemory();
+    return p;
+}
+
+static PyObject *rows_list(const double *v, Py_ssize_t n) {
+    PyObject *list = PyList_New(n);
+    if (!list) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *x = PyFloat_FromDouble(v[i]);
+        if (!x) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, i, x);
+    }
+    return list;
+}
+
+/* rows_list(v, n), or None (a new reference) where the pass was not asked for v */
+static PyObject *rows_list_or_none(const double *v, Py_ssize_t n) {
+    if (!v) Py_RETURN_NONE;
+    return rows_list(v, n);
+}
+
 #include "losses_a_py.h"
 #include "losses_b_py.h"
 #include "rollout_py.h"
@@ -131,15 +161,31 @@ static PyObject *py_vfused(PyObject *self, PyObject *args) {
     return Py_BuildValue("LLddd", (long long)pos, (long long)neg, kl, k2, guard);
 }
 
+/* (counts per row: list of ints, verl's T + 1e-8 per row: list of floats, total) */
 static PyObject *py_count_rows(PyObject *self, PyObject *args) {
-    ptr_t mask, n_out, len_out;
+    ptr_t mask;
     Py_ssize_t rows, width;
     int64_t total = 0;
-    if (!PyArg_ParseTuple(args, "KnnKK", &mask, &rows, &width, &n_out, &len_out)) return NULL;
+    if (!PyArg_ParseTuple(args, "Knn", &mask, &rows, &width)) return NULL;
+    double *len_out = rows_take(rows);
+    int64_t *n_out = len_out ? PyMem_New(int64_t, rows > 0 ? rows : 1) : NULL;
+    if (!n_out) {
+        PyMem_Free(len_out);
+        return len_out ? PyErr_NoMemory() : NULL;
+    }
     Py_BEGIN_ALLOW_THREADS;
-    total = DISPATCH(count_rows, P(uint8_t, mask), rows, width, P(int64_t, n_out), P(double, len_out));
+    total = DISPATCH(count_rows, P(uint8_t, mask), rows, width, n_out, len_out);
     Py_END_ALLOW_THREADS;
-    return PyLong_FromLongLong((long long)total);
+    PyObject *counts = PyList_New(rows);
+    for (Py_ssize_t i = 0; counts && i < rows; i++) {
+        PyObject *x = PyLong_FromLongLong((long long)n_out[i]);
+        if (!x) Py_CLEAR(counts);
+        else PyList_SET_ITEM(counts, i, x);
+    }
+    PyObject *lengths = counts ? rows_list(len_out, rows) : NULL;
+    PyMem_Free(n_out);
+    PyMem_Free(len_out);
+    return Py_BuildValue("NNL", counts, lengths, (long long)total);
 }
 
 static PyObject *py_vprep(PyObject *self, PyObject *args) {
@@ -206,7 +252,7 @@ static PyMethodDef methods[] = {
     {"set_exp", py_set_exp, METH_VARARGS, "resolve torch's exp (MKL vsExp / vdExp) from libtorch_cpu"},
     {"exp_chunks", py_exp_chunks, METH_VARARGS, "exp through the resolved function, in the loops' chunks"},
     {"vfused", py_vfused, METH_VARARGS, "vanilla + entropy / KL in one pass, exp inline (checked exp only)"},
-    {"count_rows", py_count_rows, METH_VARARGS, "valid tokens per row, verl's T + 1e-8 per row, the total"},
+    {"count_rows", py_count_rows, METH_VARARGS, "valid tokens per row, verl's T + 1e-8 per row (lists), the total"},
     {"vprep", py_vprep, METH_VARARGS, "vanilla: packed valid log-ratios, kl / k2 / non-finite guard sums"},
     {"vpacked", py_vpacked, METH_VARARGS, "vanilla over packed ratios, with entropy / KL rows"},
     {"aux", py_aux, METH_VARARGS, "entropy and KL-estimator row sums, and the k2 check sum"},

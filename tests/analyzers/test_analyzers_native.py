@@ -245,7 +245,7 @@ def test_row_counts_and_lengths_are_the_torch_ops_values():
     assert counted is not None
     counts, lengths, total = counted
     want = mask.sum(dim=-1)
-    assert counts.tolist() == want.tolist() and total == int(want.sum())
+    assert counts == want.tolist() and total == int(want.sum())
     assert lengths == (want.to(torch.float32) + 1e-8).tolist()
     batch = TokenBatch(**{**_batch(9, 37), "response_mask": mask})
     assert (batch.n_tokens, batch.n_seqs) == (int(want.sum()), 8)
@@ -268,7 +268,7 @@ def test_row_counts_count_every_non_zero_byte_eight_at_a_time(width):
     raw[5] = torch.where(raw[5] < 128, 0x7F, 0)
     counts, lengths, total = native.count_rows(raw)
     want = (raw != 0).sum(dim=-1)
-    assert counts.tolist() == want.tolist() and total == int(want.sum())
+    assert counts == want.tolist() and total == int(want.sum())
     assert lengths == (want.to(torch.float32) + 1e-8).tolist()
 
 
