@@ -165,10 +165,14 @@ def mask_bytes(mask: Tensor) -> tuple[bool, Tensor | None]:
     return True, out
 
 
+_MASK_BYTES = (torch.uint8, torch.bool)  # one byte per token: a bool tensor's storage is its bytes
+
+
 class Inputs:
     """One micro-batch's tensors as the loops read them, checked once: CPU, contiguous, one float
-    dtype (float32 or float64), one 2-D shape, and the mask as 0/1 bytes of that shape. Every method
-    passes the C loops only pointers into these tensors or into buffers it checks the same way."""
+    dtype (float32 or float64), one 2-D shape, and the mask as 0/1 bytes of that shape (uint8, or a
+    bool tensor, whose bytes are the ones a uint8 view of it would show). Every method passes the C
+    loops only pointers into these tensors or into buffers it checks the same way."""
 
     __slots__ = ("f64", "mask", "rows", "shape", "tensors", "width")
 
@@ -185,7 +189,7 @@ class Inputs:
                     f"{name}: the compiled passes read CPU, contiguous tensors of one dtype and shape"
                 )
         if (
-            mask_u8.dtype != torch.uint8
+            mask_u8.dtype not in _MASK_BYTES
             or mask_u8.shape != shape
             or not mask_u8.is_contiguous()
             or not mask_u8.is_cpu
@@ -239,14 +243,12 @@ class Inputs:
             raise ValueError("no ref_log_prob tensor")
         if entropy and "entropy" not in self.tensors:
             raise ValueError("no entropy tensor")
-        out = torch.empty((3, self.rows), dtype=torch.float64)
-        pos, neg, kl_sum, k2, guard = _MODULE.vfused(
+        rows, ent_rows, kl_rows, pos, neg, kl_sum, k2, guard = _MODULE.vfused(
             self.f64, self._p("log_prob"), self._p("old_log_prob"), self._p("ref_log_prob" if need_ref else None),
             self._p("advantages"), self._p("entropy" if entropy else None), self.mask.data_ptr(), self.rows,
-            self.width, lo, hi, c, code, check, *_row_ptrs(out),
+            self.width, lo, hi, c, code, check,
         )  # fmt: skip
-        rows, ent_rows, kl_rows = out.tolist()
-        return rows, pos, neg, ent_rows if entropy else None, kl_rows if code else None, kl_sum, k2, guard
+        return rows, pos, neg, ent_rows, kl_rows, kl_sum, k2, guard
 
     def packed(self, buf: Tensor, cap: int) -> Tensor:
         """``buf`` if the loops may write / read ``cap`` packed values there (1-D, contiguous, CPU, the
@@ -304,16 +306,12 @@ class Inputs:
             raise ValueError("k3 needs the packed exp(clamp(ref - lp, -20, 20))")
         xr = self.packed(xr, cap)
         xe_ptr = self.packed(xe, cap).data_ptr() if code == 4 else 0
-        out = torch.empty((3, self.rows), dtype=torch.float64)
-        p_rows, p_ent, p_kl = _row_ptrs(out)
-        pos, neg = _MODULE.vpacked(
+        rows, ent_rows, kl_rows, pos, neg = _MODULE.vpacked(
             self.f64, xr.data_ptr(), xe_ptr, cap, self._p("advantages"), self.mask.data_ptr(), self.rows,
-            self.width, lo, hi, c, p_rows, self._p("entropy" if entropy else None),
+            self.width, lo, hi, c, self._p("entropy" if entropy else None),
             self._p("log_prob" if code else None), self._p("ref_log_prob" if code else None), code,
-            p_ent, p_kl,
         )  # fmt: skip
-        rows, ent_rows, kl_rows = out.tolist()
-        return rows, pos, neg, ent_rows if entropy else None, kl_rows if code else None
+        return rows, pos, neg, ent_rows, kl_rows
 
     def aux(
         self, *, entropy: bool, kl: str | None, check: bool, e: Tensor | None = None
@@ -330,19 +328,11 @@ class Inputs:
         if entropy and "entropy" not in self.tensors:
             raise ValueError("no entropy tensor")
         e_ptr = self.scratch(e).data_ptr() if code == 4 and e is not None else 0
-        ent_out = torch.empty(self.rows, dtype=torch.float64) if entropy else None
-        kl_out = torch.empty(self.rows, dtype=torch.float64) if code else None
-        k2 = _MODULE.aux(
+        return _MODULE.aux(
             self.f64, self.mask.data_ptr(), self._p("entropy" if entropy else None),
             self._p("log_prob" if need else None), self._p("ref_log_prob" if need else None), e_ptr,
             self.rows, self.width, code, check,
-            0 if ent_out is None else ent_out.data_ptr(), 0 if kl_out is None else kl_out.data_ptr(),
         )  # fmt: skip
-        return (
-            None if ent_out is None else ent_out.tolist(),
-            None if kl_out is None else kl_out.tolist(),
-            k2,
-        )
 
     # -- losses A (gpg, dro, cispo, sapo, gspo, geo_mean): csrc/losses_a.h ----------------------------
     # Each returns row sums of the mode's torch-op pass (kernels._fused_<mode>) before its sign, as

@@ -11,23 +11,9 @@
     double k2 = 0.0, *ent_out = NULL, *kl_out = NULL
 #define AUX_REFS &ent, &ref, &e, &kind, &check
 #define AUX_PASS(T) P(T, ent), P(T, ref), P(T, e), kind, check, ent_out, kl_out, &k2
-/* One buffer for a pass's k row outputs (row_out: k * rows doubles) and the entropy / KL row sums the
- * aux arguments ask for (written only with entropy, only with a KL estimator) */
-#define AUX_TAKE(k)                                                                                      \
-    double *row_out = rows_take(rows * ((k) + (ent != 0) + (kind != 0)));                                \
-    if (!row_out) return NULL;                                                                           \
-    ent_out = ent ? row_out + (k) * rows : NULL;                                                         \
-    kl_out = kind ? row_out + ((k) + (ent != 0)) * rows : NULL
-/* ... entropy rows, KL rows, k2 (the end of every aux pass's return value) */
+/* ... entropy rows, KL rows, k2: the end of every aux pass's return value (buffers: ROWS_TAKE) */
 #define AUX_FMT_OUT "NNd"
-#define AUX_OUT rows_list_or_none(ent_out, rows), rows_list_or_none(kl_out, rows), k2
-/* Build the return value, then free the pass's buffer */
-#define RETURN_ROWS(fmt, ...)                                                                            \
-    do {                                                                                                 \
-        PyObject *result_ = Py_BuildValue(fmt, __VA_ARGS__);                                             \
-        PyMem_Free(row_out);                                                                             \
-        return result_;                                                                                  \
-    } while (0)
+#define AUX_OUT ENT_KL_LISTS, k2
 /* No exp buffer (e with k3, or the ratio r) means exp inline, which needs the checked exp */
 static int exp_ready(int f64, int inline_exp, const char *name) {
     if (inline_exp && (f64 ? !torch_exp_f64 : !torch_exp_f32)) {
@@ -45,7 +31,7 @@ static PyObject *py_gpg(PyObject *self, PyObject *args) {
     AUX_DECL;
     if (!PyArg_ParseTuple(args, "pKKKnn" AUX_FMT, &f64, &lp, &adv, &mask, &rows, &width, AUX_REFS)) return NULL;
     if (!AUX_EXP_READY("gpg")) return NULL;
-    AUX_TAKE(1);
+    ROWS_TAKE(1);
     Py_BEGIN_ALLOW_THREADS;
     if (f64)
         DISPATCH(gpg_f64, P(double, lp), P(double, adv), P(uint8_t, mask), rows, width, row_out, AUX_PASS(double));
@@ -64,7 +50,7 @@ static PyObject *py_dro(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "pKKKKnnd" AUX_FMT, &f64, &lp, &old, &adv, &mask, &rows, &width, &hb, AUX_REFS))
         return NULL;
     if (!AUX_EXP_READY("dro")) return NULL;
-    AUX_TAKE(1);
+    ROWS_TAKE(1);
     Py_BEGIN_ALLOW_THREADS;
     if (f64)
         DISPATCH(dro_f64, P(double, lp), P(double, old), P(double, adv), P(uint8_t, mask), rows, width, hb,
@@ -87,7 +73,7 @@ static PyObject *py_cispo(PyObject *self, PyObject *args) {
                           AUX_REFS))
         return NULL;
     if (!AUX_EXP_READY("cispo", || !r)) return NULL;
-    AUX_TAKE(1);
+    ROWS_TAKE(1);
     Py_BEGIN_ALLOW_THREADS;
     if (f64)
         DISPATCH(cispo_f64, P(double, lp), P(double, old), P(double, r), P(double, adv), P(uint8_t, mask), rows,
@@ -108,7 +94,7 @@ static PyObject *py_sapo_gate(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "pKKKKKnnddK" AUX_FMT, &f64, &lp, &old, &r, &adv, &mask, &rows, &width, &tp, &tn, &x, AUX_REFS))
         return NULL;
     if (!AUX_EXP_READY("sapo_gate", || !r)) return NULL;
-    AUX_TAKE(0);
+    ROWS_TAKE(0);
     Py_BEGIN_ALLOW_THREADS;
     if (f64)
         DISPATCH(sapo_gate_f64, P(double, lp), P(double, old), P(double, r), P(double, adv), P(uint8_t, mask),
@@ -145,7 +131,7 @@ static PyObject *py_gspo_logratio(PyObject *self, PyObject *args) {
     AUX_DECL;
     if (!PyArg_ParseTuple(args, "pKKKnnK" AUX_FMT, &f64, &lp, &old, &mask, &rows, &width, &d, AUX_REFS)) return NULL;
     if (!AUX_EXP_READY("gspo_logratio")) return NULL;
-    AUX_TAKE(0);
+    ROWS_TAKE(0);
     Py_BEGIN_ALLOW_THREADS;
     if (f64)
         DISPATCH(gspo_logratio_f64, P(double, lp), P(double, old), P(uint8_t, mask), rows, width, P(double, d), AUX_PASS(double));
@@ -184,7 +170,7 @@ static PyObject *py_geo_mean(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "pKKKKnndd" AUX_FMT, &f64, &lp, &old, &adv, &mask, &rows, &width, &nlo, &hi, AUX_REFS))
         return NULL;
     if (!AUX_EXP_READY("geo_mean")) return NULL;
-    AUX_TAKE(2);
+    ROWS_TAKE(2);
     double *adv_out = row_out + rows;
     Py_BEGIN_ALLOW_THREADS;
     if (f64)
