@@ -27,6 +27,7 @@ import math
 import operator
 import threading
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -105,11 +106,11 @@ def _fraction(hits: int, count: int) -> float:
     return float(np.float32(hits) / (np.float32(count) + np.float32(1e-8)))
 
 
-@dataclass(frozen=True)
-class RowSums:
+class RowSums(NamedTuple):
     """Per-row masked sums of a per-token quantity (``rows``, one float per sequence), with the two
     totals every aggregation mode is made of: ``total = sum_i rows_i`` and ``seq_mean_total =
-    sum_i rows_i / (T_i + 1e-8)`` (T_i + 1e-8 in float32, as verl computes it; empty rows add 0)."""
+    sum_i rows_i / (T_i + 1e-8)`` (T_i + 1e-8 in float32, as verl computes it; empty rows add 0).
+    A named tuple: a call builds several, and a frozen dataclass costs ~0.4 us more each."""
 
     rows: tuple[float, ...]
     total: float
@@ -525,7 +526,7 @@ class TokenBatch:
     ) -> dict[str, float] | None:
         """Add ``entropy_loss``, ``kl_loss`` and ``policy_loss`` to the policy metrics ``out``; None when a
         fused sum is not finite (the caller then takes the reference path)."""
-        info = config.global_batch_info
+        info = _batch_info(config)
         policy_loss = out["pg_loss"]
         if fast:
             sums = []
@@ -619,6 +620,15 @@ def _rows_key(config: LossConfig) -> tuple:
     if key is None:
         key = config.__dict__["_rows_key"] = _make_rows_key(config)
     return key
+
+
+def _batch_info(config: LossConfig) -> dict:
+    """``config.global_batch_info`` (a property that builds a new dict) memoised on the config as
+    :func:`_rows_key` is; only ever unpacked, never changed."""
+    info = config.__dict__.get("_batch_info")
+    if info is None:
+        info = config.__dict__["_batch_info"] = config.global_batch_info
+    return info
 
 
 def _make_rows_key(config: LossConfig) -> tuple:
@@ -809,7 +819,7 @@ def _finish(batch: TokenBatch, config: LossConfig, rows: list[float], mode=None,
         return None
     batch._cache[("pg_rows", _rows_key(config))] = (row_sums, mode)
     mode = config.loss_agg_mode if mode is None else mode
-    return {"pg_loss": batch.aggregate(row_sums, mode, **config.global_batch_info), **metrics}
+    return {"pg_loss": batch.aggregate(row_sums, mode, **_batch_info(config)), **metrics}
 
 
 def _ppo_kl(batch: TokenBatch, kl_sum: float) -> float:
@@ -822,7 +832,7 @@ def _fused_vanilla(batch: TokenBatch, config: LossConfig) -> dict[str, float] | 
         return None
     batch._cache[("pg_rows", _rows_key(config))] = (pol.rows, None)
     return {
-        "pg_loss": batch.aggregate(pol.rows, config.loss_agg_mode, **config.global_batch_info),
+        "pg_loss": batch.aggregate(pol.rows, config.loss_agg_mode, **_batch_info(config)),
         "pg_clipfrac": _fraction(pol.n_clipped, batch.n_tokens),
         "ppo_kl": batch.ppo_kl,
         "pg_clipfrac_lower": _fraction(pol.n_dual_clipped, batch.n_tokens),

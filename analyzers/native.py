@@ -170,7 +170,7 @@ _MASK_BYTES = (torch.uint8, torch.bool)  # one byte per token: a bool tensor's s
 
 class Inputs:
     """One micro-batch's tensors as the loops read them, checked once: CPU, contiguous, one float
-    dtype (float32 or float64), one 2-D shape, and the mask as 0/1 bytes of that shape (uint8, or a
+    dtype (float32 or float64), one non-empty 2-D shape, and the mask as 0/1 bytes of that shape (uint8, or a
     bool tensor, whose bytes are the ones a uint8 view of it would show). Every method passes the C
     loops only pointers into these tensors or into buffers it checks the same way."""
 
@@ -181,8 +181,9 @@ class Inputs:
             raise ValueError("the compiled passes are not available")
         first = next(iter(tensors.values()))
         dtype, shape = first.dtype, first.shape  # read once (each torch attribute costs ~50 ns, ~1 us cold)
-        if dtype not in (torch.float32, torch.float64) or len(shape) != 2:
-            raise ValueError("the compiled passes read 2-D float32 / float64 tensors")
+        # a tensor with no elements may have data_ptr 0, which the loops read as "no such tensor"
+        if dtype not in (torch.float32, torch.float64) or len(shape) != 2 or 0 in shape:
+            raise ValueError("the compiled passes read non-empty 2-D float32 / float64 tensors")
         for name, t in tensors.items():
             if not t.is_cpu or not t.is_contiguous() or t.dtype != dtype or t.shape != shape:
                 raise ValueError(
