@@ -35,12 +35,15 @@ import math
 import operator
 import threading
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from . import native
+from . import policy_losses as pl
 from .config import AggMode, KLType, LossConfig
+from .losses import agg_loss, capture_agg_inputs, clipped_token_losses, kl_penalty
 
 Tensor = torch.Tensor
 _FAST_DTYPES = (torch.float32, torch.float64)
@@ -113,11 +116,11 @@ def _fraction(hits: int, count: int) -> float:
     return float(np.float32(hits) / (np.float32(count) + np.float32(1e-8)))
 
 
-@dataclass(frozen=True)
-class RowSums:
+class RowSums(NamedTuple):
     """Per-row masked sums of a per-token quantity (``rows``, one float per sequence), with the two
     totals every aggregation mode is made of: ``total = sum_i rows_i`` and ``seq_mean_total =
-    sum_i rows_i / (T_i + 1e-8)`` (T_i + 1e-8 in float32, as verl computes it; empty rows add 0)."""
+    sum_i rows_i / (T_i + 1e-8)`` (T_i + 1e-8 in float32, as verl computes it; empty rows add 0).
+    A named tuple: a call builds several, and a frozen dataclass costs ~0.4 us more each."""
 
     rows: tuple[float, ...]
     total: float
@@ -158,31 +161,36 @@ class TokenBatch:
         dense: bool = False,
     ) -> None:
         self.dense = dense
-        given = {
-            "log_prob": log_prob,
-            "old_log_prob": old_log_prob,
-            "advantages": advantages,
-            "ref_log_prob": ref_log_prob,
-            "entropy": entropy,
-            "rollout_is_weights": rollout_is_weights,
-        }
-        floats = {k: v for k, v in given.items() if v is not None}
+        given = (
+            ("log_prob", log_prob),
+            ("old_log_prob", old_log_prob),
+            ("advantages", advantages),
+            ("ref_log_prob", ref_log_prob),
+            ("entropy", entropy),
+            ("rollout_is_weights", rollout_is_weights),
+        )
         self.shape = tuple(response_mask.shape)
         self.width = self.shape[1]
-        self.tensors = {k: v.detach() if v.requires_grad else v for k, v in floats.items()}
-        self.mask = response_mask.detach() if response_mask.requires_grad else response_mask
-        self.mask = self.mask if self.mask.dtype == torch.bool else self.mask != 0
-        dtype = floats["log_prob"].dtype
-        for value in floats.values():
+        # one loop reads each tensor's metadata once (a torch attribute costs ~50 ns, ~1 us cold)
+        self.tensors = {}
+        dtype = log_prob.dtype
+        one_dtype = True
+        for name, value in given:
+            if value is None:
+                continue
+            self.tensors[name] = value.detach() if value.requires_grad else value
             if value.dtype != dtype:  # promote_types costs ~0.3 us a call; one dtype is the usual case
                 dtype = torch.promote_types(dtype, value.dtype)
+                one_dtype = False
+        self.mask = response_mask.detach() if response_mask.requires_grad else response_mask
+        self.mask = self.mask if self.mask.dtype == torch.bool else self.mask != 0
         self.dtype = dtype
         self.fast = dtype in _FAST_DTYPES
         self._cache: dict = {}
         self._lengths: list[float] | None = None
         self.native: native.Inputs | None = None  # the compiled loops' view of the inputs, when usable
         if self.fast:
-            self._prepare()
+            self._prepare(one_dtype)
         else:
             self._count(self.mask.sum(dim=-1))
 
@@ -200,6 +208,13 @@ class TokenBatch:
         self.n_tokens = int(n_row.sum())
         self.n_seqs = int(torch.count_nonzero(n_row))
 
+    @functools.cached_property
+    def n_row(self) -> Tensor:
+        """``(batch,)`` int64: valid tokens per row. :meth:`_count` sets it; after the compiled count it
+        is built from that count's list when a loss first reads it (a tensor costs ~3 us to build, and
+        most losses never read it)."""
+        return torch.tensor(self._counts, dtype=torch.int64)
+
     @property
     def empty(self) -> bool:
         return self.n_tokens == 0
@@ -214,26 +229,37 @@ class TokenBatch:
         value = self.tensors[name]
         return value if value.dtype == self.dtype else value.to(self.dtype)
 
-    def _prepare(self) -> None:
+    def _prepare(self, one_dtype: bool) -> None:
         """The per-row counts, from the mask's bytes (a bool -> float copy costs ~6x a uint8 one), and
-        the inputs the compiled loops read (one dtype, contiguous: no copy when they already are)."""
-        self._mask_u8 = self.mask.view(torch.uint8)
+        the inputs the compiled loops read (one dtype, contiguous: no copy when they already are).
+        ``one_dtype``: every float tensor has the batch's dtype already."""
         self.finite = True  # until a fused sum says otherwise
         self.ppo_kl: float | None = None
         counted = None
         if native.module() is not None and self.mask.is_cpu:
-            self._mask_u8 = self._mask_u8.contiguous()
-            self.native = native.Inputs.of(
-                {k: v if v.dtype == self.dtype and v.is_contiguous() else v.to(self.dtype).contiguous()
-                 for k, v in self.tensors.items()},
-                self._mask_u8,
-            )  # fmt: skip
-            counted = native.count_rows(self._mask_u8) if self.native is not None else None
+            # the loops read the bool mask's own bytes (no uint8 view: ~1 us, ~4 us cold)
+            mask = self.mask if self.mask.is_contiguous() else self.mask.contiguous()
+            # the tensors as they are when Inputs can read them so (it checks them: the usual case
+            # costs no second look at every tensor here), else converted to one contiguous dtype
+            self.native = native.Inputs.of(self.tensors, mask) if one_dtype else None
+            if self.native is None:
+                self.native = native.Inputs.of(
+                    {k: v if v.dtype == self.dtype and v.is_contiguous() else v.to(self.dtype).contiguous()
+                     for k, v in self.tensors.items()},
+                    mask,
+                )  # fmt: skip
+            counted = self.native.count_rows() if self.native is not None else None
         if counted is None:
             self._count(self._mask_u8.sum(dim=-1, dtype=torch.int32).to(torch.int64))
         else:  # one loop: the counts, verl's T + 1e-8 per row and the total (no torch op)
-            self.n_row, self._lengths, self.n_tokens = counted
-            self.n_seqs = len(self._lengths) - self._lengths.count(_EMPTY_ROW_LENGTH)
+            self._counts, self._lengths, self.n_tokens = counted
+            self.n_seqs = len(self._counts) - self._counts.count(0)
+
+    @functools.cached_property
+    def _mask_u8(self) -> Tensor:
+        """The mask's bytes as a contiguous uint8 tensor, for the torch-op passes (built when one first
+        reads it: the compiled loops read the bool mask itself)."""
+        return self.mask.view(torch.uint8).contiguous()
 
     def _native_aux(self, entropy: bool, kl: str | None, check: bool) -> None:
         """The planned entropy / KL row sums and the k2 check by the compiled loop, into the cache
@@ -273,7 +299,10 @@ class TokenBatch:
         if self._lengths is None:
             self._lengths = (self.n_row.to(torch.float32) + 1e-8).tolist()
         rows = tuple(rows)
-        return RowSums(rows, _total(rows), _total(list(map(operator.truediv, rows, self._lengths))))
+        try:  # _total's fsum inline: this runs for every row-sum vector
+            return RowSums(rows, math.fsum(rows), math.fsum(map(operator.truediv, rows, self._lengths)))
+        except (ValueError, OverflowError):  # inf - inf, or an overflowing sum: _total's IEEE results
+            return RowSums(rows, _total(rows), _total(list(map(operator.truediv, rows, self._lengths))))
 
     def _aux_plan(self, config: LossConfig | None) -> tuple[bool, str | None, bool]:
         """What a pass for ``config`` should compute on the side, not cached yet: the entropy row
@@ -284,7 +313,8 @@ class TokenBatch:
         kl, check = None, False
         if "ref_log_prob" in self.tensors and isinstance(config.kl_loss_type, KLType):
             kind = config.kl_loss_type if type(config.kl_loss_type) is KLType else KLType(config.kl_loss_type)
-            kl = kind.base if ("kl", kind.base) not in self._cache else None
+            base = kind.base
+            kl = base if ("kl", base) not in self._cache else None
             check = kind.straight_through and "k2_finite" not in self._cache
         return entropy, kl, check
 
@@ -386,26 +416,22 @@ class TokenBatch:
     def kl_rows(self, kind: KLType | str) -> RowSums:
         """Row sums ``(batch,)`` of the forward value of a KL estimator (``+`` has k's value)."""
         kind = kind if type(kind) is KLType else KLType(kind)
-        missing = ("kl", kind.base) not in self._cache
-        if self.native and (missing or (kind.straight_through and "k2_finite" not in self._cache)):
-            self._native_aux(
-                False,
-                kind.base if missing else None,
-                kind.straight_through and "k2_finite" not in self._cache,
-            )
-        if ("kl", kind.base) not in self._cache or (kind.straight_through and "k2_finite" not in self._cache):
+        key, straight_through = ("kl", kind.base), kind.straight_through  # properties: read once
+        cache = self._cache
+        missing, unchecked = key not in cache, straight_through and "k2_finite" not in cache
+        if self.native and (missing or unchecked):
+            self._native_aux(False, key[1] if missing else None, unchecked)
+        if key not in cache or (straight_through and "k2_finite" not in cache):
             with self._pass(0) as p:
-                p.plan(
-                    False, kind.base if ("kl", kind.base) not in self._cache else None, kind.straight_through
-                )
+                p.plan(False, key[1] if key not in cache else None, straight_through)
                 for m in p.blocks():
                     p.aux_block(m)
                 p.rows()
-        if kind.straight_through and not self._cache["k2_finite"]:
+        if straight_through and not cache["k2_finite"]:
             # verl's k2 - k2.detach() + f.detach() is NaN wherever k2 is not finite, even where the
             # clamped forward estimator is: NaN rows send the batch to the reference path
             return RowSums((math.nan,) * self.shape[0], math.nan, math.nan)
-        return self._cache[("kl", kind.base)]
+        return cache[key]
 
     def entropy_rows(self) -> RowSums:
         if "entropy" not in self._cache and self.native:
@@ -465,9 +491,7 @@ class TokenBatch:
         only implements the built-ins)."""
         if config.use_kl_loss and "ref_log_prob" not in self.tensors:
             raise ValueError("ref_log_prob is required when use_kl_loss is True")
-        from .policy_losses import get_policy_loss
-
-        entry = get_policy_loss(config.loss_mode)
+        entry = pl.get_policy_loss(config.loss_mode)
         builtin = isinstance(config.loss_agg_mode, AggMode) and isinstance(config.kl_loss_type, KLType)
         if not self.dense and (config.loss_agg_mode not in _TOKEN_MODES or not entry.uses_agg_mode):
             self.densify()  # a seq-mean aggregation (sapo and geo_mean fix their own)
@@ -492,14 +516,10 @@ class TokenBatch:
         """``pg_loss`` and the loss mode's own metrics from its registered function (no autograd),
         memoised per setting except for losses that draw random numbers (``clip_cov``). ``raw``: as the
         0-dim tensors the loss returned (half precision combines them in its own dtype)."""
-        from .policy_losses import get_policy_loss
-
-        entry = get_policy_loss(config.loss_mode)
+        entry = pl.get_policy_loss(config.loss_mode)
         key = ("policy", _policy_key(config))
         hit = None if entry.random else self._cache.get(key)
         if hit is None:
-            from .losses import capture_agg_inputs
-
             t = self.tensors
             with torch.no_grad(), capture_agg_inputs() as captured:
                 pg_loss, metrics = entry.fn(
@@ -536,7 +556,7 @@ class TokenBatch:
     ) -> dict[str, float] | None:
         """Add ``entropy_loss``, ``kl_loss`` and ``policy_loss`` to the policy metrics ``out``; None when a
         fused sum is not finite (the caller then takes the reference path)."""
-        info = config.global_batch_info
+        info = _batch_info(config)
         policy_loss = out["pg_loss"]
         if fast:
             sums = []
@@ -548,7 +568,7 @@ class TokenBatch:
                 rows = self.kl_rows(config.kl_loss_type)
                 sums.append(rows.total)
                 out["kl_loss"] = self.aggregate(rows, config.loss_agg_mode, **info)
-            if not all(math.isfinite(x) for x in sums):
+            if not all(map(math.isfinite, sums)):
                 return None
         else:
             out.update(self._reference_aux(config))
@@ -568,14 +588,11 @@ class TokenBatch:
         """verl's own op sequence (``losses.ppo_loss``), in the input dtype. The per-token matrices and
         their aggregations are memoised, so an audit trying many configs pays once per clip setting,
         KL estimator and aggregation."""
-        from .losses import agg_loss, clipped_token_losses
-        from .policy_losses import POLICY_LOSSES, compute_policy_loss_vanilla
-
         t, mask = self.tensors, self.mask
         info = config.global_batch_info
         mode = config.loss_agg_mode
-        entry = POLICY_LOSSES.get(config.loss_mode)
-        if entry is None or entry.fn is not compute_policy_loss_vanilla or "rollout_is_weights" in t:
+        entry = pl.POLICY_LOSSES.get(config.loss_mode)
+        if entry is None or entry.fn is not pl.compute_policy_loss_vanilla or "rollout_is_weights" in t:
             return self._aux_metrics(config, self.policy_metrics(config, raw=True), fast=False)
         with torch.no_grad():
             clip = (config.clip_low, config.clip_high, config.clip_ratio_c)
@@ -604,8 +621,6 @@ class TokenBatch:
         return hit
 
     def _reference_aux(self, config: LossConfig) -> dict[str, Tensor]:
-        from .losses import agg_loss, kl_penalty
-
         t, mask = self.tensors, self.mask
         info = config.global_batch_info
         mode = config.loss_agg_mode
@@ -635,6 +650,15 @@ def _rows_key(config: LossConfig) -> tuple:
     if key is None:
         key = config.__dict__["_rows_key"] = _make_rows_key(config)
     return key
+
+
+def _batch_info(config: LossConfig) -> dict:
+    """``config.global_batch_info`` (a property that builds a new dict) memoised on the config as
+    :func:`_rows_key` is; only ever unpacked, never changed."""
+    info = config.__dict__.get("_batch_info")
+    if info is None:
+        info = config.__dict__["_batch_info"] = config.global_batch_info
+    return info
 
 
 def _make_rows_key(config: LossConfig) -> tuple:
@@ -821,11 +845,11 @@ def _finish(batch: TokenBatch, config: LossConfig, rows: list[float], mode=None,
     sums stay cached for :meth:`TokenBatch.pg_loss_by_agg_mode` (``mode``: the aggregation the loss
     fixes whatever ``loss_agg_mode`` says, as sapo's seq-mean-token-mean)."""
     row_sums = batch._row_sums(rows)
-    if not math.isfinite(row_sums.total) or not all(math.isfinite(v) for v in metrics.values()):
+    if not math.isfinite(row_sums.total) or not all(map(math.isfinite, metrics.values())):
         return None
     batch._cache[("pg_rows", _rows_key(config))] = (row_sums, mode)
     mode = config.loss_agg_mode if mode is None else mode
-    return {"pg_loss": batch.aggregate(row_sums, mode, **config.global_batch_info), **metrics}
+    return {"pg_loss": batch.aggregate(row_sums, mode, **_batch_info(config)), **metrics}
 
 
 def _ppo_kl(batch: TokenBatch, kl_sum: float) -> float:
@@ -838,7 +862,7 @@ def _fused_vanilla(batch: TokenBatch, config: LossConfig) -> dict[str, float] | 
         return None
     batch._cache[("pg_rows", _rows_key(config))] = (pol.rows, None)
     return {
-        "pg_loss": batch.aggregate(pol.rows, config.loss_agg_mode, **config.global_batch_info),
+        "pg_loss": batch.aggregate(pol.rows, config.loss_agg_mode, **_batch_info(config)),
         "pg_clipfrac": _fraction(pol.n_clipped, batch.n_tokens),
         "ppo_kl": batch.ppo_kl,
         "pg_clipfrac_lower": _fraction(pol.n_dual_clipped, batch.n_tokens),
@@ -874,8 +898,9 @@ class _Side:
         return self
 
     def __exit__(self, *exc) -> None:
-        _give(*(buf for buf in (self.r, self.e) if buf is not None))
-        self.r = self.e = None
+        if self.r is not None or self.e is not None:  # none with the inline exp
+            _give(*(buf for buf in (self.r, self.e) if buf is not None))
+            self.r = self.e = None
 
     def store(self, result: tuple) -> None:
         self.batch._store_aux(*self.plan, *result)
@@ -1400,30 +1425,18 @@ def _fused_bypass(batch: TokenBatch, config: LossConfig) -> dict[str, float] | N
     return {**pg, **{k: float(v) for k, v in rollout_metrics.items()}}
 
 
-class _FusedPasses(dict):
-    """verl's function -> its fused pass; filled on first use (policy_losses imports .losses first)."""
-
-    def get(self, key, default=None):
-        if not self:
-            from . import policy_losses as pl
-
-            self.update(
-                {
-                    pl.compute_policy_loss_vanilla: _fused_vanilla,
-                    pl.compute_policy_loss_gpg: _fused_gpg,
-                    pl.compute_policy_loss_dro: _fused_dro,
-                    pl.compute_policy_loss_cispo: _fused_cispo,
-                    pl.compute_policy_loss_gspo: _fused_gspo,
-                    pl.compute_policy_loss_sapo: _fused_sapo,
-                    pl.compute_policy_loss_geo_mean: _fused_geo_mean,
-                    pl.compute_policy_loss_dppo_tv: lambda b, c: _fused_dppo(b, c, binary_kl=False),
-                    pl.compute_policy_loss_dppo_kl: lambda b, c: _fused_dppo(b, c, binary_kl=True),
-                    pl.compute_policy_loss_clip_cov: _fused_clip_cov,
-                    pl.compute_policy_loss_kl_cov: _fused_kl_cov,
-                    pl.compute_policy_loss_bypass_mode: _fused_bypass,
-                }
-            )
-        return super().get(key, default)
-
-
-_FUSED = _FusedPasses()
+# verl's function -> its fused pass
+_FUSED = {
+    pl.compute_policy_loss_vanilla: _fused_vanilla,
+    pl.compute_policy_loss_gpg: _fused_gpg,
+    pl.compute_policy_loss_dro: _fused_dro,
+    pl.compute_policy_loss_cispo: _fused_cispo,
+    pl.compute_policy_loss_gspo: _fused_gspo,
+    pl.compute_policy_loss_sapo: _fused_sapo,
+    pl.compute_policy_loss_geo_mean: _fused_geo_mean,
+    pl.compute_policy_loss_dppo_tv: lambda b, c: _fused_dppo(b, c, binary_kl=False),
+    pl.compute_policy_loss_dppo_kl: lambda b, c: _fused_dppo(b, c, binary_kl=True),
+    pl.compute_policy_loss_clip_cov: _fused_clip_cov,
+    pl.compute_policy_loss_kl_cov: _fused_kl_cov,
+    pl.compute_policy_loss_bypass_mode: _fused_bypass,
+}

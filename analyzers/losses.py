@@ -24,6 +24,7 @@ from contextvars import ContextVar
 
 import torch
 
+from .batch import token_batch
 from .config import AggMode, KLType, LossConfig
 
 __all__ = [
@@ -396,8 +397,6 @@ def recompute(
     multiply the per-token policy loss as in verl. Shapes ``(batch, response_len)``;
     float16/bfloat16/float32/float64.
     """
-    from .batch import token_batch
-
     batch = token_batch(
         {
             "log_prob": log_prob,

@@ -133,10 +133,10 @@ def exp_between_passes():
         _INLINE_EXP = before
 
 
-def count_rows(mask_u8: Tensor) -> tuple[Tensor, list[float], int] | None:
-    """Per-row valid-token counts (int64), verl's ``T_i + 1e-8`` per row (float32, as floats) and the
-    total, in one pass over a contiguous CPU uint8 ``(rows, width)`` mask; None when the loops are off
-    or cannot read it."""
+def count_rows(mask_u8: Tensor) -> tuple[list[int], list[float], int] | None:
+    """Per-row valid-token counts, verl's ``T_i + 1e-8`` per row (float32, as floats) and the total, in
+    one pass over a contiguous CPU uint8 ``(rows, width)`` mask (the loop returns the lists itself);
+    None when the loops are off or cannot read it."""
     if (
         _MODULE is None
         or not _enabled
@@ -147,10 +147,7 @@ def count_rows(mask_u8: Tensor) -> tuple[Tensor, list[float], int] | None:
     ):
         return None
     rows, width = mask_u8.shape
-    counts = torch.empty(rows, dtype=torch.int64)
-    lengths = torch.empty(rows, dtype=torch.float64)
-    total = _MODULE.count_rows(mask_u8.data_ptr(), rows, width, counts.data_ptr(), lengths.data_ptr())
-    return counts, lengths.tolist(), total
+    return _MODULE.count_rows(mask_u8.data_ptr(), rows, width)
 
 
 def _row_ptrs(out: Tensor) -> list[int]:
@@ -175,10 +172,14 @@ def mask_bytes(mask: Tensor) -> tuple[bool, Tensor | None]:
     return True, out
 
 
+_MASK_BYTES = (torch.uint8, torch.bool)  # one byte per token: a bool tensor's storage is its bytes
+
+
 class Inputs:
     """One micro-batch's tensors as the loops read them, checked once: CPU, contiguous, one float
-    dtype (float32 or float64), one 2-D shape, and the mask as 0/1 bytes of that shape. Every method
-    passes the C loops only pointers into these tensors or into buffers it checks the same way."""
+    dtype (float32 or float64), one non-empty 2-D shape, and the mask as 0/1 bytes of that shape (uint8, or a
+    bool tensor, whose bytes are the ones a uint8 view of it would show). Every method passes the C
+    loops only pointers into these tensors or into buffers it checks the same way."""
 
     __slots__ = ("f64", "mask", "rows", "shape", "tensors", "width")
 
@@ -186,23 +187,25 @@ class Inputs:
         if _MODULE is None or not tensors:
             raise ValueError("the compiled passes are not available")
         first = next(iter(tensors.values()))
-        if first.dtype not in (torch.float32, torch.float64) or first.dim() != 2:
-            raise ValueError("the compiled passes read 2-D float32 / float64 tensors")
+        dtype, shape = first.dtype, first.shape  # read once (each torch attribute costs ~50 ns, ~1 us cold)
+        # a tensor with no elements may have data_ptr 0, which the loops read as "no such tensor"
+        if dtype not in (torch.float32, torch.float64) or len(shape) != 2 or 0 in shape:
+            raise ValueError("the compiled passes read non-empty 2-D float32 / float64 tensors")
         for name, t in tensors.items():
-            if not t.is_cpu or not t.is_contiguous() or t.dtype != first.dtype or t.shape != first.shape:
+            if not t.is_cpu or not t.is_contiguous() or t.dtype != dtype or t.shape != shape:
                 raise ValueError(
                     f"{name}: the compiled passes read CPU, contiguous tensors of one dtype and shape"
                 )
         if (
-            mask_u8.dtype != torch.uint8
-            or mask_u8.shape != first.shape
+            mask_u8.dtype not in _MASK_BYTES
+            or mask_u8.shape != shape
             or not mask_u8.is_contiguous()
             or not mask_u8.is_cpu
         ):
             raise ValueError("the compiled passes read the mask as contiguous CPU bytes of the same shape")
         self.tensors, self.mask = tensors, mask_u8
-        self.f64 = first.dtype == torch.float64
-        self.shape = tuple(first.shape)
+        self.f64 = dtype == torch.float64
+        self.shape = tuple(shape)
         self.rows, self.width = self.shape
 
     @classmethod
@@ -214,6 +217,10 @@ class Inputs:
             return cls(tensors, mask_u8)
         except ValueError:
             return None
+
+    def count_rows(self) -> tuple[list[int], list[float], int]:
+        """:func:`count_rows` of the mask these inputs checked (no second check of it)."""
+        return _MODULE.count_rows(self.mask.data_ptr(), self.rows, self.width)
 
     def scratch(self, buf: Tensor) -> Tensor:
         """``buf`` if the loops may read it as a token-sized tensor of these inputs."""
@@ -252,14 +259,12 @@ class Inputs:
             raise ValueError("no ref_log_prob tensor")
         if entropy and "entropy" not in self.tensors:
             raise ValueError("no entropy tensor")
-        out = torch.empty((3, self.rows), dtype=torch.float64)
-        pos, neg, kl_sum, k2, guard = _MODULE.vfused(
+        rows, ent_rows, kl_rows, pos, neg, kl_sum, k2, guard = _MODULE.vfused(
             self.f64, self._p("log_prob"), self._p("old_log_prob"), self._p("ref_log_prob" if need_ref else None),
             self._p("advantages"), self._p("entropy" if entropy else None), self.mask.data_ptr(), self.rows,
-            self.width, lo, hi, c, code, check, skip, *_row_ptrs(out),
+            self.width, lo, hi, c, code, check, skip,
         )  # fmt: skip
-        rows, ent_rows, kl_rows = out.tolist()
-        return rows, pos, neg, ent_rows if entropy else None, kl_rows if code else None, kl_sum, k2, guard
+        return rows, pos, neg, ent_rows, kl_rows, kl_sum, k2, guard
 
     def packed(self, buf: Tensor, cap: int) -> Tensor:
         """``buf`` if the loops may write / read ``cap`` packed values there (1-D, contiguous, CPU, the
@@ -317,16 +322,12 @@ class Inputs:
             raise ValueError("k3 needs the packed exp(clamp(ref - lp, -20, 20))")
         xr = self.packed(xr, cap)
         xe_ptr = self.packed(xe, cap).data_ptr() if code == 4 else 0
-        out = torch.empty((3, self.rows), dtype=torch.float64)
-        p_rows, p_ent, p_kl = _row_ptrs(out)
-        pos, neg = _MODULE.vpacked(
+        rows, ent_rows, kl_rows, pos, neg = _MODULE.vpacked(
             self.f64, xr.data_ptr(), xe_ptr, cap, self._p("advantages"), self.mask.data_ptr(), self.rows,
-            self.width, lo, hi, c, p_rows, self._p("entropy" if entropy else None),
+            self.width, lo, hi, c, self._p("entropy" if entropy else None),
             self._p("log_prob" if code else None), self._p("ref_log_prob" if code else None), code,
-            p_ent, p_kl,
         )  # fmt: skip
-        rows, ent_rows, kl_rows = out.tolist()
-        return rows, pos, neg, ent_rows if entropy else None, kl_rows if code else None
+        return rows, pos, neg, ent_rows, kl_rows
 
     def aux(
         self, *, entropy: bool, kl: str | None, check: bool, e: Tensor | None = None, skip: bool = False
@@ -343,25 +344,18 @@ class Inputs:
         if entropy and "entropy" not in self.tensors:
             raise ValueError("no entropy tensor")
         e_ptr = self.scratch(e).data_ptr() if code == 4 and e is not None else 0
-        ent_out = torch.empty(self.rows, dtype=torch.float64) if entropy else None
-        kl_out = torch.empty(self.rows, dtype=torch.float64) if code else None
-        k2 = _MODULE.aux(
+        return _MODULE.aux(
             self.f64, self.mask.data_ptr(), self._p("entropy" if entropy else None),
             self._p("log_prob" if need else None), self._p("ref_log_prob" if need else None), e_ptr,
-            self.rows, self.width, code, check,
-            0 if ent_out is None else ent_out.data_ptr(), 0 if kl_out is None else kl_out.data_ptr(), skip,
+            self.rows, self.width, code, check, skip,
         )  # fmt: skip
-        return (
-            None if ent_out is None else ent_out.tolist(),
-            None if kl_out is None else kl_out.tolist(),
-            k2,
-        )
 
     # -- losses A (gpg, dro, cispo, sapo, gspo, geo_mean): csrc/losses_a.h ----------------------------
     # Each returns row sums of the mode's torch-op pass (kernels._fused_<mode>) before its sign, as
-    # floats, and the masked sum of the log-ratio where the mode reports ppo_kl. The passes that read
-    # logp compute the entropy / KL-estimator terms of :meth:`aux` in the same loop (``side``, from
-    # :meth:`side_terms`) and return them last, as :meth:`aux` does.
+    # floats (lists the loop builds: no output tensor here), and the masked sum of the log-ratio where
+    # the mode reports ppo_kl. The passes that read logp compute the entropy / KL-estimator terms of
+    # :meth:`aux` in the same loop (``side``, from :meth:`side_terms`) and return them last, as
+    # :meth:`aux` does.
 
     def side_terms(
         self,
@@ -371,12 +365,12 @@ class Inputs:
         check: bool = False,
         e: Tensor | None = None,
         skip: bool = False,
-    ) -> tuple[tuple, Tensor | None, tuple[bool, bool]]:
-        """The aux loop's arguments for a losses-A pass (checked as :meth:`aux` checks them), the
-        ``(2, rows)`` output the pass writes the entropy and KL row sums into, and which of the two it
-        writes. k3 with no ``e``: the pass takes that exp inline (only with :func:`inline_exp`).
-        ``skip`` (as :meth:`vfused`'s) goes with them: gpg, dro and cispo skip, the others read every
-        token whatever it says."""
+    ) -> tuple:
+        """The aux loop's arguments for a losses-A pass, checked as :meth:`aux` checks them (the pass
+        returns the entropy row sums only with ``entropy``, the KL ones only with ``kl``). k3 with no
+        ``e``: the pass takes that exp inline (only with :func:`inline_exp`). ``skip`` (as
+        :meth:`vfused`'s) goes with them: gpg, dro and cispo skip, the others read every token whatever
+        it says."""
         code = KL_CODES[kl]
         need = code or check
         if need and "ref_log_prob" not in self.tensors:
@@ -385,24 +379,12 @@ class Inputs:
             raise ValueError("k3 needs exp(clamp(ref - lp, -20, 20)) (no inline exp here)")
         if entropy and "entropy" not in self.tensors:
             raise ValueError("no entropy tensor")
-        out = torch.empty((2, self.rows), dtype=torch.float64) if entropy or code else None
-        p_ent, p_kl = _row_ptrs(out) if out is not None else (0, 0)
-        args = (
+        return (
             self._p("entropy" if entropy else None), self._p("ref_log_prob" if need else None),
-            self.scratch(e).data_ptr() if code == 4 and e is not None else 0, code, check,
-            p_ent if entropy else 0, p_kl if code else 0, skip,
+            self.scratch(e).data_ptr() if code == 4 and e is not None else 0, code, check, skip,
         )  # fmt: skip
-        return args, out, (bool(entropy), bool(code))
 
-    _NO_SIDE = ((0, 0, 0, 0, False, 0, 0, False), None, (False, False))
-
-    @staticmethod
-    def _side_out(side, k2: float) -> tuple[list[float] | None, list[float] | None, float]:
-        _, out, (entropy, kl) = side
-        if out is None:
-            return None, None, k2
-        ent_rows, kl_rows = out.tolist()
-        return ent_rows if entropy else None, kl_rows if kl else None, k2
+    _NO_SIDE = (0, 0, 0, 0, False, False)
 
     def logratios(self, r: Tensor | None, e: Tensor | None) -> None:
         """Fill ``r`` with ``clamp(logp - old, -20, 20)`` and ``e`` with ``clamp(ref - logp, -20, 20)``
@@ -414,10 +396,6 @@ class Inputs:
             self._p("ref_log_prob" if e is not None else None), self.rows, self.width,
             0 if r is None else self.scratch(r).data_ptr(), 0 if e is None else self.scratch(e).data_ptr(),
         )  # fmt: skip
-
-    def _row_out(self) -> Tensor:
-        """One float64 per row: a pass's row sums."""
-        return torch.empty(self.rows, dtype=torch.float64)
 
     def _rows(self, k: int) -> Tensor:
         """``k`` float64 per row, ``(k, rows)``: several row sums of one pass."""
@@ -436,21 +414,19 @@ class Inputs:
 
     def gpg(self, side=_NO_SIDE) -> tuple[list[float], tuple]:
         """Row sums of ``logp A m``."""
-        out = self._row_out()
-        k2 = _MODULE.gpg(
+        rows, *aux = _MODULE.gpg(
             self.f64, self._p("log_prob"), self._p("advantages"), self.mask.data_ptr(), self.rows, self.width,
-            out.data_ptr(), *side[0],
+            *side,
         )  # fmt: skip
-        return out.tolist(), self._side_out(side, k2)
+        return rows, tuple(aux)
 
     def dro(self, half_beta: float, side=_NO_SIDE) -> tuple[list[float], float, tuple]:
         """Row sums of ``(logp A - half_beta (logp - old)^2) m`` and the masked sum of ``logp - old``."""
-        out = self._row_out()
-        kl, k2 = _MODULE.dro(
+        rows, kl, *aux = _MODULE.dro(
             self.f64, self._p("log_prob"), self._p("old_log_prob"), self._p("advantages"), self.mask.data_ptr(),
-            self.rows, self.width, half_beta, out.data_ptr(), *side[0],
+            self.rows, self.width, half_beta, *side,
         )  # fmt: skip
-        return out.tolist(), kl, self._side_out(side, k2)
+        return rows, kl, tuple(aux)
 
     def _ratio(self, r: Tensor | None) -> int:
         """The pointer of a pass's ratio buffer, or 0: the pass takes the exp inline."""
@@ -467,12 +443,11 @@ class Inputs:
         and the count of valid tokens with ``r != clamp(r, lo, hi)``; ``r`` holds the exp of that (None:
         the pass takes it inline)."""
         r_ptr = self._ratio(r)
-        out = self._row_out()
-        kl, hits, k2 = _MODULE.cispo(
+        rows, kl, hits, *aux = _MODULE.cispo(
             self.f64, self._p("log_prob"), self._p("old_log_prob"), r_ptr, self._p("advantages"),
-            self.mask.data_ptr(), self.rows, self.width, lo, hi, out.data_ptr(), *side[0],
+            self.mask.data_ptr(), self.rows, self.width, lo, hi, *side,
         )  # fmt: skip
-        return out.tolist(), kl, hits, self._side_out(side, k2)
+        return rows, kl, hits, tuple(aux)
 
     def sapo_gate(
         self, r: Tensor | None, x: Tensor, tau_pos: float, tau_neg: float, side=_NO_SIDE
@@ -481,54 +456,48 @@ class Inputs:
         ``r``), ``r`` being ``exp(clamp(logp - old, -20, 20))`` (None: the pass takes it inline); return
         the masked sum of the clamped log-ratio."""
         r_ptr, x = self._ratio(r), self.scratch(x)
-        kl, k2 = _MODULE.sapo_gate(
+        kl, *aux = _MODULE.sapo_gate(
             self.f64, self._p("log_prob"), self._p("old_log_prob"), r_ptr, self._p("advantages"),
-            self.mask.data_ptr(), self.rows, self.width, tau_pos, tau_neg, x.data_ptr(), *side[0],
+            self.mask.data_ptr(), self.rows, self.width, tau_pos, tau_neg, x.data_ptr(), *side,
         )  # fmt: skip
-        return kl, self._side_out(side, k2)
+        return kl, tuple(aux)
 
     def sapo(self, gates: Tensor, q_pos: float, q_neg: float) -> list[float]:
         """Row sums of ``((gates q) A) m``, ``q = q_pos`` where ``A > 0``, else ``q_neg``."""
         gates = self.scratch(gates)
-        out = self._row_out()
-        _MODULE.sapo(
+        return _MODULE.sapo(
             self.f64, gates.data_ptr(), self._p("advantages"), self.mask.data_ptr(), self.rows, self.width,
-            q_pos, q_neg, out.data_ptr(),
+            q_pos, q_neg,
         )  # fmt: skip
-        return out.tolist()
 
     def gspo_logratio(self, d: Tensor, side=_NO_SIDE) -> tuple[Tensor, tuple]:
         """``d`` filled with ``(logp - old) m``."""
         d = self.scratch(d)
-        k2 = _MODULE.gspo_logratio(
+        aux = _MODULE.gspo_logratio(
             self.f64, self._p("log_prob"), self._p("old_log_prob"), self.mask.data_ptr(), self.rows,
-            self.width, d.data_ptr(), *side[0],
+            self.width, d.data_ptr(), *side,
         )  # fmt: skip
-        return d, self._side_out(side, k2)
+        return d, aux
 
     def gspo(self, s: Tensor, lo: float, hi: float) -> tuple[list[float], int]:
         """Row sums of GSPO's loss for the sequence ratios ``s`` (one per row) and the count of tokens
         it clips."""
         s = self._per_row(s)
-        out = self._row_out()
-        hits = _MODULE.gspo(
-            self.f64, self._p("advantages"), self.mask.data_ptr(), s.data_ptr(), self.rows, self.width, lo, hi,
-            out.data_ptr(),
-        )  # fmt: skip
-        return out.tolist(), hits
+        rows, hits = _MODULE.gspo(
+            self.f64, self._p("advantages"), self.mask.data_ptr(), s.data_ptr(), self.rows, self.width, lo, hi
+        )
+        return rows, hits
 
     def geo_mean(
         self, lo: float, hi: float, side=_NO_SIDE
     ) -> tuple[list[float], list[float], float, int, int, tuple]:
         """Row sums of the sign-clipped log-ratio and of ``A m``, the masked sum of ``logp - old`` and
         the counts of clipped valid tokens with ``A > 0`` and with ``A < 0`` (bounds ``-lo``, ``hi``)."""
-        out = self._rows(2)
-        kl, pos, neg, k2 = _MODULE.geo_mean(
+        v, a, kl, pos, neg, *aux = _MODULE.geo_mean(
             self.f64, self._p("log_prob"), self._p("old_log_prob"), self._p("advantages"), self.mask.data_ptr(),
-            self.rows, self.width, -lo, hi, *_row_ptrs(out), *side[0],
+            self.rows, self.width, -lo, hi, *side,
         )  # fmt: skip
-        v, a = out.tolist()
-        return v, a, kl, pos, neg, self._side_out(side, k2)
+        return v, a, kl, pos, neg, tuple(aux)
 
     # -- losses B (dppo_tv, dppo_kl, clip_cov, kl_cov): csrc/losses_b.h --------------------------------
 

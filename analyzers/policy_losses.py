@@ -86,8 +86,12 @@ def register_policy_loss(
 
 def get_policy_loss(name: str) -> PolicyLoss:
     """The registered loss ``name``; an unknown name raises ``ValueError`` listing the valid ones."""
-    key = name.value if isinstance(name, Enum) else name
-    entry = POLICY_LOSSES.get(key) if isinstance(key, str) else None
+    # a str enum member (LossMode) is a str equal to its value: looked up as it is (``.value`` is a
+    # Python-level descriptor, read on every recompute())
+    entry = POLICY_LOSSES.get(name) if isinstance(name, str) else None
+    if entry is None:
+        key = name.value if isinstance(name, Enum) else name
+        entry = POLICY_LOSSES.get(key) if isinstance(key, str) else None
     if entry is None:
         allowed = ", ".join(repr(n) for n in POLICY_LOSSES)
         raise ValueError(f"loss_mode must be one of {allowed}; got {name!r}")

@@ -67,6 +67,55 @@ static int use_avx2 = 0; /* set once at import: the CPU has AVX2 */
 typedef unsigned long long ptr_t;
 #define P(T, x) ((T *)(uintptr_t)(x))
 
+/* Row sums as Python lists: the entry points that return them (count_rows, vanilla, aux, losses A)
+ * write them into a buffer of their own, taken under the GIL, and build the lists themselves. Python
+ * then allocates no output tensor and calls no .tolist() (about a microsecond each, several when the
+ * caches are cold: most of the fixed cost of a small batch). The values are the same doubles .tolist()
+ * would give. */
+static double *rows_take(Py_ssize_t n) {
+    double *p = PyMem_New(double, n > 0 ? n : 1);
+    if (!p) PyErr_NoMemory();
+    return p;
+}
+
+static PyObject *rows_list(const double *v, Py_ssize_t n) {
+    PyObject *list = PyList_New(n);
+    if (!list) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *x = PyFloat_FromDouble(v[i]);
+        if (!x) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, i, x);
+    }
+    return list;
+}
+
+/* rows_list(v, n), or None (a new reference) where the pass was not asked for v */
+static PyObject *rows_list_or_none(const double *v, Py_ssize_t n) {
+    if (!v) Py_RETURN_NONE;
+    return rows_list(v, n);
+}
+
+/* One buffer for a pass's k row outputs (row_out: k * rows doubles) and the entropy / KL row sums
+ * (ent_out only with an entropy tensor, kl_out only with a KL estimator: the loops write them only
+ * then). Needs rows, ent, kind, ent_out and kl_out in scope. */
+#define ROWS_TAKE(k)                                                                                     \
+    double *row_out = rows_take(rows * ((k) + (ent != 0) + (kind != 0)));                                \
+    if (!row_out) return NULL;                                                                           \
+    ent_out = ent ? row_out + (k) * rows : NULL;                                                         \
+    kl_out = kind ? row_out + ((k) + (ent != 0)) * rows : NULL
+/* the entropy and KL row sums as lists (None where not asked for), for Py_BuildValue's "NN" */
+#define ENT_KL_LISTS rows_list_or_none(ent_out, rows), rows_list_or_none(kl_out, rows)
+/* Build the return value, then free the pass's buffer */
+#define RETURN_ROWS(fmt, ...)                                                                            \
+    do {                                                                                                 \
+        PyObject *result_ = Py_BuildValue(fmt, __VA_ARGS__);                                             \
+        PyMem_Free(row_out);                                                                             \
+        return result_;                                                                                  \
+    } while (0)
+
 #include "losses_a_py.h"
 #include "losses_b_py.h"
 #include "rollout_py.h"
@@ -105,41 +154,59 @@ static PyObject *py_exp_chunks(PyObject *self, PyObject *args) {
     Py_RETURN_TRUE;
 }
 
+/* (loss rows, entropy rows, KL rows, pos, neg, kl, k2, guard); rows as lists, None where not asked for */
 static PyObject *py_vfused(PyObject *self, PyObject *args) {
     int f64, kind, check, skip;
-    ptr_t lp, old, ref, adv, ent, mask, row_out, ent_out, kl_out;
+    ptr_t lp, old, ref, adv, ent, mask;
     Py_ssize_t rows, width;
-    double lo, hi, c, kl = 0.0, k2 = 0.0, guard = 0.0;
+    double lo, hi, c, kl = 0.0, k2 = 0.0, guard = 0.0, *ent_out, *kl_out;
     int64_t pos = 0, neg = 0;
-    if (!PyArg_ParseTuple(args, "pKKKKKKnndddippKKK", &f64, &lp, &old, &ref, &adv, &ent, &mask, &rows, &width,
-                          &lo, &hi, &c, &kind, &check, &skip, &row_out, &ent_out, &kl_out))
+    if (!PyArg_ParseTuple(args, "pKKKKKKnndddipp", &f64, &lp, &old, &ref, &adv, &ent, &mask, &rows, &width, &lo,
+                          &hi, &c, &kind, &check, &skip))
         return NULL;
     if (f64 ? !torch_exp_f64 : !torch_exp_f32) {
         PyErr_SetString(PyExc_RuntimeError, "vfused: no checked exp");
         return NULL;
     }
+    ROWS_TAKE(1);
     Py_BEGIN_ALLOW_THREADS;
     if (f64)
         DISPATCH(vfused_f64, P(double, lp), P(double, old), P(double, ref), P(double, adv), P(double, ent),
-                 P(uint8_t, mask), rows, width, lo, hi, c, kind, check, skip, P(double, row_out),
-                 P(double, ent_out), P(double, kl_out), &pos, &neg, &kl, &k2, &guard);
+                 P(uint8_t, mask), rows, width, lo, hi, c, kind, check, skip, row_out, ent_out, kl_out, &pos, &neg,
+                 &kl, &k2, &guard);
     else
         DISPATCH(vfused_f32, P(float, lp), P(float, old), P(float, ref), P(float, adv), P(float, ent),
-                 P(uint8_t, mask), rows, width, (float)lo, (float)hi, (float)c, kind, check, skip,
-                 P(double, row_out), P(double, ent_out), P(double, kl_out), &pos, &neg, &kl, &k2, &guard);
+                 P(uint8_t, mask), rows, width, (float)lo, (float)hi, (float)c, kind, check, skip, row_out,
+                 ent_out, kl_out, &pos, &neg, &kl, &k2, &guard);
     Py_END_ALLOW_THREADS;
-    return Py_BuildValue("LLddd", (long long)pos, (long long)neg, kl, k2, guard);
+    RETURN_ROWS("NNNLLddd", rows_list(row_out, rows), ENT_KL_LISTS, (long long)pos, (long long)neg, kl, k2, guard);
 }
 
+/* (counts per row: list of ints, verl's T + 1e-8 per row: list of floats, total) */
 static PyObject *py_count_rows(PyObject *self, PyObject *args) {
-    ptr_t mask, n_out, len_out;
+    ptr_t mask;
     Py_ssize_t rows, width;
     int64_t total = 0;
-    if (!PyArg_ParseTuple(args, "KnnKK", &mask, &rows, &width, &n_out, &len_out)) return NULL;
+    if (!PyArg_ParseTuple(args, "Knn", &mask, &rows, &width)) return NULL;
+    double *len_out = rows_take(rows);
+    int64_t *n_out = len_out ? PyMem_New(int64_t, rows > 0 ? rows : 1) : NULL;
+    if (!n_out) {
+        PyMem_Free(len_out);
+        return len_out ? PyErr_NoMemory() : NULL;
+    }
     Py_BEGIN_ALLOW_THREADS;
-    total = DISPATCH(count_rows, P(uint8_t, mask), rows, width, P(int64_t, n_out), P(double, len_out));
+    total = DISPATCH(count_rows, P(uint8_t, mask), rows, width, n_out, len_out);
     Py_END_ALLOW_THREADS;
-    return PyLong_FromLongLong((long long)total);
+    PyObject *counts = PyList_New(rows);
+    for (Py_ssize_t i = 0; counts && i < rows; i++) {
+        PyObject *x = PyLong_FromLongLong((long long)n_out[i]);
+        if (!x) Py_CLEAR(counts);
+        else PyList_SET_ITEM(counts, i, x);
+    }
+    PyObject *lengths = counts ? rows_list(len_out, rows) : NULL;
+    PyMem_Free(n_out);
+    PyMem_Free(len_out);
+    return Py_BuildValue("NNL", counts, lengths, (long long)total);
 }
 
 static PyObject *py_vprep(PyObject *self, PyObject *args) {
@@ -161,52 +228,56 @@ static PyObject *py_vprep(PyObject *self, PyObject *args) {
     return Py_BuildValue("nddd", q, kl, k2, guard);
 }
 
+/* (loss rows, entropy rows, KL rows, pos, neg); rows as lists, None where not asked for */
 static PyObject *py_vpacked(PyObject *self, PyObject *args) {
     int f64, kind;
-    ptr_t xr, xe, adv, mask, row_out, ent, lp, ref, ent_out, kl_out;
+    ptr_t xr, xe, adv, mask, ent, lp, ref;
     Py_ssize_t cap, rows, width;
-    double lo, hi, c;
+    double lo, hi, c, *ent_out, *kl_out;
     int64_t pos = 0, neg = 0;
-    if (!PyArg_ParseTuple(args, "pKKnKKnndddKKKKiKK", &f64, &xr, &xe, &cap, &adv, &mask, &rows, &width, &lo,
-                          &hi, &c, &row_out, &ent, &lp, &ref, &kind, &ent_out, &kl_out))
+    if (!PyArg_ParseTuple(args, "pKKnKKnndddKKKi", &f64, &xr, &xe, &cap, &adv, &mask, &rows, &width, &lo, &hi, &c,
+                          &ent, &lp, &ref, &kind))
         return NULL;
+    ROWS_TAKE(1);
     Py_BEGIN_ALLOW_THREADS;
     if (f64)
         DISPATCH(vpacked_f64, P(double, xr), P(double, xe), cap, P(double, adv), P(uint8_t, mask), rows, width,
-                 lo, hi, c, P(double, row_out), &pos, &neg, P(double, ent), P(double, lp), P(double, ref), kind,
-                 P(double, ent_out), P(double, kl_out));
+                 lo, hi, c, row_out, &pos, &neg, P(double, ent), P(double, lp), P(double, ref), kind, ent_out,
+                 kl_out);
     else
         DISPATCH(vpacked_f32, P(float, xr), P(float, xe), cap, P(float, adv), P(uint8_t, mask), rows, width,
-                 (float)lo, (float)hi, (float)c, P(double, row_out), &pos, &neg, P(float, ent), P(float, lp),
-                 P(float, ref), kind, P(double, ent_out), P(double, kl_out));
+                 (float)lo, (float)hi, (float)c, row_out, &pos, &neg, P(float, ent), P(float, lp), P(float, ref),
+                 kind, ent_out, kl_out);
     Py_END_ALLOW_THREADS;
-    return Py_BuildValue("LL", (long long)pos, (long long)neg);
+    RETURN_ROWS("NNNLL", rows_list(row_out, rows), ENT_KL_LISTS, (long long)pos, (long long)neg);
 }
 
+/* (entropy rows, KL rows, k2); rows as lists, None where not asked for */
 static PyObject *py_aux(PyObject *self, PyObject *args) {
     int f64, kind, check, skip;
-    ptr_t mask, ent, lp, ref, e, ent_out, kl_out;
+    ptr_t mask, ent, lp, ref, e;
     Py_ssize_t rows, width;
-    double k2 = 0.0;
-    if (!PyArg_ParseTuple(args, "pKKKKKnnipKKp", &f64, &mask, &ent, &lp, &ref, &e, &rows, &width, &kind,
-                          &check, &ent_out, &kl_out, &skip))
+    double k2 = 0.0, *ent_out, *kl_out;
+    if (!PyArg_ParseTuple(args, "pKKKKKnnipp", &f64, &mask, &ent, &lp, &ref, &e, &rows, &width, &kind, &check,
+                          &skip))
         return NULL;
+    ROWS_TAKE(0);
     Py_BEGIN_ALLOW_THREADS;
     if (f64)
         DISPATCH(aux_f64, P(uint8_t, mask), P(double, ent), P(double, lp), P(double, ref), P(double, e), rows, width,
-                kind, check, P(double, ent_out), P(double, kl_out), &k2, skip);
+                kind, check, ent_out, kl_out, &k2, skip);
     else
         DISPATCH(aux_f32, P(uint8_t, mask), P(float, ent), P(float, lp), P(float, ref), P(float, e), rows, width, kind,
-                check, P(double, ent_out), P(double, kl_out), &k2, skip);
+                check, ent_out, kl_out, &k2, skip);
     Py_END_ALLOW_THREADS;
-    return PyFloat_FromDouble(k2);
+    RETURN_ROWS("NNd", ENT_KL_LISTS, k2);
 }
 
 static PyMethodDef methods[] = {
     {"set_exp", py_set_exp, METH_VARARGS, "resolve torch's exp (MKL vsExp / vdExp) from libtorch_cpu"},
     {"exp_chunks", py_exp_chunks, METH_VARARGS, "exp through the resolved function, in the loops' chunks"},
     {"vfused", py_vfused, METH_VARARGS, "vanilla + entropy / KL in one pass, exp inline (checked exp only)"},
-    {"count_rows", py_count_rows, METH_VARARGS, "valid tokens per row, verl's T + 1e-8 per row, the total"},
+    {"count_rows", py_count_rows, METH_VARARGS, "valid tokens per row, verl's T + 1e-8 per row (lists), the total"},
     {"vprep", py_vprep, METH_VARARGS, "vanilla: packed valid log-ratios, kl / k2 / non-finite guard sums"},
     {"vpacked", py_vpacked, METH_VARARGS, "vanilla over packed ratios, with entropy / KL rows"},
     {"aux", py_aux, METH_VARARGS, "entropy and KL-estimator row sums, and the k2 check sum"},
