@@ -334,7 +334,7 @@ class TokenBatch:
                 return stats
         with self._pass(1) as p:
             p.aux(config)
-            kl_sum = bal = nonzero = 0.0
+            kl_sum = bal = nonzero = guard = 0.0
             for m in p.blocks():
                 lp, old, adv = p.x("log_prob"), p.x("old_log_prob"), p.x("advantages")
                 # log-ratio, clamped to +-20 as verl does before exp; ppo_kl = masked mean of (old - new)
@@ -351,6 +351,10 @@ class TokenBatch:
                 loss = torch.clamp(r, lo, c, out=p.buf("l")).mul_(a_neg)
                 loss.addcmul_(torch.clamp(r, max=hi, out=p.buf("w")), a_pos, value=-1.0)
                 p.row_sum(loss, 0)
+                if self.dense:  # verl's loss with A unmasked: an inf under the mask is NaN in seq-mean
+                    up = adv.clamp(min=0.0)
+                    unmasked = torch.clamp(r, lo, c).mul_(up - adv).sub_(torch.clamp(r, max=hi).mul_(up))
+                    guard += float(unmasked.mul_(0.0).sum())
                 # z = A r + l:  z > 0 <=> verl's pg_losses2 > pg_losses1 (clipped, either side);
                 #               z < 0 <=> A < 0 and (-A) r > (-A) c (dual clip), on the rounded products
                 z = torch.mul(a, r, out=p.buf("w")).add_(loss).sign_().view(-1)
@@ -361,6 +365,7 @@ class TokenBatch:
         if need_kl:
             self.ppo_kl = -kl_sum / _eps_count(self.n_tokens)
             self.finite = self.finite and math.isfinite(kl_sum)
+        self.finite = self.finite and math.isfinite(guard)
         n_clipped = (int(nonzero) + int(bal)) // 2
         stats = PolicyStats(
             rows=self._row_sums(rows[0]), n_clipped=n_clipped, n_dual_clipped=int(nonzero) - n_clipped
@@ -375,12 +380,16 @@ class TokenBatch:
         ``config`` still needs in the same loop: one pass for the log-ratios, one torch ``exp`` over
         the ratio (and k3's ref ratio) buffer, one pass for the rest."""
         entropy, kl, check = self._aux_plan(config)
+        if self.dense and not native.inline_exp():
+            return None  # the packed passes see the valid tokens' loss only: the torch ops (see policy)
         if native.inline_exp():  # torch's own exp callable from the loop: one pass over the batch
             rows, n_clipped, n_dual, ent_rows, kl_rows, kl_sum, k2, guard = self.native.vfused(
                 lo, hi, c, entropy=entropy, kl=kl, check=check, skip=not self.dense
             )
+            # the guard: NaN where some input is not finite, and in a dense batch where verl's loss of
+            # some token is not (it depends on the clip setting: checked on every pass)
             return self._native_policy_done(
-                key, rows, n_clipped, n_dual, ent_rows, kl_rows, kl_sum + guard, k2, entropy, kl, check
+                key, rows, n_clipped, n_dual, ent_rows, kl_rows, kl_sum, k2, entropy, kl, check, guard
             )
         k3 = kl == "k3"
         cap = self.n_tokens
@@ -403,11 +412,12 @@ class TokenBatch:
         )
 
     def _native_policy_done(
-        self, key, rows, n_clipped, n_dual, ent_rows, kl_rows, kl_sum, k2, entropy, kl, check
+        self, key, rows, n_clipped, n_dual, ent_rows, kl_rows, kl_sum, k2, entropy, kl, check, guard=0.0
     ) -> PolicyStats:
         if self.ppo_kl is None:
             self.ppo_kl = -kl_sum / _eps_count(self.n_tokens)
             self.finite = self.finite and math.isfinite(kl_sum)
+        self.finite = self.finite and math.isfinite(guard)
         self._store_aux(entropy, kl, check, ent_rows, kl_rows, k2)
         stats = PolicyStats(rows=self._row_sums(rows), n_clipped=n_clipped, n_dual_clipped=n_dual)
         self._cache[key] = stats

@@ -429,6 +429,12 @@ static inline void K(exp_f64)(int n, const double *a, double *r) { torch_exp_f64
         const S##v m = K(mask_##S)(M);                                                                   \
         const S##v rk = K(ld_##S)(RV);                                                                   \
         VANILLA_GROUP(S, m, rk, ADV, ENT)                                                                \
+        if (!skip) {                                                                                     \
+            /* dense: verl's loss with A unmasked (its masked tokens' too; same floats as the loss's    \
+             * fold, monotone rounding): an inf there is NaN in a seq-mean sum, so into the guard */     \
+            const S##v ua = K(ld_##S)(ADV), uap = CLAMP_MIN(S, ua, zero);                                \
+            K(acc_##S)(guard_acc, (CLAMP(S, rk, lo, c) * (uap - ua) - CLAMP_MAX(S, rk, hi) * uap) * zero); \
+        }                                                                                                \
         if (kind == 4) {                                                                                 \
             S##v v = K(ld_##S)(EV) - K(ld_##S)(DV);                                                      \
             v = v - one;                                                                                 \

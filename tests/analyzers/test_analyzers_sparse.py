@@ -149,19 +149,31 @@ def test_what_lies_under_the_mask_counts_exactly_where_verl_counts_it(mode, agg,
         assert all(map(math.isfinite, compiled.values()))
 
 
-@pytest.mark.parametrize("mode", ["cispo", "sapo"])
-def test_a_dense_pass_takes_verls_ratio_under_the_mask_too(mode):
-    # cispo's clamp(r, lo, hi) A logp and sapo's sigmoid((r - 1) tau) (4 / tau) A overflow under the mask
-    # as verl's do only with verl's r there: the dense pass takes exp of every token, not only of the
-    # valid span (every row's masked tokens fill whole groups of 8 here, past that span). A is sized so
-    # that verl's r overflows and a 0 in its place would not: cispo 1.2 A 4 > max > 0.8 A 4, sapo
-    # sigmoid(1.05 (e^5 - 1)) 3.8 A > max > sigmoid(-1.05) 3.8 A (4 / tau_neg = 3.8)
-    a = {"cispo": 0.25, "sapo": 0.5}[mode]
+@pytest.mark.parametrize("path", ["inline", "between", "torch"])
+@pytest.mark.parametrize("mode", ["vanilla", "cispo", "sapo"])
+def test_a_loss_overflowing_under_the_mask_is_verls_nan_in_seq_mean(mode, path):
+    # every row's masked tokens fill whole groups of 8 here, past the valid span, and only the loss
+    # overflows there (a finite entropy). vanilla: its fold multiplies A by the mask before the loss, so
+    # a dense pass also sums verl's loss with A unmasked into its guard; cispo's clamp(r, lo, hi) A logp
+    # and sapo's sigmoid((r - 1) tau) (4 / tau) A overflow as verl's do only with verl's r there, so a
+    # dense pass takes exp of every token, not only of the valid span. A is sized so that verl's loss
+    # overflows and a 0 ratio's would not: vanilla 3 A > max, cispo 1.2 A 4 > max > 0.8 A 4, sapo
+    # sigmoid(1.05 (e^5 - 1)) 3.8 A > max > sigmoid(-1.05) 3.8 A (4 / tau_neg = 3.8). Measured against
+    # verl 0.9.1 itself: NaN for all three (README, "garbage under the mask").
+    a = {"vanilla": 0.5, "cispo": 0.25, "sapo": 0.5}[mode]
     t = _overflowing(lengths=[296, 96, 8, 160, 240, 0], entropy=False, a=a)
-    compiled = recompute(_config(mode, "seq-mean-token-mean"), **t)
-    with native.disabled():
-        ops = recompute(_config(mode, "seq-mean-token-mean"), **t)
-    assert math.isnan(compiled["pg_loss"]) and math.isnan(ops["pg_loss"])
+    config = _config(mode, "seq-mean-token-mean")
+    if path == "inline":
+        out = recompute(config, **t)
+    elif path == "between":
+        with native.exp_between_passes():
+            out = recompute(config, **t)
+    else:
+        with native.disabled():
+            out = recompute(config, **t)
+    assert math.isnan(out["pg_loss"])
+    if mode != "sapo":  # (sapo aggregates by seq-mean-token-mean whatever loss_agg_mode says)
+        assert all(map(math.isfinite, recompute(_config(mode), **t).values())), "token-mean: finite"
 
 
 def test_a_batch_turns_dense_when_a_config_aggregates_by_seq_mean():
