@@ -1153,10 +1153,31 @@ def _geo_mean_torch(
     return kl_rows, adv_rows, kl_sum, hits_pos, hits_neg
 
 
+def _masked_losses_finite(batch: TokenBatch, key: tuple, loss) -> bool:
+    """Whether verl's per-token loss ``loss(lp, old, A)`` is finite at every masked token, by torch's
+    ops on the masked tokens' values (elementwise: the same floats as over the whole tensors), cached
+    per ``key``. For the passes that compute the valid tokens' loss only: in a dense batch a seq-mean
+    aggregation sums ``loss * mask``, where an inf under the mask is NaN."""
+    hit = batch._cache.get(("masked_finite", *key))
+    if hit is None:
+        masked = ~batch.mask
+        lp, old, adv = (batch._t(name)[masked] for name in ("log_prob", "old_log_prob", "advantages"))
+        hit = batch._cache[("masked_finite", *key)] = bool(torch.isfinite(loss(lp, old, adv)).all())
+    return hit
+
+
 def _native_dppo(batch: TokenBatch, config: LossConfig, binary_kl: bool) -> dict[str, float] | None:
     # the loop packs the valid tokens' clamp(lp - old, +-20), lp and old; torch takes exp of them (r, p, q)
     # and for KL the log of the fraction the loop computes; the loop then does everything else
-    # (csrc/losses_b.h). Masked tokens need none of them.
+    # (csrc/losses_b.h). Masked tokens need none of them, but in a dense batch their loss must be finite
+    # (verl's -A sg(min(r, c)) logp times a 0/1 validity: both dppo modes): else verl's op sequence.
+    c = config.clip_ratio_c
+    if batch.dense and not _masked_losses_finite(
+        batch,
+        ("dppo", c),
+        lambda lp, old, adv: (-adv * torch.exp(torch.clamp(lp - old, -20.0, 20.0)).clamp(max=c)) * lp,
+    ):
+        return None
     x = _take((3, batch.n_tokens), batch.dtype, batch.mask.device)
     try:
         batch.native.dppo_pack(batch.n_tokens, x).exp_()
@@ -1339,6 +1360,10 @@ def _native_kl_cov(batch: TokenBatch, config: LossConfig) -> dict[str, float] | 
     # the loops: |log r| sum and verl's compaction of A, logp (and log r) under the mask, then the loss row
     # sums and the covariance of the compacted tokens; torch: exp of the valid tokens' log r, the two means
     # and the top-k (verl's ops on the same vectors); then the loop again: the top-k's positions and losses
+    if batch.dense and not _masked_losses_finite(  # verl's -A r there (no clamp; never the KL term)
+        batch, ("kl_cov",), lambda lp, old, adv: -adv * torch.exp(lp - old)
+    ):
+        return None
     n = batch.n_tokens
     abs_sum, adv_finite, va, vl, r = batch.native.kl_cov_pack(n)
     if not adv_finite:  # (the loss sums no longer see the masked tokens' A)
