@@ -1301,6 +1301,16 @@ def _fused_clip_cov(batch: TokenBatch, config: LossConfig) -> dict[str, float] |
     if not config.clip_cov_ratio > 0:
         raise ValueError("clip_cov_ratio must be > 0 for loss_mode 'clip_cov'")
     lo, hi = 1 - config.clip_low, 1 + config.clip_high
+    # both passes multiply A by the mask before the loss: in a dense batch the masked tokens' own loss
+    # (verl's; the draw never picks them) must be finite, else verl's op sequence
+    if batch.dense and not _masked_losses_finite(
+        batch,
+        ("clip_cov", lo, hi),
+        lambda lp, old, adv: torch.maximum(
+            -adv * torch.exp(lp - old), -adv * torch.exp(lp - old).clamp(lo, hi)
+        ),
+    ):
+        return None
     if batch.native:
         return _native_clip_cov(batch, config)
     mean_a = _masked_mean_exact(batch, "advantages")

@@ -150,7 +150,7 @@ def test_what_lies_under_the_mask_counts_exactly_where_verl_counts_it(mode, agg,
 
 
 @pytest.mark.parametrize("path", ["inline", "between", "torch"])
-@pytest.mark.parametrize("mode", ["vanilla", "cispo", "sapo", "kl_cov", "dppo_tv", "dppo_kl"])
+@pytest.mark.parametrize("mode", ["vanilla", "cispo", "sapo", "clip_cov", "kl_cov", "dppo_tv", "dppo_kl"])
 def test_a_loss_overflowing_under_the_mask_is_verls_nan_in_seq_mean(mode, path):
     # every row's masked tokens fill whole groups of 8 here, past the valid span, and only the loss
     # overflows there (a finite entropy). vanilla: its fold multiplies A by the mask before the loss, so
@@ -159,8 +159,9 @@ def test_a_loss_overflowing_under_the_mask_is_verls_nan_in_seq_mean(mode, path):
     # dense pass takes exp of every token, not only of the valid span. A is sized so that verl's loss
     # overflows and a 0 ratio's would not: vanilla 3 A > max, cispo 1.2 A 4 > max > 0.8 A 4, sapo
     # sigmoid(1.05 (e^5 - 1)) 3.8 A > max > sigmoid(-1.05) 3.8 A (4 / tau_neg = 3.8). kl_cov and dppo
-    # compute the valid tokens' loss only: a dense batch checks the masked tokens' loss (-A r; -A
-    # min(r, c) logp) and takes verl's op sequence when one is not finite. Measured against verl 0.9.1
+    # (and clip_cov) compute the valid tokens' loss only: a dense batch checks the masked tokens' loss
+    # (-A r; -A min(r, c) logp; max(-A r, -A clamp(r))) and takes verl's op sequence when one is not
+    # finite (clip_cov's random draw never changes whether its loss is NaN). Measured against verl 0.9.1
     # itself: NaN for all of them (README, "garbage under the mask").
     a = {"cispo": 0.25}.get(mode, 0.5)
     t = _overflowing(lengths=[296, 96, 8, 160, 240, 0], entropy=False, a=a)
