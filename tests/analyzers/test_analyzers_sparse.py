@@ -112,8 +112,9 @@ def test_a_skipped_group_is_not_read(f64, value, where):
 def _overflowing(
     dtype=torch.float32, lengths: list[int] | None = None, entropy: bool = True, a: float = 0.5
 ) -> dict[str, torch.Tensor]:
-    """Finite inputs under the mask whose products overflow (A = -max / 2 against r = e^5 and logp = -4:
-    each loss's per-token value is +-inf there, and verl's ``loss * mask`` NaN), and an infinite entropy."""
+    """Finite inputs under the mask whose products overflow (A = -a max, by default -max / 2, against
+    r = e^5 and logp = -4: each loss's per-token value is +-inf there, and verl's ``loss * mask`` NaN),
+    and (``entropy``) an infinite entropy there."""
     t = _batch(6, 300, dtype, seed=11)
     if lengths is not None:  # right-padded rows of these lengths
         t["response_mask"] = torch.arange(300)[None, :] < torch.tensor(lengths)[:, None]
