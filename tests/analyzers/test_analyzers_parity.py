@@ -216,6 +216,19 @@ def test_mode_fixture_covers_every_loss_mode_agg_mode_dtype_weights_and_normalis
         for agg in AggMode
     }
     assert want <= seen, sorted(want - seen)[:5]
+    # what lies under the mask: every mode with garbage in the padding, in a token and a seq-mean mode
+    garbage = {
+        (c["config"]["loss_mode"], c["config"]["loss_agg_mode"], t)
+        for c in meta["cases"]
+        for t in c["tags"]
+        if t.startswith("garbage:mask-")
+    }
+    assert garbage == {
+        (mode.value, agg, f"garbage:mask-{kind}")
+        for mode in LossMode
+        for agg in ("token-mean", "seq-mean-token-mean")
+        for kind in ("overflow", "nan")
+    }
     hits = [
         c
         for c in meta["cases"]

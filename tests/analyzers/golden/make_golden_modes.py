@@ -11,7 +11,13 @@ whose ``policy_loss`` is a real ``PolicyLossConfig`` (only ``no_padding_2_paddin
 tensors are already padded). The grid: every registered loss mode x every agg mode x float32/float64 x
 with/without ``rollout_is_weights`` x local/global normalisation (480 cases), small ragged batches.
 ``clip_cov`` draws with ``torch.randperm``: each case stores the seed set right before verl's call.
-Outputs, next to this script: ``verl_0_9_1_modes.safetensors`` and ``verl_0_9_1_modes.json``.
+Then what lies under the mask (rlvitals' sparse and dense batches): every loss mode x token-mean /
+seq-mean-token-mean x float32/float64 x two kinds of garbage in the padding of right-padded rows,
+finite values whose loss overflows (A = -max/2 against r = e^5, logp = -4) and NaN in every input (96
+cases, tagged ``garbage:mask-overflow`` / ``garbage:mask-nan``). Those were appended on 2026-12-03 to
+the stored first 480, whose inputs a rerun reproduces bit for bit and whose verl numbers only to
+float32 rounding (torch's reductions depend on the thread count). Outputs, next to this script:
+``verl_0_9_1_modes.safetensors`` and ``verl_0_9_1_modes.json``.
 """
 
 from __future__ import annotations
@@ -87,6 +93,32 @@ def _tensors(rng: random.Random, g: torch.Generator, mode: str) -> tuple[dict[st
         "entropy": torch.rand(b, t, generator=g, dtype=f64) * 3,
     }
     return out, kind
+
+
+def _garbage_tensors(g: torch.Generator, dtype: torch.dtype, garbage: str) -> dict[str, torch.Tensor]:
+    """Right-padded rows (one full, padding that fills whole groups of 8 tokens and padding that does
+    not, one empty row, whose padding verl's seq-mean modes leave out) with garbage in the padding."""
+    b, t, f64 = 5, 24, torch.float64
+    log_prob = -torch.rand(b, t, generator=g, dtype=f64) * 3.0
+    out = {
+        "log_prob": log_prob,
+        "old_log_prob": log_prob + torch.randn(b, t, generator=g, dtype=f64) * 0.2,
+        "advantages": torch.randn(b, t, generator=g, dtype=f64),
+        "ref_log_prob": log_prob + torch.randn(b, t, generator=g, dtype=f64) * 0.3,
+        "entropy": torch.rand(b, t, generator=g, dtype=f64) * 3,
+    }
+    mask = torch.arange(t)[None, :] < torch.tensor([24, 8, 16, 11, 0])[:, None]
+    padding = ~mask
+    padding[-1] = False
+    if garbage == "overflow":  # finite, but -A r and -A logp overflow (-max/2 is exact in both dtypes)
+        out["advantages"] = out["advantages"].masked_fill(padding, -0.5 * float(torch.finfo(dtype).max))
+        out["log_prob"] = out["log_prob"].masked_fill(padding, -4.0)
+        out["old_log_prob"] = out["old_log_prob"].masked_fill(padding, -9.0)
+    else:
+        out = {k: v.masked_fill(padding, math.nan) for k, v in out.items()}
+    out = {k: v.to(dtype) for k, v in out.items()}
+    out["response_mask"] = mask
+    return out
 
 
 def _config(rng: random.Random, mode: str, agg: str, mask: torch.Tensor, use_global: bool) -> dict:
@@ -229,6 +261,29 @@ def main() -> None:
             f"global:{use_global}",
         ]
         tags.append(f"mask:{mask_kind}")
+        if any(math.isnan(v) for v in expected.values()):
+            tags.append("expected:nan")
+        cases.append(
+            {
+                "id": name,
+                "dtype": dtype_name,
+                "config": cfg,
+                "seed": seed,
+                "expected": expected,
+                "tags": sorted(tags),
+            }
+        )
+    grid = itertools.product(modes, ("token-mean", "seq-mean-token-mean"), DTYPES, ("overflow", "nan"))
+    for j, (mode, agg, dtype_name, garbage) in enumerate(grid):
+        tensors = _garbage_tensors(g, DTYPES[dtype_name], garbage)
+        cfg = _config(rng, mode, agg, tensors["response_mask"], False)
+        seed = rng.randrange(2**31)
+        expected = _verl_metrics(verl, cfg, tensors, seed)
+        name = f"mask{j:04d}"
+        for key, value in tensors.items():
+            store[f"{name}.{key}"] = value.contiguous()
+        tags = [f"loss_mode:{mode}", f"mode:{agg}", f"dtype:{dtype_name}", "is:False", "global:False"]
+        tags += [f"garbage:mask-{garbage}", "mask:ragged"]
         if any(math.isnan(v) for v in expected.values()):
             tags.append("expected:nan")
         cases.append(
