@@ -1153,16 +1153,35 @@ def _geo_mean_torch(
     return kl_rows, adv_rows, kl_sum, hits_pos, hits_neg
 
 
-def _masked_losses_finite(batch: TokenBatch, key: tuple, loss) -> bool:
-    """Whether verl's per-token loss ``loss(lp, old, A)`` is finite at every masked token, by torch's
-    ops on the masked tokens' values (elementwise: the same floats as over the whole tensors), cached
-    per ``key``. For the passes that compute the valid tokens' loss only: in a dense batch a seq-mean
-    aggregation sums ``loss * mask``, where an inf under the mask is NaN."""
+def _masked_losses_finite(batch: TokenBatch, key: tuple, loss, bound) -> bool:
+    """Whether verl's per-token loss ``loss(lp, old, A)`` is finite at every masked token, cached per
+    ``key``. For the passes that compute the valid tokens' loss only: in a dense batch a seq-mean
+    aggregation sums ``loss * mask``, where an inf under the mask is NaN. First a bound from three
+    reductions over every token, shared by the losses that ask: ``bound(max |A|, exp(max (lp - old)),
+    max(max |lp|, 1))`` bounds ``|loss|`` and its partial products; far below the dtype's maximum (the
+    usual case) nothing can overflow. Else torch's ops on the masked tokens' values (elementwise: the
+    same floats as over the whole tensors)."""
     hit = batch._cache.get(("masked_finite", *key))
     if hit is None:
-        masked = ~batch.mask
-        lp, old, adv = (batch._t(name)[masked] for name in ("log_prob", "old_log_prob", "advantages"))
-        hit = batch._cache[("masked_finite", *key)] = bool(torch.isfinite(loss(lp, old, adv)).all())
+        extremes = batch._cache.get("extremes")
+        if extremes is None:
+            lp, old, adv = (batch._t(name) for name in ("log_prob", "old_log_prob", "advantages"))
+            (a_lo, a_hi), (lp_lo, lp_hi) = torch.aminmax(adv), torch.aminmax(lp)
+            extremes = batch._cache["extremes"] = (
+                max(-float(a_lo), float(a_hi)),
+                float((lp - old).max()),
+                max(-float(lp_lo), float(lp_hi)),
+            )
+        amax, dmax, lpmax = extremes
+        limit = torch.finfo(batch.dtype).max / 4
+        r = math.exp(min(dmax, 700.0))  # bounds every ratio (a 0 A times an inf ratio is NaN too)
+        if all(map(math.isfinite, extremes)) and r < limit and bound(amax, r, max(lpmax, 1.0)) < limit:
+            hit = True
+        else:
+            masked = ~batch.mask
+            values = (batch._t(name)[masked] for name in ("log_prob", "old_log_prob", "advantages"))
+            hit = bool(torch.isfinite(loss(*values)).all())
+        batch._cache[("masked_finite", *key)] = hit
     return hit
 
 
@@ -1176,6 +1195,7 @@ def _native_dppo(batch: TokenBatch, config: LossConfig, binary_kl: bool) -> dict
         batch,
         ("dppo", c),
         lambda lp, old, adv: (-adv * torch.exp(torch.clamp(lp - old, -20.0, 20.0)).clamp(max=c)) * lp,
+        lambda a, r, lp: a * max(c, 1.0) * lp,
     ):
         return None
     x = _take((3, batch.n_tokens), batch.dtype, batch.mask.device)
@@ -1309,6 +1329,7 @@ def _fused_clip_cov(batch: TokenBatch, config: LossConfig) -> dict[str, float] |
         lambda lp, old, adv: torch.maximum(
             -adv * torch.exp(lp - old), -adv * torch.exp(lp - old).clamp(lo, hi)
         ),
+        lambda a, r, lp: a * max(r, hi, 1.0),
     ):
         return None
     if batch.native:
@@ -1371,7 +1392,7 @@ def _native_kl_cov(batch: TokenBatch, config: LossConfig) -> dict[str, float] | 
     # sums and the covariance of the compacted tokens; torch: exp of the valid tokens' log r, the two means
     # and the top-k (verl's ops on the same vectors); then the loop again: the top-k's positions and losses
     if batch.dense and not _masked_losses_finite(  # verl's -A r there (no clamp; never the KL term)
-        batch, ("kl_cov",), lambda lp, old, adv: -adv * torch.exp(lp - old)
+        batch, ("kl_cov",), lambda lp, old, adv: -adv * torch.exp(lp - old), lambda a, r, lp: a * r
     ):
         return None
     n = batch.n_tokens

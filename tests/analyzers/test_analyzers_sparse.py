@@ -4,6 +4,7 @@ under the mask counts only in verl's seq-mean aggregations, and those always see
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
@@ -178,6 +179,22 @@ def test_a_loss_overflowing_under_the_mask_is_verls_nan_in_seq_mean(mode, path):
     assert math.isnan(out["pg_loss"])
     if mode != "sapo":  # (sapo aggregates by seq-mean-token-mean whatever loss_agg_mode says)
         assert all(map(math.isfinite, recompute(_config(mode), **t).values())), "token-mean: finite"
+
+
+@pytest.mark.parametrize("mode", ["clip_cov", "kl_cov"])
+def test_a_zero_advantage_times_an_overflowing_ratio_under_the_mask_is_verls_nan(mode):
+    # no bound on |A| catches this one (max |A| can be anything): verl's unclamped exp(lp - old) is inf
+    # in float32 at lp - old = 100, and -0 * inf is NaN under the mask; the check bounds the ratio too
+    # (verl 0.9.1 itself: NaN in seq-mean-token-mean, finite in token-mean, both modes)
+    t = _batch(5, 24, torch.float32, seed=4)
+    t["response_mask"] = torch.arange(24)[None, :] < torch.tensor([24, 8, 16, 11, 3])[:, None]
+    padding = ~t["response_mask"]
+    t["advantages"] = t["advantages"].masked_fill(padding, 0.0)
+    t["old_log_prob"] = torch.where(padding, t["log_prob"] - 100.0, t["old_log_prob"])
+    for path in (contextlib.nullcontext, native.disabled):
+        with path():
+            assert math.isnan(recompute(_config(mode, "seq-mean-token-mean"), **t)["pg_loss"]), path
+            assert math.isfinite(recompute(_config(mode), **t)["pg_loss"]), path
 
 
 def test_a_batch_turns_dense_when_a_config_aggregates_by_seq_mean():
