@@ -25,7 +25,10 @@ How the token pass stays exact (the same per-token floats verl computes, in fewe
   none valid, unread (right-padded responses are often half padding). Anything that aggregates by a
   seq-mean mode needs a *dense* batch, whose passes read every token as above: :meth:`TokenBatch.metrics`
   makes the batch dense first for such a config, an audit's batch is dense from the start, and
-  :meth:`TokenBatch.aggregate` refuses a seq-mean mode on a sparse batch.
+  :meth:`TokenBatch.aggregate` refuses a seq-mean mode on a sparse batch. Where a dense pass would
+  still miss a masked token's overflowing loss (vanilla and clip_cov fold the mask into ``A`` first;
+  clip_cov, kl_cov and dppo compute the valid tokens' loss only), it checks verl's loss there too
+  (vanilla's guard; :func:`_masked_losses_finite`) and falls back when one is not finite.
 """
 
 from __future__ import annotations
