@@ -106,9 +106,6 @@ def ieee_div(a: float, b: float) -> float:
     return a / b
 
 
-_EMPTY_ROW_LENGTH = float(np.float32(0) + np.float32(1e-8))  # verl's T + 1e-8 of a row with no valid token
-
-
 def _eps_count(count: int) -> float:
     """verl's ``mask.sum() + 1e-8``: an int64 count plus a python float gives a float32 scalar."""
     return float(np.float32(count) + np.float32(1e-8))
@@ -1317,6 +1314,11 @@ def _native_clip_cov(batch: TokenBatch, config: LossConfig) -> dict[str, float] 
     )
 
 
+def _clip_cov_token_loss(adv: Tensor, ratio: Tensor, lo: float, hi: float) -> Tensor:
+    """verl's clip_cov per-token loss before its draw: ``max(-A r, -A clamp(r, lo, hi))``."""
+    return torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, lo, hi))
+
+
 def _fused_clip_cov(batch: TokenBatch, config: LossConfig) -> dict[str, float] | None:
     # vanilla clip without the dual clip or the +-20 clamp; then min(k, n) of the n unclipped valid tokens
     # with lb < cov < ub, cov = (A - mean A)(logp - mean logp), drawn with verl's torch.randperm(n), lose
@@ -1329,9 +1331,7 @@ def _fused_clip_cov(batch: TokenBatch, config: LossConfig) -> dict[str, float] |
     if batch.dense and not _masked_losses_finite(
         batch,
         ("clip_cov", lo, hi),
-        lambda lp, old, adv: torch.maximum(
-            -adv * torch.exp(lp - old), -adv * torch.exp(lp - old).clamp(lo, hi)
-        ),
+        lambda lp, old, adv: _clip_cov_token_loss(adv, torch.exp(lp - old), lo, hi),
         lambda a, r, lp: a * max(r, hi, 1.0),
     ):
         return None
@@ -1378,7 +1378,7 @@ def _fused_clip_cov(batch: TokenBatch, config: LossConfig) -> dict[str, float] |
         i, j = chosen[:, 0], chosen[:, 1]
         adv = batch._t("advantages")[i, j]
         ratio = torch.exp(batch._t("log_prob")[i, j] - batch._t("old_log_prob")[i, j])
-        dropped = torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, lo, hi))
+        dropped = _clip_cov_token_loss(adv, ratio, lo, hi)
         row_t = torch.tensor(rows, dtype=batch.dtype).index_add_(0, i, -dropped)
         rows = row_t.tolist()
     return _finish(

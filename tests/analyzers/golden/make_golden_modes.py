@@ -232,6 +232,35 @@ def _verl_metrics(verl, cfg: dict, tensors: dict[str, torch.Tensor], seed: int) 
     return out
 
 
+def _record(
+    store: dict,
+    cases: list,
+    name: str,
+    dtype_name: str,
+    tensors: dict,
+    cfg: dict,
+    seed: int,
+    expected: dict,
+    tags: list[str],
+) -> None:
+    """One case into the fixture: its tensors under ``name.*`` and its metadata (``expected:nan`` added
+    to ``tags`` where verl gave a NaN)."""
+    for key, value in tensors.items():
+        store[f"{name}.{key}"] = value.contiguous()
+    if any(math.isnan(v) for v in expected.values()):
+        tags = [*tags, "expected:nan"]
+    cases.append(
+        {
+            "id": name,
+            "dtype": dtype_name,
+            "config": cfg,
+            "seed": seed,
+            "expected": expected,
+            "tags": sorted(tags),
+        }
+    )
+
+
 def main() -> None:
     verl = load_verl()
     verl[1].no_padding_2_padding = lambda tensor, data: tensor
@@ -250,52 +279,18 @@ def main() -> None:
         tensors = {k: v.to(DTYPES[dtype_name]) if v.is_floating_point() else v for k, v in tensors.items()}
         seed = rng.randrange(2**31)
         expected = _verl_metrics(verl, cfg, tensors, seed)
-        name = f"mode{i:04d}"
-        for key, value in tensors.items():
-            store[f"{name}.{key}"] = value.contiguous()
-        tags = [
-            f"loss_mode:{mode}",
-            f"mode:{agg}",
-            f"dtype:{dtype_name}",
-            f"is:{with_is}",
-            f"global:{use_global}",
-        ]
-        tags.append(f"mask:{mask_kind}")
-        if any(math.isnan(v) for v in expected.values()):
-            tags.append("expected:nan")
-        cases.append(
-            {
-                "id": name,
-                "dtype": dtype_name,
-                "config": cfg,
-                "seed": seed,
-                "expected": expected,
-                "tags": sorted(tags),
-            }
-        )
+        tags = [f"loss_mode:{mode}", f"mode:{agg}", f"dtype:{dtype_name}", f"is:{with_is}"]
+        tags += [f"global:{use_global}", f"mask:{mask_kind}"]
+        _record(store, cases, f"mode{i:04d}", dtype_name, tensors, cfg, seed, expected, tags)
     grid = itertools.product(modes, ("token-mean", "seq-mean-token-mean"), DTYPES, ("overflow", "nan"))
     for j, (mode, agg, dtype_name, garbage) in enumerate(grid):
         tensors = _garbage_tensors(g, DTYPES[dtype_name], garbage)
         cfg = _config(rng, mode, agg, tensors["response_mask"], False)
         seed = rng.randrange(2**31)
         expected = _verl_metrics(verl, cfg, tensors, seed)
-        name = f"mask{j:04d}"
-        for key, value in tensors.items():
-            store[f"{name}.{key}"] = value.contiguous()
         tags = [f"loss_mode:{mode}", f"mode:{agg}", f"dtype:{dtype_name}", "is:False", "global:False"]
         tags += [f"garbage:mask-{garbage}", "mask:ragged"]
-        if any(math.isnan(v) for v in expected.values()):
-            tags.append("expected:nan")
-        cases.append(
-            {
-                "id": name,
-                "dtype": dtype_name,
-                "config": cfg,
-                "seed": seed,
-                "expected": expected,
-                "tags": sorted(tags),
-            }
-        )
+        _record(store, cases, f"mask{j:04d}", dtype_name, tensors, cfg, seed, expected, tags)
     save_file(store, str(HERE / "verl_0_9_1_modes.safetensors"))
     meta = {"verl_version": "0.9.1", "torch_version": torch.__version__, "seed": SEED, "cases": cases}
     (HERE / "verl_0_9_1_modes.json").write_text(json.dumps(meta, indent=0, sort_keys=True) + "\n")
