@@ -48,6 +48,10 @@ log = logging.getLogger("rlvitals.service")
 
 
 def build_services(settings: Settings) -> Services:
+    # plugins first: their health rules must be registered before the rule settings are read
+    from rlvitals.analyzers.plugins import load_plugins
+
+    plugins = load_plugins() if settings.plugins else []
     db = Database(settings.resolved_database_url, pool_size=settings.db_pool_size)
     bus: EventBus
     if db.is_postgresql:
@@ -70,6 +74,7 @@ def build_services(settings: Settings) -> Services:
         audits=AuditPool(settings, db, bus, health, telemetry),
         series_cache=SeriesCache(settings.query_cache_bytes) if settings.query_cache_bytes else None,
         columns=SeriesColumns(settings.series_memory_points) if settings.series_memory_points else None,
+        plugins=plugins,
     )
     services.writer = IngestWriter(services)
     return services
@@ -124,6 +129,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         services.webhooks.start()
         housekeeper = Housekeeper(services)
         log.info("rlvitals ready on %s (%s)", services.db.dialect, services.db.url.render_as_string())
+        for plugin in services.plugins:
+            log.info("rlvitals plugin loaded: %s", plugin)
         try:
             yield
         finally:

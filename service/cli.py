@@ -125,6 +125,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"rlvitals serve: invalid settings:\n{exc}", file=sys.stderr)
         return 2
     import uvicorn
+    from rlvitals.analyzers.plugins import PluginError, load_plugins
     from rlvitals.service.auth import keys_exist
     from rlvitals.service.health import HealthEngine
     from rlvitals.service.serving import (
@@ -138,6 +139,11 @@ def _serve(args: argparse.Namespace) -> int:
     )
     from sqlalchemy.exc import SQLAlchemyError
 
+    try:
+        plugins = load_plugins() if settings.plugins else []
+    except PluginError as exc:
+        print(f"rlvitals serve: {exc}", file=sys.stderr)
+        return 2
     try:
         HealthEngine(settings)  # a bad rules file or rule setting stops here, not in a worker
     except ValueError as exc:
@@ -174,7 +180,7 @@ def _serve(args: argparse.Namespace) -> int:
         "limit_concurrency": uvicorn_limit_concurrency(settings.max_connections),
     }
     NoDelayHTTPProtocol.header_timeout = settings.header_timeout
-    print(_banner(settings), file=sys.stderr, flush=True)
+    print(_banner(settings, plugins), file=sys.stderr, flush=True)
     if settings.workers == 1:
         from rlvitals.service.app import create_app
 
@@ -187,7 +193,7 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _banner(settings) -> str:
+def _banner(settings, plugins=()) -> str:
     """The two things a person starting a server wants to know: where to look, where the data goes."""
     from sqlalchemy.engine import make_url
 
@@ -195,7 +201,15 @@ def _banner(settings) -> str:
     shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
     shown = f"[{shown}]" if ":" in shown else shown
     database = make_url(settings.resolved_database_url).render_as_string(hide_password=True)
-    return f"rlvitals: dashboard http://{shown}:{settings.port}/  (API /api/v1, OpenAPI /docs)\nrlvitals: database {database}"
+    lines = [
+        f"rlvitals: dashboard http://{shown}:{settings.port}/  (API /api/v1, OpenAPI /docs)",
+        f"rlvitals: database {database}",
+    ]
+    if not settings.plugins:
+        lines.append("rlvitals: plugins off (RLVITALS_PLUGINS=0)")
+    elif plugins:
+        lines.append(f"rlvitals: plugins {', '.join(str(p) for p in plugins)}")
+    return "\n".join(lines)
 
 
 def _keys_create(args: argparse.Namespace) -> int:

@@ -33,6 +33,7 @@ class Services:
     audits: AuditPool
     series_cache: SeriesCache | None = None
     columns: SeriesColumns | None = None
+    plugins: list = field(default_factory=list)  # the analyzers.plugins.LoadedPlugin entries registered
     writer: IngestWriter = None  # type: ignore[assignment]  # set by build_services (it needs them)
     # metric names each run holds, as this process knows them (max_metric_names_per_run)
     run_names: dict[int, set[str]] = field(default_factory=dict)

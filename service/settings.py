@@ -157,6 +157,12 @@ class Settings(BaseSettings):
         None, description="JSON or YAML file with rule overrides (same shape as rules; rules wins)."
     )
 
+    plugins: bool = Field(
+        True,
+        description="Load the losses, aggregation modes, KL and advantage estimators and health rules "
+        "that installed packages declare as rlvitals.* entry points (docs/plugins.md).",
+    )
+
     health_flush_interval: float = Field(
         1.0,
         gt=0,
