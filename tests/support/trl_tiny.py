@@ -9,6 +9,8 @@ Runs inside the TRL side environment (``tests/support/sideenv.py``) with this ch
     python trl_tiny.py recipe  OUT.json              the README recipe against $RLVITALS_URL, several ways
     python trl_tiny.py refuse  OUT.json              losses rlvitals cannot reproduce are refused
     python trl_tiny.py overhead OUT.json STEPS       step times with and without rlvitals
+    accelerate launch --num_processes 2 --cpu trl_tiny.py ddp OUT_PREFIX
+                                                     one data-parallel job against $RLVITALS_URL
 
 Each mode writes its findings as JSON; the pytest side asserts on them (and on what the server stored).
 """
@@ -422,6 +424,47 @@ def overhead(out_path: str, steps: int) -> None:
     Path(out_path).write_text(json.dumps(out))
 
 
+# the data-parallel job's variants: a loss normalised by the global token count (dapo: num_items_in_batch
+# over both processes) and one normalised per sequence (grpo with a KL term)
+DDP_VARIANTS: dict[str, dict] = {
+    "ddp-dapo": dict(num_iterations=2),
+    "ddp-grpo-kl": dict(loss_type="grpo", beta=0.04, num_iterations=2, epsilon_high=0.28),
+}
+
+
+def ddp(out_prefix: str) -> None:
+    """One process of an ``accelerate launch --num_processes 2`` job: the README recipe against a real
+    server ($RLVITALS_URL), every micro-batch captured; each rank writes what ``_compute_loss`` returned
+    per (variant, step, micro-batch) to ``OUT_PREFIX.rank<r>.json``."""
+    import torch.distributed as dist
+    from rlvitals.client.settings import ClientSettings
+
+    import rlvitals
+
+    Recipe, _ = trainer_classes()
+    returned: dict[str, float] = {}
+    rank = int(os.environ["RANK"])  # accelerate launch (torch.distributed.run) sets it for each process
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, overrides in DDP_VARIANTS.items():
+            cls = spy(Recipe)
+            cls.returned = {}
+            run = rlvitals.init(
+                project="ddp", name=name, spool_dir=f"{tmp}/spool-{rank}",
+                settings=ClientSettings(batch_every=1, batch_micro_batches="all"),
+            )  # fmt: skip
+            # per-device batch 4 x 2 processes = 8 completions = 2 groups of 4 per step
+            trainer = make_trainer(
+                cls, {**overrides, "run_name": name, "max_steps": 2}, tmp, rlvitals_run=run
+            )
+            assert trainer.accelerator.num_processes == 2, trainer.accelerator.num_processes
+            assert trainer.accelerator.process_index == rank
+            trainer.train()
+            run.finish(timeout=60)
+            returned.update({f"{name}:{key}": value for key, value in cls.returned.items()})
+        backend = dist.get_backend() if dist.is_initialized() else None
+    Path(f"{out_prefix}.rank{rank}.json").write_text(json.dumps({"returned": returned, "backend": backend}))
+
+
 if __name__ == "__main__":
     warnings.simplefilter("default")
     mode = sys.argv[1]
@@ -431,6 +474,8 @@ if __name__ == "__main__":
         recipe(sys.argv[2])
     elif mode == "refuse":
         refuse(sys.argv[2])
+    elif mode == "ddp":
+        ddp(sys.argv[2])
     elif mode == "overhead":
         overhead(sys.argv[2], int(sys.argv[3]))
     else:
