@@ -84,6 +84,9 @@ EPOCHS = 2  # ppo_epochs: 8 loss calls per training step
 STEPS = 6  # with batch_every=1 the sampler audits positions 0-5: epoch 0 and the start of epoch 1
 CALLS = EPOCHS * BATCH // MICRO_BATCH  # loss calls per step (the update cycle)
 LR = 10.0  # large enough that later mini-batches/epochs clip
+# data-parallel processes of this job (the ``dp2`` scenario runs as two processes, RANK 0 and 1) and ours
+DP = int(os.environ.get("RLVITALS_VERL_DP", "1"))
+RANK = int(os.environ.get("RANK", "0"))
 
 
 class CpuPlatform(PlatformCUDA):
@@ -139,13 +142,13 @@ class TinyEngine(FSDPEngine):
         self.scaler = None
 
     def get_data_parallel_group(self):
-        return torch.distributed.group.WORLD  # one gloo process
+        return torch.distributed.group.WORLD  # the gloo processes of this job (one, or DP)
 
     def get_data_parallel_size(self) -> int:
-        return 1
+        return DP
 
     def get_data_parallel_rank(self) -> int:
-        return 0
+        return RANK
 
     def is_mp_src_rank_with_outputs(self) -> bool:
         return True
@@ -159,6 +162,10 @@ class TinyEngine(FSDPEngine):
         return contextlib.nullcontext()
 
     def optimizer_step(self):
+        if DP > 1:  # what FSDP/DDP do before the step: average the gradients over the data-parallel ranks
+            for p in self.module.parameters():
+                torch.distributed.all_reduce(p.grad, op=torch.distributed.ReduceOp.SUM)
+                p.grad /= DP
         grad_norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), float("inf"))
         self.optimizer.step()
         return grad_norm
@@ -339,7 +346,7 @@ def train(
         trainer = types.SimpleNamespace(
             config=config,
             distillation_config=distillation,
-            actor_rollout_wg=types.SimpleNamespace(update_actor=worker.train_mini_batch),
+            actor_rollout_wg=types.SimpleNamespace(update_actor=_dispatched(worker.train_mini_batch)),
         )
         started = time.perf_counter()
         output = RayPPOTrainer._update_actor(trainer, batch)
@@ -353,6 +360,21 @@ def train(
         if tracking is not None:
             tracking.log(data=metrics, step=step)
     return {"steps": done, "rollouts": rollouts, "table": model.table.detach().tolist()}
+
+
+def _dispatched(update):
+    """``update_actor`` as verl's worker group calls it: with DP ranks, each gets its chunk of the batch
+    (``make_nd_compute_dataproto_dispatch_fn``: ``BatchData(td).chunk(dp_size)[dp_rank]``), as a copy of its
+    own (Ray ships each worker a deserialised chunk; the chunk itself is a locked view)."""
+    if DP == 1:
+        return update
+    from verl.protocol import BatchData
+
+    def dispatch(td):
+        chunk = BatchData(td).chunk(chunks=DP)[RANK].clone()
+        return update(chunk.unlock_() if chunk.is_locked else chunk)
+
+    return dispatch
 
 
 def _plain(metrics: dict) -> dict:
@@ -674,6 +696,30 @@ def scenario_overhead(options: dict) -> dict:
     return {"timings": timings, "batch_every": every, "shape": [shape_b, resp], "sent": sent}
 
 
+def scenario_dp2(options: dict) -> dict:
+    """One process of a two-process data-parallel job (DP=2): the ``set_loss_fn`` hook against verl's own
+    ``ppo_loss`` on the same chunks, under a seq-mean mode (``global_batch_size`` over both ranks) and
+    token-mean (``batch_num_tokens`` all-reduced over both ranks)."""
+    assert DP == 2 and torch.distributed.get_world_size() == 2
+    results = {}
+    for mode in ("token-mean", "seq-mean-token-sum"):
+        config = actor_config(loss_agg_mode=mode, clip_ratio_high=0.28)
+        plain = train(functools.partial(losses.ppo_loss, config=config), steps=2)
+        server = FakeServer()
+        run = _run(server, f"dp2-{mode}", batch_every=1, batch_micro_batches="all", **options)
+        rv.configure(run)
+        hooked = train(functools.partial(rv.ppo_loss, config=config), steps=2)
+        run.finish(timeout=10)
+        results[mode] = {
+            "plain": plain,
+            "hooked": hooked,
+            "batches": _payloads(server, run),
+            "failures": rv.recording_failures(),
+        }
+        rv.configure()
+    return {"rank": torch.distributed.get_rank(), "modes": results}
+
+
 SCENARIOS = {
     "set_loss_fn": scenario_set_loss_fn,
     "registered": scenario_registered,
@@ -687,6 +733,7 @@ SCENARIOS = {
     "delegates": scenario_delegates,
     "tracking": scenario_tracking,
     "overhead": scenario_overhead,
+    "dp2": scenario_dp2,
 }
 
 
@@ -696,13 +743,14 @@ def main(argv: list[str]) -> int:
     options = json.loads(os.environ.get("RLVITALS_VERL_SIDE_OPTIONS", "{}"))
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"file://{tempfile.mktemp()}", rank=0, world_size=1)
+    init = os.environ.get("RLVITALS_VERL_DP_INIT") or f"file://{tempfile.mktemp()}"
+    dist.init_process_group("gloo", init_method=init, rank=RANK, world_size=DP)
     meta = {
         "verl": sys.modules["verl"].__version__,
         "registered": rv.LOSS_MODE in core_algos.POLICY_LOSS_REGISTRY,
     }
     (out / "meta.json").write_text(json.dumps(meta))
-    for name in argv[2:] or [n for n in SCENARIOS if n != "overhead"]:
+    for name in argv[2:] or [n for n in SCENARIOS if n not in ("overhead", "dp2")]:
         started = time.perf_counter()
         result = SCENARIOS[name](options.get(name, {}))
         result["seconds"] = time.perf_counter() - started
