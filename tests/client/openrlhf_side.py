@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
 import sys
 import tempfile
 import time
@@ -56,6 +57,9 @@ ACCUMULATION = 2  # micro-batches per optimizer step
 EPOCHS = 2  # max_epochs: 8 loss calls per training step
 CALLS = EPOCHS * BATCH // MICRO_BATCH
 LR = 10.0
+# data-parallel processes of this job (scenario ``dp2``: two processes, RANK 0 and 1, one gloo group) and ours
+DP = int(os.environ.get("RLVITALS_OPENRLHF_DP", "1"))
+RANK = int(os.environ.get("RANK", "0"))
 
 
 class TinyActor(torch.nn.Module):
@@ -92,6 +96,10 @@ class Strategy:
     def optimizer_step(self, optimizer, model, scheduler, name="model") -> None:
         self.calls += 1
         if self.calls % ACCUMULATION == 0:  # DeepSpeed steps once per accumulation window
+            if DP > 1:  # and averages the gradients over the data-parallel ranks first
+                for p in model.parameters():
+                    torch.distributed.all_reduce(p.grad, op=torch.distributed.ReduceOp.SUM)
+                    p.grad /= DP
             optimizer.step()
             optimizer.zero_grad()
 
@@ -110,8 +118,9 @@ def _args(**actor):
 
 
 def experiences(step: int, actor: TinyActor) -> list[Experience]:
-    """One rollout, split into micro-batches as OpenRLHF's replay buffer hands them out (unshuffled)."""
-    g = torch.Generator().manual_seed(1000 + step)
+    """One rollout, split into micro-batches as OpenRLHF's replay buffer hands them out (unshuffled); each
+    data-parallel rank generates its own."""
+    g = torch.Generator().manual_seed(1000 + step + 7919 * RANK)
     prompt, width = 3, 6
     sequences = torch.randint(1, VOCAB, (BATCH, prompt + width), generator=g)
     lengths = torch.randint(2, width + 1, (BATCH,), generator=g)
@@ -226,9 +235,36 @@ def scenario_losses() -> dict:
     return results
 
 
+def scenario_dp2() -> dict:
+    """One rank of a two-process job: PolicyLoss (token-mean and per-sequence), unwrapped then wrapped; the
+    normalisers come from OpenRLHF's ``iter_grad_accum_global_norm``, all-reduced over both ranks."""
+    results = {}
+    for name in ("ppo", "seq_mean"):
+        plain = train(PolicyLoss(**LOSSES[name]), steps=2)
+        server = FakeServer()
+        run = _run(server, f"dp2-{name}", batch_every=1, batch_micro_batches="all")
+        clock = {"step": 0}
+        wrapped = ro.RecordingPolicyLoss(PolicyLoss(**LOSSES[name]), run, step_fn=lambda c=clock: c["step"])
+        hooked = train(wrapped, steps=2, on_step=lambda s, c=clock: c.__setitem__("step", s))
+        run.finish(timeout=10)
+        results[name] = {
+            "plain": plain,
+            "hooked": hooked,
+            "batches": _payloads(server, run),
+            "failures": wrapped.failures.count,
+        }
+    return {"rank": torch.distributed.get_rank(), "losses": results}
+
+
 def main(argv: list[str]) -> int:
     out = Path(argv[1])
     out.mkdir(parents=True, exist_ok=True)
+    if DP > 1:
+        torch.distributed.init_process_group(
+            "gloo", init_method=os.environ["RLVITALS_OPENRLHF_DP_INIT"], rank=RANK, world_size=DP
+        )
+        (out / "dp2.json").write_text(json.dumps(scenario_dp2()))
+        return 0
     version = importlib.metadata.version("openrlhf")
     (out / "meta.json").write_text(json.dumps({"openrlhf": version, "calls_per_step": CALLS}))
     started = time.perf_counter()
