@@ -89,14 +89,27 @@ class AuditReport:
     alternatives: dict[str, list[Alternative]] = field(default_factory=dict)
     summary: str = ""  # one sentence: how many metrics disagree and the likeliest reason
     details: dict[str, str] = field(default_factory=dict)  # per mismatched metric, its part of explanation
+    decided_by: str = "fast"  # "reference" when the reference path recomputed a disagreement
+    # metric -> {"fast", "reference"} where the two paths disagreed (a fast-path defect)
+    fast_path_defect: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def mismatched(self) -> list[str]:
         return [name for name, verdict in self.verdicts.items() if not verdict["ok"]]
 
+    @property
+    def verdict(self) -> str:
+        """``agree`` or ``mismatch`` (a batch that cannot be recomputed never gets a report)."""
+        return "agree" if self.ok else "mismatch"
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "ok": bool(self.ok),
+            "verdict": self.verdict,
+            "decided_by": self.decided_by,
+            "fast_path_defect": {
+                k: {p: float(x) for p, x in v.items()} for k, v in self.fast_path_defect.items()
+            },
             "empty": bool(self.empty),
             "reported": {k: float(v) for k, v in self.reported.items()},
             "recomputed": {k: float(v) for k, v in self.recomputed.items()},
@@ -216,6 +229,7 @@ def audit(
             continue
         abs_err, rel_err = _errors(value, recomputed[key])
         verdicts[key] = {"ok": close(value, recomputed[key]), "abs_err": abs_err, "rel_err": rel_err}
+    recomputed, decided_by, defect = _arbitrate(batch, effective, given, recomputed, verdicts, close)
 
     alternatives: dict[str, list[Alternative]] = {}
     for key in sorted(verdicts, key=lambda k: k == "policy_loss"):  # the total last: it builds on the parts
@@ -247,7 +261,32 @@ def audit(
         alternatives=alternatives,
         summary=summary,
         details=details,
+        decided_by=decided_by,
+        fast_path_defect=defect,
     )
+
+
+def _arbitrate(batch: TokenBatch, config: LossConfig, given, recomputed, verdicts, close):
+    """The reference path decides before anything is called wrong: when a metric the fast path
+    recomputed disagrees with the reported one, every metric is recomputed by verl's own op
+    sequence (:meth:`TokenBatch.reference_metrics`, readable torch) and judged on that. Returns the
+    metrics judged on, who decided (``fast`` / ``reference``) and, metric by metric, where the two
+    paths disagreed with each other: a fast-path defect (it costs time, never a false alarm).
+    Updates ``verdicts`` in place."""
+    if all(v["ok"] for v in verdicts.values()) or batch.empty_reference:
+        return recomputed, "fast", {}
+    reference = batch.reference_metrics(config)
+    defect = {
+        key: {"fast": value, "reference": reference[key]}
+        for key, value in recomputed.items()
+        if key in reference and not close(value, reference[key])
+    }
+    for key, verdict in verdicts.items():
+        if "range" in verdict or key not in reference:
+            continue
+        abs_err, rel_err = _errors(given[key], reference[key])
+        verdict.update(ok=close(given[key], reference[key]), abs_err=abs_err, rel_err=rel_err)
+    return {**recomputed, **reference}, "reference", defect
 
 
 def _summarise(verdicts, alternatives, explanation: str) -> str:

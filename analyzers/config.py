@@ -121,7 +121,14 @@ def _count(field: str, value: Any, *, minimum: int, optional: bool) -> int | Non
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{field} must be {allowed}; got {value!r}")
+    if value > _MAX_COUNT:  # verl multiplies and divides torch tensors by it: an int64 at most
+        raise ValueError(
+            f"{field} must be {allowed} and at most 2**63 - 1 (an int64, as verl's torch holds it)"
+        )
     return value
+
+
+_MAX_COUNT = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -226,10 +233,10 @@ class LossConfig:
         get_policy_loss(name)  # unknown: ValueError listing the registered names
         set_("loss_mode", name)
         for field_, allowed in (
-            ("clip_cov_ratio", "a number > 0"),
+            ("clip_cov_ratio", "a number in (0, 1]"),
             ("clip_cov_lb", "a finite number"),
             ("clip_cov_ub", "a finite number"),
-            ("kl_cov_ratio", "a number > 0"),
+            ("kl_cov_ratio", "a number in (0, 1]"),
             ("ppo_kl_coef", "a finite number"),
             ("tau_pos", "a number > 0"),
             ("tau_neg", "a number > 0"),
@@ -237,6 +244,9 @@ class LossConfig:
             value = _number(field_, getattr(self, field_), allowed=allowed)
             if allowed.endswith("> 0") and value <= 0:
                 raise ValueError(f"{field_} must be {allowed}; got {value!r}")
+            # a share of the valid tokens (verl: int(ratio * count)); above 1 the product can overflow
+            if allowed.endswith("(0, 1]") and not 0 < value <= 1:
+                raise ValueError(f"{field_} must be {allowed} (a share of the valid tokens); got {value!r}")
             set_(field_, value)
         beta = _number("dro_beta", self.dro_beta, allowed="None or a number > 0", optional=True)
         if beta is not None and beta <= 0:

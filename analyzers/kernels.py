@@ -120,6 +120,8 @@ class RowSums(NamedTuple):
     """Per-row masked sums of a per-token quantity (``rows``, one float per sequence), with the two
     totals every aggregation mode is made of: ``total = sum_i rows_i`` and ``seq_mean_total =
     sum_i rows_i / (T_i + 1e-8)`` (T_i + 1e-8 in float32, as verl computes it; empty rows add 0).
+    In float32, ``seq_mean_total``'s quotients are float32 quotients of float32 rows, as verl's
+    tensors hold them: where rows of opposite sign cancel, that rounding is a visible part of the result.
     A named tuple: a call builds several, and a frozen dataclass costs ~0.4 us more each."""
 
     rows: tuple[float, ...]
@@ -147,6 +149,8 @@ class TokenBatch:
     ``dense``: the compiled passes read every token, masked or not (see the module's doc); a sparse
     batch (the default) becomes dense when a config needs it.
     """
+
+    float32_rows = False  # True: the torch-op passes keep float32 row sums (see _float32_rows)
 
     def __init__(
         self,
@@ -299,10 +303,21 @@ class TokenBatch:
         if self._lengths is None:
             self._lengths = (self.n_row.to(torch.float32) + 1e-8).tolist()
         rows = tuple(rows)
+        if self.dtype == torch.float32:
+            return self._row_sums_f32(rows)
         try:  # _total's fsum inline: this runs for every row-sum vector
             return RowSums(rows, math.fsum(rows), math.fsum(map(operator.truediv, rows, self._lengths)))
         except (ValueError, OverflowError):  # inf - inf, or an overflowing sum: _total's IEEE results
             return RowSums(rows, _total(rows), _total(list(map(operator.truediv, rows, self._lengths))))
+
+    def _row_sums_f32(self, rows: tuple[float, ...]) -> RowSums:
+        """:meth:`_row_sums` of a float32 batch: verl's seq-mean-token-mean divides the float32 row
+        sums by ``T + 1e-8`` in float32 (``seq_losses``, a float32 tensor); where rows of opposite
+        sign cancel (GRPO: one advantage per response, of either sign) the rounding of each quotient
+        is a visible part of the result, so the quotients are float32 ones. An overflow is inf."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            means32 = np.asarray(rows, dtype=np.float32) / np.asarray(self._lengths, dtype=np.float32)
+        return RowSums(rows, _total(rows), _total(means32.tolist()))
 
     def _aux_plan(self, config: LossConfig | None) -> tuple[bool, str | None, bool]:
         """What a pass for ``config`` should compute on the side, not cached yet: the entropy row
@@ -503,8 +518,11 @@ class TokenBatch:
             raise ValueError("ref_log_prob is required when use_kl_loss is True")
         entry = pl.get_policy_loss(config.loss_mode)
         builtin = isinstance(config.loss_agg_mode, AggMode) and isinstance(config.kl_loss_type, KLType)
-        if not self.dense and (config.loss_agg_mode not in _TOKEN_MODES or not entry.uses_agg_mode):
+        seq_rows = config.loss_agg_mode not in _TOKEN_MODES or not entry.uses_agg_mode
+        if not self.dense and seq_rows:
             self.densify()  # a seq-mean aggregation (sapo and geo_mean fix their own)
+        if seq_rows and self.dtype == torch.float32 and not self.float32_rows:
+            return self._float32_rows().metrics(config)
         if self.fast and self.finite and builtin:
             fused = _FUSED.get(entry.fn) if "rollout_is_weights" not in self.tensors else None
             if fused is not None:
@@ -521,6 +539,25 @@ class TokenBatch:
                 return out
             self.finite = False  # a non-finite sum: every later config takes the reference path too
         return self._reference_metrics(config)
+
+    def _float32_rows(self) -> TokenBatch:
+        """This batch's twin whose passes are torch ops, for the configs that aggregate row by row.
+
+        verl's seq-mean modes sum each row into a float32 tensor (``sum(loss * mask, -1)``) and add
+        those up; the compiled loops sum rows in float64. Where rows (or a row's tokens) of opposite
+        sign cancel, the float32 rounding of each row is a visible part of verl's result (relative
+        errors of 1e-4 and more on a loss near 0), and only torch's own float32 row reduction
+        reproduces it. So a float32 batch aggregated by a seq-mean mode takes the torch-op passes with
+        float32 row sums; the token modes (verl: one float32 total over every token, close to the exact
+        one) take float64 row sums, compiled or not. Float64 rows round below any tolerance. Built once
+        per batch (its own cache)."""
+        twin = self._cache.get("float32_rows")
+        if twin is None:
+            with native.disabled():
+                twin = TokenBatch(**{**self.tensors, "response_mask": self.mask}, dense=True)
+            twin.float32_rows = True
+            self._cache["float32_rows"] = twin
+        return twin
 
     def policy_metrics(self, config: LossConfig, *, raw: bool = False) -> dict[str, float]:
         """``pg_loss`` and the loss mode's own metrics from its registered function (no autograd),
@@ -594,6 +631,20 @@ class TokenBatch:
         return None if pg is None else self._aux_metrics(config, pg, fast=True)
 
     # -- reference path --------------------------------------------------------------------------
+    @property
+    def empty_reference(self) -> bool:
+        """True when the metrics already came from the reference path (nothing to arbitrate):
+        half precision, or a batch a non-finite sum sent there."""
+        return not (self.fast and self.finite)
+
+    def reference_metrics(self, config: LossConfig) -> dict[str, float]:
+        """``config``'s metrics by verl's own op sequence only (no compiled or fused pass): what an
+        audit recomputes to decide when the fast path's numbers disagree with the trainer's.
+        ``clip_cov`` draws its tokens again (an audit checks its pg_loss as a range)."""
+        if config.use_kl_loss and "ref_log_prob" not in self.tensors:
+            raise ValueError("ref_log_prob is required when use_kl_loss is True")
+        return self._reference_metrics(config)
+
     def _reference_metrics(self, config: LossConfig) -> dict[str, float]:
         """verl's own op sequence (``losses.ppo_loss``), in the input dtype. The per-token matrices and
         their aggregations are memoised, so an audit trying many configs pays once per clip setting,
@@ -735,7 +786,12 @@ class _Pass:
     def _outputs(self) -> Tensor:
         if self._out is None:
             n = self.n_rows + (0 if self.batch.native else self.entropy + (self.kl is not None))
-            self._out = torch.empty((max(n, 1), self.batch.shape[0]), dtype=self.batch.dtype)
+            # float32 rows are summed in float64 (as the compiled loops do) unless the batch keeps
+            # verl's float32 row tensors (:meth:`TokenBatch._float32_rows`)
+            dtype = self.batch.dtype
+            if dtype == torch.float32 and not self.batch.float32_rows:
+                dtype = torch.float64
+            self._out = torch.empty((max(n, 1), self.batch.shape[0]), dtype=dtype)
         return self._out
 
     def blocks(self):
@@ -761,7 +817,8 @@ class _Pass:
         return value if value.dtype == self.batch.dtype else value.to(self.batch.dtype)
 
     def row_sum(self, values: Tensor, j: int) -> None:
-        torch.sum(values, dim=-1, out=self._out[j, self.s : self.e])
+        out = self._out[j, self.s : self.e]
+        torch.sum(values, dim=-1, dtype=out.dtype, out=out)
 
     def aux_block(self, m: Tensor) -> None:
         """This block's share of the planned entropy and KL row sums (the compiled loop computes them
@@ -1451,7 +1508,9 @@ def _fused_kl_cov(batch: TokenBatch, config: LossConfig) -> dict[str, float] | N
         d = batch._t("log_prob")[i, j] - batch._t("old_log_prob")[i, j]
         base = -adv * torch.exp(d)
         extra = (base + config.ppo_kl_coef * d.abs()) - base
-        rows = torch.tensor(rows, dtype=batch.dtype).index_add_(0, i, extra).tolist()
+        # the rows as the pass summed them (float64 for a float32 batch's token modes)
+        held = torch.float64 if batch.dtype == torch.float32 and not batch.float32_rows else batch.dtype
+        rows = torch.tensor(rows, dtype=held).index_add_(0, i, extra.to(held)).tolist()
     return _finish(batch, config, rows, ppo_kl=abs_sum / _eps_count(n))
 
 

@@ -96,6 +96,18 @@ def _masked_mean(values: Tensor, mask: _Mask, axis: int | None = None) -> Tensor
     return _masked_sum(values, mask, axis) / (mask.count(axis) + 1e-8)
 
 
+def _reciprocal(x: float) -> float:
+    """verl's ``1.0 / masked_mean(...).item()`` for the effective sample size. Where every IS weight
+    is 0 (e.g. a float16 log-prob of -inf) verl 0.9.1 itself raises ZeroDivisionError there: no
+    trainer reports that batch, so it is not recomputable, said in words (ValueError)."""
+    if x == 0:
+        raise ValueError(
+            "verl 0.9.1 divides by zero computing rollout_corr/rollout_is_eff_sample_size (every "
+            "importance weight under the mask is 0): a trainer running it raises on this batch"
+        )
+    return 1.0 / x
+
+
 def _flag(op, values: Tensor, bound) -> Tensor:
     """``op(values, bound).float()`` written straight into a float32 tensor (a bool tensor and its
     conversion cost ~5x more; the values are the same 0.0 / 1.0)."""
@@ -202,7 +214,7 @@ def _is_metrics(
         m["rollout_is_std"] = 0.0
     # ESS = 1 / E[(w / E[w])^2] over valid tokens
     normalized = clipped / (_masked_mean(clipped, mk) + 1e-8)
-    m["rollout_is_eff_sample_size"] = 1.0 / _masked_mean(normalized.square(), mk).item()
+    m["rollout_is_eff_sample_size"] = _reciprocal(_masked_mean(normalized.square(), mk).item())
     # pre-truncation raw means: a truncated mean never exceeds upper
     _is_seq_metrics(m, _masked_mean(weights, mk, axis=-1), _masked_mean(raw, mk, axis=-1), upper, lower)
     return m
@@ -689,7 +701,7 @@ class _Native:
         c = mean + self.t(1e-8)
         norm = batch_normalize and mean > self.t(1e-8)
         ess = self.inputs.rc_ess(w, upper, float(c), float(mean) if norm else None)
-        m["rollout_is_eff_sample_size"] = 1.0 / float(self.mean(ess))
+        m["rollout_is_eff_sample_size"] = _reciprocal(float(self.mean(ess)))
         _is_seq_metrics(m, seq_w, seq_raw, upper, low)
         if lower is not None:
             m["rollout_is_oob_ratio"] = float(self.flag_mean(cnt[0] + cnt[1]))
@@ -719,7 +731,7 @@ class _Native:
         m["rollout_is_std"] = std
         c = mean + self.t(1e-8)
         q = clipped / torch.tensor(c, dtype=self.dtype)
-        m["rollout_is_eff_sample_size"] = 1.0 / float(self.mean(self.dot_counts(q.square())))
+        m["rollout_is_eff_sample_size"] = _reciprocal(float(self.mean(self.dot_counts(q.square()))))
         # verl's masked_mean(weights, axis=-1): torch's float32 sum of the row's copies of v_i, whose
         # rounding a float64 v_i * T_i does not reproduce (IcePop / the fraction metrics compare the
         # result with thresholds an ulp away); the filled rows are verl's weights * mask exactly

@@ -64,9 +64,22 @@ def audit_public(row: dict[str, Any]) -> dict[str, Any]:
         "rollout": result.get("rollout"),
         "distillation": result.get("distillation"),
         "ok": result.get("ok"),
+        "verdict": result.get("verdict"),
+        "decided_by": result.get("decided_by"),
         "error": row.get("error"),
         "created_at": row["created_at"],
         "finished_at": row["finished_at"],
+    }
+
+
+def not_recomputable(exc: BaseException) -> dict[str, Any]:
+    """The result of an audit the analyzers could not finish: a verdict that says why, no numbers."""
+    reason = f"{type(exc).__name__}: {exc}"
+    return {
+        "ok": None,
+        "verdict": f"not recomputable: {reason}",
+        "decided_by": None,
+        "explanation": f"This batch could not be recomputed ({reason}); nothing was compared.",
     }
 
 
@@ -287,11 +300,17 @@ class AuditPool(WorkerThreads):
             audited = audit_batch(batch, run_config=run_config)
             result, report, groups = jsonable(audited.result), audited.result, audited.groups
             status = "done"
-        except Exception as exc:  # a bad batch must not kill the worker: the audit is marked 'error'
-            log.exception("audit %s failed", job["id"])
-            result, status, error = None, "error", f"{type(exc).__name__}: {exc}"
+            if result.get("fast_path_defect"):
+                self.telemetry.count_fast_path_defect()
+                log.warning(
+                    "fast-path defect in audit %s (run %s, step %s): the reference path decided; %s",
+                    job["id"], job["run_id"], job["step"], sorted(result["fast_path_defect"]),
+                )  # fmt: skip
+        except Exception as exc:  # every accepted batch ends in a verdict, never in 'error'
+            log.exception("audit %s: not recomputable", job["id"])
+            result, status = not_recomputable(exc), "done"
         self.telemetry.observe_audit(status=status, seconds=time.perf_counter() - started)
-        histograms_next = status == "done" and self.settings.audit_histograms
+        histograms_next = report is not None and self.settings.audit_histograms
         stored = self._store(
             job, worker, status=status, result=result, error=error, report=report, groups=groups,
             keep_blob=self.settings.keep_batches or histograms_next,

@@ -94,6 +94,9 @@ _DTYPES = {  # safetensors dtype names -> torch attribute names
 }  # fmt: skip
 
 
+_MAX_DIM = 2**63 - 1
+
+
 def load_tensors(body: Body) -> dict[str, torch.Tensor]:
     """The tensors of a safetensors file as views into ``body`` (a ``bytearray`` or a writable
     ``memoryview``: no copy; ``bytes`` are copied once into a bytearray). The same checks as the
@@ -120,6 +123,11 @@ def load_tensors(body: Body) -> dict[str, torch.Tensor]:
                 f"(dtype one of {sorted(_DTYPES)}, shape, data_offsets): {info!r:.200}"
             ) from exc
         numel = math.prod(shape)
+        if math.prod(n for n in shape if n) > _MAX_DIM:  # torch holds sizes and strides as int64
+            raise InvalidInput(
+                f"body is not a valid safetensors file: tensor {name!r} declares shape {shape!s:.200}, "
+                "whose dimensions (zero-size or not) do not fit the 64-bit sizes torch holds"
+            )
         if min(shape, default=0) < 0 or not 0 <= begin <= end <= len(data):
             raise InvalidInput(f"body is not a valid safetensors file: tensor {name!r} lies outside the file")
         if end - begin != numel * dtype.itemsize:
@@ -129,7 +137,12 @@ def load_tensors(body: Body) -> dict[str, torch.Tensor]:
             )
         spans.append((begin, end, name))
         flat = torch.frombuffer(data[begin:end], dtype=dtype) if numel else torch.empty(0, dtype=dtype)
-        out[name] = flat.reshape(shape)
+        try:
+            out[name] = flat.reshape(shape)
+        except (RuntimeError, OverflowError, ValueError) as exc:  # what torch refuses is the upload's fault
+            raise InvalidInput(
+                f"body is not a valid safetensors file: tensor {name!r} of shape {shape!s:.200}: {exc}"
+            ) from None
     position = 0
     for begin, end, name in sorted(spans):
         if begin != position:

@@ -40,6 +40,7 @@ class Telemetry:
         self.audits: dict[str, int] = {}
         self.audit_latency = Histogram()
         self.webhook_attempts: dict[str, int] = {}
+        self.fast_path_defects = 0
 
     def observe_ingest(self, *, points: int, seconds: float) -> None:
         with self._lock:
@@ -58,6 +59,10 @@ class Telemetry:
         with self._lock:
             self.audits[status] = self.audits.get(status, 0) + 1
             self.audit_latency.observe(seconds)
+
+    def count_fast_path_defect(self) -> None:
+        with self._lock:
+            self.fast_path_defects += 1
 
     def count_webhook(self, outcome: str) -> None:
         with self._lock:
@@ -125,6 +130,13 @@ class Telemetry:
                 [({"status": k}, v) for k, v in sorted(self.audits.items())],
             )
             _histogram(out, "rlvitals_audit_seconds", "Worker time per audit.", self.audit_latency)
+            _metric(
+                out,
+                "rlvitals_fast_path_defects_total",
+                "counter",
+                "Audits whose compiled fast path disagreed with the reference path (the reference decided).",
+                [({}, self.fast_path_defects)],
+            )
             _metric(
                 out,
                 "rlvitals_webhook_attempts_total",

@@ -22,6 +22,9 @@ CONTRACT_KEYS = {
     "on_policy_gap",
     "empty",
     "ok",
+    "verdict",
+    "decided_by",
+    "fast_path_defect",
 }
 
 

@@ -236,3 +236,50 @@ def test_mode_fixture_covers_every_loss_mode_agg_mode_dtype_weights_and_normalis
     ]
     assert len(hits) >= 10  # the random draw really zeroes tokens in the fixture
     assert sum(p.stat().st_size for p in GOLDEN.glob("verl_0_9_1_modes.*")) < 3e6
+
+
+# -- losses that are small differences of large parts (golden/make_golden_cancel.py) ------------------------
+@cache
+def _cancel() -> tuple[dict, dict[str, torch.Tensor]]:
+    meta = json.loads((GOLDEN / "verl_0_9_1_cancel.json").read_text())
+    return meta, load_file(str(GOLDEN / "verl_0_9_1_cancel.safetensors"))
+
+
+@pytest.mark.parametrize("case_id", [c["id"] for c in _cancel()[0]["cases"]])
+def test_cancelling_rows_match_verl_to_its_rounding(case_id: str) -> None:
+    # verl holds each row's sum as a float32 tensor: where rows cancel, that rounding is part of the result
+    meta, store = _cancel()
+    case = next(c for c in meta["cases"] if c["id"] == case_id)
+    tensors = {k[len(case_id) + 1 :]: v for k, v in store.items() if k.startswith(case_id + ".")}
+    expected = dict(_expected_here(case))
+    got = _recompute_case(case, tensors, recompute)
+    # policy_loss = pg_loss - c_e entropy_loss (+ c_k kl_loss) is checked to the rounding of its parts:
+    # where they cancel, 1e-5 of each part is more than 1e-5 of the difference (verl's own float32)
+    cfg, tol = case["config"], TOLERANCE[case["dtype"]]
+    parts = abs(expected["pg_loss"]) + abs(cfg["entropy_coeff"] * expected.get("entropy_loss", 0.0))
+    parts += abs(cfg["kl_loss_coef"] * expected["kl_loss"]) if cfg["use_kl_loss"] else 0.0
+    want = expected.pop("policy_loss")
+    assert abs(got.pop("policy_loss") - want) <= tol["abs"] + tol["rel"] * parts, case_id
+    _check(got, expected, tol, f"{case_id} {case['tags']}")
+
+
+def test_cancel_fixture_covers_every_loss_mode_agg_mode_dtype_and_kind() -> None:
+    from rlvitals.analyzers.config import AggMode
+    from rlvitals.analyzers.policy_losses import LossMode
+
+    meta, _store = _cancel()
+    assert meta["verl_version"] == "0.9.1"
+    seen = {
+        (c["config"]["loss_mode"], c["config"]["loss_agg_mode"], c["dtype"], t)
+        for c in meta["cases"]
+        for t in c["tags"]
+        if t.startswith("cancel:")
+    }
+    assert seen == {
+        (mode.value, agg.value, dtype, f"cancel:{kind}")
+        for mode in LossMode
+        for agg in AggMode
+        for dtype in ("float32", "float64")
+        for kind in ("grpo", "token")
+    }
+    assert sum(p.stat().st_size for p in GOLDEN.glob("verl_0_9_1_cancel.*")) < 3e6

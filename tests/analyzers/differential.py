@@ -1,0 +1,97 @@
+"""The fast path against the reference path over the settings space (hypothesis strategies shared by
+tests/analyzers/test_analyzers_differential.py and bench/differential.py).
+
+``fast``: :meth:`TokenBatch.metrics` with the compiled passes; ``reference``: verl's op sequence only
+(:meth:`TokenBatch.reference_metrics`). They must agree to ``RTOL`` of the result plus ``ATOL``, NaN
+where the other is NaN, the same infinity where the other is infinite.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from hypothesis import strategies as st
+from rlvitals.analyzers.batch import token_batch
+from rlvitals.analyzers.config import AggMode, LossConfig
+from rlvitals.analyzers.policy_losses import POLICY_LOSSES
+
+RTOL, ATOL = 1e-4, 1e-6
+DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+MODES = sorted(m for m in POLICY_LOSSES if m not in ("clip_cov", "bypass_mode"))  # a draw; rollout: own tests
+EXTREMES = (math.inf, -math.inf, math.nan, 1e30, -1e30)
+
+
+@st.composite
+def cases(draw, max_width: int = 300):
+    dtype = draw(st.sampled_from(DTYPES))
+    rows = draw(st.integers(1, 6))
+    width = draw(st.one_of(st.just(1), st.integers(1, max_width), st.just(16384)))
+    if width == 16384:
+        rows = 1
+    seed = draw(st.integers(0, 2**31 - 1))
+    g = torch.Generator().manual_seed(seed)
+    f64 = torch.float64
+    lp = -torch.rand(rows, width, generator=g, dtype=f64) * 3
+    old = lp + torch.randn(rows, width, generator=g, dtype=f64) * draw(st.sampled_from([0.0, 0.05, 0.5]))
+    scale = draw(st.sampled_from([1.0, 1e4]))  # huge advantages
+    adv = torch.randn(rows, width, generator=g, dtype=f64) * scale
+    kind = draw(st.sampled_from(["prefix", "scattered", "empty-rows", "all-masked", "full"]))
+    if kind == "scattered":
+        mask = torch.rand(rows, width, generator=g) < 0.5
+    elif kind == "all-masked":
+        mask = torch.zeros(rows, width, dtype=torch.bool)
+    elif kind == "full":
+        mask = torch.ones(rows, width, dtype=torch.bool)
+    else:
+        lengths = torch.randint(0 if kind == "empty-rows" else 1, width + 1, (rows,), generator=g)
+        mask = torch.arange(width)[None] < lengths[:, None]
+    tensors = {"log_prob": lp, "old_log_prob": old, "advantages": adv}
+    if draw(st.booleans()):
+        tensors["ref_log_prob"] = lp + torch.randn(rows, width, generator=g, dtype=f64) * 0.1
+        tensors["entropy"] = torch.rand(rows, width, generator=g, dtype=f64)
+    if draw(st.booleans()):
+        tensors["rollout_is_weights"] = torch.rand(rows, width, generator=g, dtype=f64) + 0.5
+    where = draw(st.sampled_from(["none", "under-mask", "outside-mask"]))
+    if where != "none":
+        value = draw(st.sampled_from(EXTREMES))
+        name = draw(st.sampled_from(sorted(tensors)))
+        spots = ~mask if where == "under-mask" else mask
+        if bool(spots.any()):
+            flat = spots.flatten().nonzero().flatten()
+            pick = flat[torch.randint(len(flat), (1,), generator=g)]
+            tensors[name].view(-1)[pick] = value
+    tensors = {k: v.to(dtype) for k, v in tensors.items()}
+    tensors["response_mask"] = mask
+    n_tokens, n_seqs = int(mask.sum()), int((mask.sum(-1) > 0).sum())
+    use_global = draw(st.booleans())
+    dp = draw(st.sampled_from([1, 2, 4])) if use_global else 1
+    config = LossConfig(
+        loss_mode=draw(st.sampled_from(MODES)),
+        loss_agg_mode=draw(st.sampled_from([m.value for m in AggMode])),
+        loss_scale_factor=draw(st.sampled_from([None, 16.0, 1.0])),
+        clip_ratio_low=draw(st.sampled_from([None, 0.2])),
+        clip_ratio_high=draw(st.sampled_from([None, 0.28])),
+        dp_size=dp,
+        batch_num_tokens=n_tokens * dp + draw(st.integers(0, 5)) if use_global else None,
+        global_batch_size=n_seqs * dp + draw(st.integers(0, 2)) if use_global else None,
+        use_kl_loss="ref_log_prob" in tensors and draw(st.booleans()),
+        entropy_coeff=draw(st.sampled_from([0.0, 0.01])),
+        dro_beta=0.1,
+    )
+    return config, tensors
+
+
+def close(a: float, b: float) -> bool:
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    if math.isinf(a) or math.isinf(b):
+        return a == b
+    return abs(a - b) <= ATOL + RTOL * max(abs(a), abs(b))
+
+
+def disagreements(config: LossConfig, tensors: dict) -> dict[str, tuple[float, float]]:
+    """Metric -> (fast, reference) where the two paths disagree."""
+    fast = token_batch(dict(tensors), dense=True).metrics(config)
+    reference = token_batch(dict(tensors), dense=True).reference_metrics(config)
+    return {k: (fast[k], reference[k]) for k in reference if k in fast and not close(fast[k], reference[k])}
