@@ -24,7 +24,9 @@ rollout_t`` on valid tokens:
 - the shape in two numbers the trend rule reads: ``position_growth`` (mean ``|gap|`` in the last third
   of the positions over the first third: > 1 grows with position, the signature of a KV cache or
   precision drift) and ``low_prob_ratio`` (mean ``|gap|`` of tokens with ``p < 0.1`` over those with
-  ``p >= 0.1``: sampling settings such as temperature/top-p/top-k applied by the engine only).
+  ``p >= 0.1``), with ``low_prob_bias = |mean gap| / mean |gap|`` over those tokens (near 1: one-sided,
+  the signature of sampling settings such as temperature/top-p/top-k applied by the engine only; near
+  0: rounding noise, which also lands on low-probability tokens when the logits are large).
 
 An empty mask raises ``ValueError`` (as verl does). Cost: see ``bench/mismatch.py``.
 """
@@ -79,6 +81,7 @@ SERIES = (
     "beyond_bounds",
     "position_growth",
     "low_prob_ratio",
+    "low_prob_bias",
 )
 
 
@@ -197,10 +200,11 @@ def mismatch_report(
         prob_means, prob_counts = _bucket_means(prob_ids, abs_v, len(PROB_EDGES) - 1)
         low = p_v < LOW_PROB
         n_low = int(low.sum())
-        low_ratio = _ratio(
-            float(abs_v[low].mean()) if n_low else None,
-            float(abs_v[~low].mean()) if n_low < n else None,
-        )
+        low_abs = float(abs_v[low].mean()) if n_low else None
+        low_ratio = _ratio(low_abs, float(abs_v[~low].mean()) if n_low < n else None)
+        # how one-sided the low-probability gap is: 1 when every such token errs the same way (a
+        # temperature / top-p applied on one side only shifts them all), ~0 for rounding noise
+        low_bias = _ratio(abs(float(gap_v[low].mean())), low_abs) if n_low else None
 
         # per sequence
         row_sum = torch.bincount(row, weights=abs_v, minlength=batch)
@@ -304,7 +308,7 @@ def mismatch_report(
             ],
             "by_group": by_group,
             "worst": worst_rows,
-            "shape": {"position_growth": growth, "low_prob_ratio": low_ratio},
+            "shape": {"position_growth": growth, "low_prob_ratio": low_ratio, "low_prob_bias": low_bias},
         }
     report["series"] = series_of(report)
     return report
@@ -329,6 +333,7 @@ def series_of(report: Mapping[str, Any]) -> dict[str, float]:
         "beyond_bounds": (report.get("bounds") or {}).get("beyond"),
         "position_growth": shape.get("position_growth"),
         "low_prob_ratio": shape.get("low_prob_ratio"),
+        "low_prob_bias": shape.get("low_prob_bias"),
     }
     return {
         SERIES_PREFIX + k: float(v)
