@@ -148,6 +148,19 @@ class AuditPublic(BaseModel):
     finished_at: float | None
 
 
+class MismatchPublic(BaseModel):
+    run_id: int
+    series: dict[str, dict[str, list]] = Field(
+        description="rlvitals/mismatch/* and the trainer's own gap metrics: {name: {steps, values}}."
+    )
+    audits: list[dict[str, Any]] = Field(
+        description="Audits with a mismatch report: id, step, token_mult_prob_error, abs_gap_mean."
+    )
+    selected: dict[str, Any] | None = Field(
+        None, description="One audit's report in full (the latest, or audit_id's): {id, step, mismatch}."
+    )
+
+
 class AuditsPublic(BaseModel):
     data: list[AuditPublic]
     count: int
