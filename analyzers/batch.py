@@ -391,6 +391,8 @@ def audit_batch(
         out.rollout = result["rollout"] = rollout
         if rollout["ok"] is False:
             extra.append(rollout["explanation"])
+    if "rollout_log_probs" in tensors:
+        result["mismatch"] = batch_mismatch(tensors, algorithm)
     if extra:
         # the summary (what the audit_mismatch alert says) names these findings too
         summary = str(result.get("summary") or "") if result["ok"] is False else ""
@@ -403,6 +405,27 @@ def audit_batch(
     if histograms:
         out.histograms = batch_histograms(batch)
     return out
+
+
+def batch_mismatch(tensors: Mapping[str, Any], algorithm: AlgorithmConfig) -> dict[str, Any]:
+    """The rollout-vs-training mismatch report (:func:`rlvitals.analyzers.mismatch.mismatch_report`) of a
+    batch with ``rollout_log_probs``: the trainer's side is ``old_log_prob`` (``log_prob`` in verl's
+    bypass mode, where ``old_log_prob`` is the rollout's), the bounds verl's ``rollout_is_threshold``.
+    ``{"skipped": why}`` when there is no valid token."""
+    from rlvitals.analyzers.mismatch import mismatch_report
+
+    config = algorithm.rollout_correction
+    trainer = tensors["log_prob"] if config is not None and config.bypass_mode else tensors["old_log_prob"]
+    try:
+        return mismatch_report(
+            trainer,
+            tensors["rollout_log_probs"],
+            tensors["response_mask"],
+            group_index=tensors.get(rules.GROUP_INDEX),
+            is_threshold=None if config is None else config.rollout_is_threshold,
+        )
+    except ValueError as exc:  # no valid token
+        return {"skipped": str(exc)}
 
 
 def _distillation_config(

@@ -21,6 +21,7 @@ from rlvitals.service.api import (
     routes_events,
     routes_export,
     routes_metrics,
+    routes_mismatch,
     routes_runs,
     routes_system,
 )
@@ -165,6 +166,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         routes_audits,
         routes_alerts,
         routes_events,
+        routes_mismatch,
     )
     for module in modules:
         app.include_router(module.router)

@@ -63,6 +63,7 @@ def audit_public(row: dict[str, Any]) -> dict[str, Any]:
         "advantages": result.get("advantages"),
         "rollout": result.get("rollout"),
         "distillation": result.get("distillation"),
+        "mismatch": result.get("mismatch"),
         "ok": result.get("ok"),
         "verdict": result.get("verdict"),
         "decided_by": result.get("decided_by"),
@@ -340,8 +341,12 @@ class AuditPool(WorkerThreads):
         run_id, step, now = job["run_id"], job["step"], time.time()
         events: list[Event] = []
 
+        series = _mismatch_series(result)
+
         def observe(monitor, cursor):
             findings = []
+            if series:  # the mismatch series, as if logged: the trend rules read them
+                findings.extend(monitor.observe(step, series))
             if report is not None:
                 findings.extend(monitor.observe_audit(step, report))
             if groups is not None:
@@ -365,8 +370,11 @@ class AuditPool(WorkerThreads):
         self, job, worker, status, result, error, report, observe, events, now, keep_blob
     ) -> None:
         run_id = job["run_id"]
+        series = _mismatch_series(result)
         with self.db.write() as session:
             observation = None
+            if series:  # before the health state's lock, in the order metric ingest takes them
+                _add_series(session, run_id, job["step"], series, now)
             if report is not None:
                 observation = self.health.update(
                     session=session,
@@ -407,6 +415,20 @@ class AuditPool(WorkerThreads):
             self.bus.stage(session=session, events=events)
             if changed:
                 self.bus.stage_job(session=session, kind="webhook")
+
+
+def _mismatch_series(result: dict[str, Any] | None) -> dict[str, float]:
+    """The ``rlvitals/mismatch/*`` series of an audit's mismatch report (none without one)."""
+    return dict(((result or {}).get("mismatch") or {}).get("series") or {})
+
+
+def _add_series(session, run_id: int, step: int, series: dict[str, float], now: float) -> None:
+    """Write an audit's series to the run's metrics (insert-or-ignore: a second micro-batch of the same
+    step keeps the first one's value); the data version moves so cached columns are read again."""
+    if repo.advance_run(session=session, run_id=run_id, last_step=step, now=now):
+        repo.add_points(
+            session=session, rows=[(run_id, name, step, value, 0, None) for name, value in series.items()]
+        )
 
 
 _TOKEN_PASSES_LOGGED = threading.Event()

@@ -135,10 +135,30 @@ class AuditPublic(BaseModel):
         description="verl's on-policy distillation loss recomputed from log_prob/teacher_log_probs with the "
         "config's distillation section: verdicts on the reported distillation/* values and the total loss.",
     )
+    mismatch: dict[str, Any] | None = Field(
+        None,
+        description="Rollout-vs-training mismatch of old_log_prob vs rollout_log_probs (batches that carry "
+        "rollout_log_probs): token_mult_prob_error (NeMo-RL), verl's IS/KL diagnostics, |gap| quantiles, "
+        "and where the gap lives: by_position (mean |gap| per position bucket, first to last), by_length, "
+        "by_prob, by_group, worst sequences. See docs/mismatch.md.",
+    )
     ok: bool | None = None
     error: str | None = None
     created_at: float
     finished_at: float | None
+
+
+class MismatchPublic(BaseModel):
+    run_id: int
+    series: dict[str, dict[str, list]] = Field(
+        description="rlvitals/mismatch/* and the trainer's own gap metrics: {name: {steps, values}}."
+    )
+    audits: list[dict[str, Any]] = Field(
+        description="Audits with a mismatch report: id, step, token_mult_prob_error, abs_gap_mean."
+    )
+    selected: dict[str, Any] | None = Field(
+        None, description="One audit's report in full (the latest, or audit_id's): {id, step, mismatch}."
+    )
 
 
 class AuditsPublic(BaseModel):

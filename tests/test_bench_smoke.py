@@ -95,3 +95,8 @@ def test_detection_bench_scores_the_synthetic_corpus_without_the_real_one(tmp_pa
 def test_health_rules_bench_prints_its_table():
     out = _run("bench/health_rules.py", "--ref", "HEAD", "--steps", "300", "--repeats", "1")
     assert "| worktree |" in out and "µs / step" in out
+
+
+def test_mismatch_bench_prints_its_table():
+    out = _run("bench/mismatch.py", "--repeats", "1", "--shape", "8x256")
+    assert "| (8, 256) | mismatch_report (all of it) |" in out

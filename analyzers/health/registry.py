@@ -60,6 +60,7 @@ class RuleId(str, Enum):
     GRAD_NORM_ZERO = "grad_norm_zero"
     ROLLOUT_MISMATCH = "rollout_mismatch"
     POLICY_COLLAPSE = "policy_collapse"
+    MISMATCH_TREND = "mismatch_trend"
 
     def __str__(self) -> str:
         return self.value

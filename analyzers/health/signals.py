@@ -49,6 +49,11 @@ class Signal(str, Enum):
     ROLLOUT_PROBS_DIFF_MEAN = "rollout_probs_diff_mean"
     ROLLOUT_LOGP_DIFF_MEAN = "rollout_logp_diff_mean"
     ROLLOUT_LOGP_DIFF_MAX = "rollout_logp_diff_max"
+    # the rollout-vs-training gap as the other frameworks log it, and rlvitals' own audit series
+    LOGPROB_ABS_DIFF = "logprob_abs_diff"
+    TOKEN_MULT_PROB_ERROR = "token_mult_prob_error"
+    GEN_KL = "gen_kl"
+    LEARNING_RATE = "learning_rate"
 
     def __str__(self) -> str:
         return self.value
@@ -156,6 +161,26 @@ ALIASES.update(
         Signal.ROLLOUT_PROBS_DIFF_MEAN.value: ("training/rollout_probs_diff_mean",),  # verl
         Signal.ROLLOUT_LOGP_DIFF_MEAN.value: ("sampling/sampling_logp_difference/mean",),  # TRL
         Signal.ROLLOUT_LOGP_DIFF_MAX.value: ("sampling/sampling_logp_difference/max",),  # TRL
+        Signal.LOGPROB_ABS_DIFF.value: (
+            "rlvitals/mismatch/abs_gap_mean",  # the server's audit: masked mean |old_log_prob - rollout|
+            "train_rollout_logprob_abs_diff",  # slime (train/...): mean |old_log_probs - rollout_log_probs|
+            "debug/vllm_vs_local_logprob_diff_mean",  # open-instruct grpo_fast: mean |vLLM - local|
+        ),
+        Signal.TOKEN_MULT_PROB_ERROR.value: (
+            "rlvitals/mismatch/token_mult_prob_error",  # the server's audit, NeMo-RL's definition
+            "token_mult_prob_error",  # NeMo-RL (train/...): masked mean of exp(|gen - prev| log-probs)
+        ),
+        Signal.GEN_KL.value: (
+            "rlvitals/mismatch/gen_kl_error",  # the server's audit: k3 of KL(pi_gen || pi_train)
+            "gen_kl_error",  # NeMo-RL (train/...)
+            "debug/vllm_local_reverse_kl",  # open-instruct grpo_fast
+            "vllm_kl",  # OpenRLHF (enable_vllm_is_correction): KL between vLLM's and the actor's log-probs
+        ),
+        Signal.LEARNING_RATE.value: (
+            "actor/lr",  # verl
+            "learning_rate",  # TRL (HF Trainer)
+            "lr",  # OpenRLHF, slime (train/lr), bare
+        ),
     }
 )
 

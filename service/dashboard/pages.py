@@ -59,6 +59,7 @@ PAGES: dict[str, tuple[str, str, tuple[str, ...], str]] = {
     ),
     "audits": ("audits.html", "Audits", (SIGNALS_ROUTE, "js/charts.js", "js/audits.js"), "audits"),
     "alerts": ("alerts.html", "Alerts", ("js/alerts.js",), "alerts"),
+    "mismatch": ("mismatch.html", "Rollout vs training", ("js/mismatch.js",), "mismatch"),
     "compare": (
         "compare.html",
         "Compare runs",
@@ -66,7 +67,7 @@ PAGES: dict[str, tuple[str, str, tuple[str, ...], str]] = {
         "compare",
     ),
 }
-PLOTLY_PAGES = frozenset({"audits", "compare"})
+PLOTLY_PAGES = frozenset({"audits", "compare", "mismatch"})
 # The run page draws its first charts as light SVG previews and loads plotly.js after the first one:
 # downloading and booting plotly.js costs 1-2 s of server and main thread on a busy machine, which
 # must not stand between a user and the first chart. Its first request (the first panel's series)
@@ -201,6 +202,14 @@ def build_router() -> APIRouter:
     @router.get("/runs/{run_id}/audits")
     def audits_page(run_id: int) -> HTMLResponse:
         return _page("audits")
+
+    @router.get("/runs/{run_id}/mismatch")
+    def run_mismatch_page(run_id: int) -> HTMLResponse:
+        return _page("mismatch")
+
+    @router.get("/mismatch")
+    def mismatch_page() -> HTMLResponse:
+        return _page("mismatch")
 
     @router.get("/alerts")
     def alerts_page() -> HTMLResponse:

@@ -38,6 +38,7 @@ BUILTINS = {
     "grad_norm_zero",
     "rollout_mismatch",
     "policy_collapse",
+    "mismatch_trend",
 }
 
 
