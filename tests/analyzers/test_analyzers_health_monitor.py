@@ -38,6 +38,11 @@ BUILTINS = {
     "grad_norm_zero",
     "rollout_mismatch",
     "policy_collapse",
+    "reward_no_signal",
+    "grad_norm_extreme",
+    "entropy_forecast",
+    "entropy_reward_fit",
+    "reward_components_diverge",
 }
 
 
