@@ -13,7 +13,7 @@ Measured per run: the step the ``entropy_forecast`` warning fires, the step the 
 earlier), and how the one-step predictions ``rlvitals/entropy_forecast`` compare with the entropy observed
 next (mean absolute error, against the naive "no change" prediction).
 
-    python bench/forecast.py                 # the default runs (3 seeds x 2 learning rates), a table
+    python bench/forecast.py                 # the default runs (3 learning rates x 2 seeds), a table
     python bench/forecast.py --json OUT.json # also the per-run numbers
     python bench/forecast.py --quick         # one run, fewer steps (what the test runs)
 
@@ -37,13 +37,14 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-# (name, GRPOConfig overrides, seed): high learning rates on a reward that pays the word "a"
+# (name, GRPOConfig overrides, seed): high learning rates on a reward that pays the word "a"; the tiny
+# model's entropy (2.7 nats at the start) collapses within 10-25 steps at these rates
 RUNS: tuple[tuple[str, dict[str, Any], int], ...] = tuple(
-    (f"lr{lr:g}_seed{seed}", {"learning_rate": lr}, seed) for lr in (0.03, 0.05) for seed in (0, 1, 2)
+    (f"lr{lr:g}_seed{seed}", {"learning_rate": lr}, seed) for lr in (0.005, 0.01, 0.02) for seed in (0, 1)
 )
-STEPS = 60
-QUICK = (("lr0.05_seed0", {"learning_rate": 0.05}, 0),)
-QUICK_STEPS = 40
+STEPS = 30
+QUICK = (("lr0.01_seed0", {"learning_rate": 0.01}, 0),)
+QUICK_STEPS = 22
 
 
 # ----------------------------------------------------------------------------- inside the TRL side env
