@@ -20,6 +20,7 @@ from ..entropy_dynamics import (
 from .detectors import Window
 from .findings import IDLE, Check, Severity
 from .registry import Rule, RuleId, register_rule, require
+from .runconfig import LEARNING_RATE_KEYS, learning_rate
 from .signals import PREFIXES, Signal
 
 
@@ -30,12 +31,14 @@ class EntropyForecast(Rule):
 
     Each audited batch carries the covariance between its tokens' log-probabilities (``old_log_prob``, the
     sampling policy's; else ``log_prob``) and their advantages, centred over the batch's valid tokens
-    (``entropy_dynamics`` in the audit record). η is estimated from the run itself: each audited step's
+    (``entropy_dynamics`` in the audit record; of several audited micro-batches of one step, the first
+    counts). η is estimated from the run itself: each audited step's
     covariance is paired with the entropy change observed next (nats per step, from the entropy metric or
     the next audited batch's own entropy), and η̂ is their least-squares slope through the origin with
     weights decaying by ``decay`` per pair (the learning rate is not used: the paper's η is a step on the
     logits, which an LLM's learning rate does not translate into). The predicted rate is −η̂ × the smoothed
-    covariance (EWMA ``cov_alpha``); the predicted trajectory runs linearly from the latest entropy.
+    covariance (EWMA ``cov_alpha``); the predicted trajectory runs linearly from the latest entropy. The
+    run config's learning rate is shown beside η̂ in the evidence, for comparing runs.
 
     Target: where ``entropy_collapse`` warns, max(``floor``, ``ratio`` × the early entropy, the median of
     the first ``seed_points`` points). With η̂ from at least ``min_pairs`` pairs, a trajectory reaching the
@@ -48,6 +51,7 @@ class EntropyForecast(Rule):
     inputs = (signal,)
     persistence = "points"
     state_components = ("forecaster", "seed", "latest")
+    config_keys = tuple(key for key, _ in LEARNING_RATE_KEYS)
     summary = "entropy collapse predicted from Cov(log π, A) of the audited batches, before the curve bends"
     defaults: ClassVar[Mapping[str, Any]] = {
         "horizon": 50,
@@ -84,6 +88,7 @@ class EntropyForecast(Rule):
         self.forecaster = EntropyForecaster(decay=settings["decay"], cov_alpha=settings["cov_alpha"])
         self.seed = Window(size=settings["seed_points"])
         self.latest: list[Any] = []  # [[name, step, value], ...] from the newest audit
+        self.lr, _ = learning_rate(run_config)  # shown beside η̂ (not used to estimate it)
 
     def target(self) -> float:
         s = self.settings
@@ -143,6 +148,7 @@ class EntropyForecast(Rule):
             "forecast_step": when,
             "horizon": s["horizon"],
             "tokens": dynamics.get("tokens"),
+            "learning_rate": self.lr,
         }
         if not active:
             return Check(

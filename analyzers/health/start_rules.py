@@ -31,12 +31,14 @@ class RewardNoSignal(Rule):
     at least ``min_steps`` steps (and ``min_points`` points): a reward pinned at its floor (0: nothing is
     ever rewarded, often a broken parser or an impossible task) or at its ceiling (every sample solved). In
     GRPO every group then ties, every advantage is 0 and the gradient carries nothing. Critical once it
-    lasted ``critical_steps`` steps. The first different value ends it for good (the rule watches the
-    start of a run; a reward that flattens later is ``reward_stagnation`` / ``reward_std_collapse``)."""
+    lasted ``critical_steps`` steps. The same holds when the reward's spread (TRL ``reward_std``) is exactly
+    0 on every point from the first: every group ties, whatever its mean. The first different value (a
+    moving mean and a non-zero spread) ends it for good (the rule watches the start of a run; a reward that
+    flattens later is ``reward_stagnation`` / ``reward_std_collapse``)."""
 
     signal = Signal.REWARD.value
-    inputs = (signal,)
-    state_components = ("first_step", "first_value", "points", "constant")
+    inputs = (Signal.REWARD.value, Signal.REWARD_STD.value)
+    state_components = ("first_step", "first_value", "points", "constant", "spread_points", "no_spread")
     summary = "reward pinned at one value (0, or its maximum) since the first logged step: no learning signal"
     defaults: ClassVar[Mapping[str, Any]] = {
         "min_steps": 20,
@@ -68,20 +70,30 @@ class RewardNoSignal(Rule):
         self.first_value: float | None = None
         self.points = 0
         self.constant = True
+        self.spread_points = 0
+        self.no_spread = True  # every reward_std so far exactly 0
 
     def observe(self, step: int, signals: Mapping[str, float], metrics: Mapping[str, float]) -> Check | None:
         x = signals.get(self.signal)
-        if x is None:
-            return None
+        spread = signals.get(Signal.REWARD_STD.value)
         s = self.settings
         if self.first_step is None:
-            self.first_step, self.first_value = step, x
-        if not self.constant:
+            self.first_step = step
+        if x is not None:
+            if self.first_value is None:
+                self.first_value = x
+            if self.constant:
+                self.points += 1
+                self.constant = abs(x - self.first_value) <= s["tol"] * max(1.0, abs(self.first_value))
+        if spread is not None and self.no_spread:
+            self.spread_points += 1
+            self.no_spread = abs(spread) <= s["tol"]
+        if not (self.constant or self.no_spread):
             return IDLE if self.idle else Check(active=False, value=x, message="the reward moves now")
-        self.points += 1
-        self.constant = abs(x - self.first_value) <= s["tol"] * max(1.0, abs(self.first_value))
         lasted = step - self.first_step + 1
-        active = self.constant and lasted >= s["min_steps"] and self.points >= s["min_points"]
+        constant = self.constant and self.points >= s["min_points"]
+        tied = self.no_spread and self.spread_points >= s["min_points"]
+        active = lasted >= s["min_steps"] and (constant or tied)
         if not active:
             if self.idle:
                 return IDLE
@@ -89,25 +101,31 @@ class RewardNoSignal(Rule):
                 active=False,
                 value=x,
                 evidence={"first_value": self.first_value, "first_step": self.first_step},
-                message=f"the reward moved off {self.first_value:.4g} at step {step}",
+                message=f"the reward moves since step {step}",
             )
-        where = (
-            "0: no sample has been rewarded"
-            if self.first_value == 0.0
-            else f"{self.first_value:.4g}: every sample scores the same (the reward's floor or ceiling)"
-        )
+        if constant:
+            where = (
+                "exactly 0: no sample has been rewarded"
+                if self.first_value == 0.0
+                else f"exactly {self.first_value:.4g}: every sample scores the same (the reward's floor or "
+                "ceiling)"
+            )
+            what = f"the reward has been {where}, on all {self.points} points"
+        else:
+            what = f"the reward's spread (reward_std) has been exactly 0 on all {self.spread_points} points: every group ties"
         return Check(
             active=True,
             value=x,
             severity=Severity.CRITICAL if lasted >= s["critical_steps"] else Severity.WARNING,
             evidence={
+                "mode": "constant" if constant else "no_spread",
                 "first_value": self.first_value,
                 "first_step": self.first_step,
-                "points": self.points,
+                "points": self.points if constant else self.spread_points,
                 "steps": lasted,
             },
-            message=f"the reward has been exactly {where}, on all {self.points} points since the first logged "
-            f"step {self.first_step} ({lasted} steps): GRPO advantages are 0, nothing is learnt",
+            message=f"{what} since the first logged step {self.first_step} ({lasted} steps): GRPO advantages are "
+            "0, nothing is learnt",
         )
 
 

@@ -175,3 +175,14 @@ def test_new_rules_restore_from_their_state_and_continue_identically():
         "grad_norm_extreme",
         "reward_components_diverge",
     }
+
+
+def test_every_group_tied_from_the_first_step_is_no_signal_even_when_the_mean_moves():
+    # all-solved or all-failed prompts: the mean moves with the prompt mix, reward_std is 0 on every step
+    rng = random.Random(7)
+    rows = [(s, {"reward": rng.choice((0.0, 0.25, 0.5)), "reward_std": 0.0}) for s in range(60)]
+    found = [f for f in _feed(HealthMonitor(), rows) if f.rule == "reward_no_signal"]
+    assert [(f.state, f.step, f.evidence["mode"]) for f in found] == [("firing", 19, "no_spread")]
+    assert "every group ties" in found[0].message
+    healthy = [(s, {"reward": 0.5 + 0.01 * s, "reward_std": 0.0 if s % 3 else 0.2}) for s in range(1, 60)]
+    assert _firing(_feed(HealthMonitor(), healthy), "reward_no_signal") == []
