@@ -402,6 +402,11 @@ def audit_batch(
         result["summary"] = summary
         result["ok"] = False
         result["explanation"] = " ".join([result["explanation"], *extra]).strip()
+    from rlvitals.analyzers.entropy_dynamics import batch_covariance
+
+    dynamics = batch_covariance(tensors)  # Cov(log π, A): the entropy forecast's input (health rules)
+    if dynamics is not None:
+        result["entropy_dynamics"] = dynamics
     if histograms:
         out.histograms = batch_histograms(batch)
     return out

@@ -25,6 +25,7 @@ import threading
 import time
 from typing import Any
 
+from rlvitals.analyzers.entropy_dynamics import audit_points
 from rlvitals.service.alerts import apply_findings
 from rlvitals.service.batches import Batch
 from rlvitals.service.encoding import jsonable
@@ -342,6 +343,7 @@ class AuditPool(WorkerThreads):
         events: list[Event] = []
 
         series = _mismatch_series(result)
+        derived: list[tuple] = []
 
         def observe(monitor, cursor):
             findings = []
@@ -351,11 +353,12 @@ class AuditPool(WorkerThreads):
                 findings.extend(monitor.observe_audit(step, report))
             if groups is not None:
                 findings.extend(monitor.observe_groups(step, groups))
+            derived[:] = monitor.audit_series(step)  # rlvitals/entropy_cov, ... (stored as points)
             return findings, cursor
 
         try:
             self._store_in_transaction(
-                job, worker, status, result, error, report, observe, events, now, keep_blob
+                job, worker, status, result, error, report, observe, events, now, keep_blob, derived
             )
         except _Superseded:  # re-claimed by another worker after a stall: its result wins
             self.health.discard(run_id)
@@ -367,7 +370,7 @@ class AuditPool(WorkerThreads):
         return True
 
     def _store_in_transaction(
-        self, job, worker, status, result, error, report, observe, events, now, keep_blob
+        self, job, worker, status, result, error, report, observe, events, now, keep_blob, derived=()
     ) -> None:
         run_id = job["run_id"]
         series = _mismatch_series(result)
@@ -397,6 +400,8 @@ class AuditPool(WorkerThreads):
             )
             if not stored:
                 raise _Superseded
+            if derived:
+                repo.add_points(session=session, rows=audit_points(run_id, derived, now))
             changed = []
             if observation is not None:
                 changed = apply_findings(

@@ -7,6 +7,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from ..entropy_dynamics import ZERO_ADV_SERIES
 from .detectors import Ewma, Hysteresis
 from .findings import IDLE, Check, Severity
 from .registry import Rule, RuleId, register_rule, require
@@ -158,6 +159,10 @@ class ZeroAdvantageGroups(Rule):
         self.failed = Ewma(alpha=settings["alpha"])
         self.latch = Hysteresis(on=settings["threshold"], off=settings["release"])
         self.groups_step: int | None = None
+        self.latest: list[Any] = []  # [[series, step, share]] of the newest group diagnostics (not state)
+
+    def audit_series(self, step: int) -> list[list[Any]]:
+        return [row for row in self.latest if row[1] == step]
 
     def observe(self, step: int, signals: Mapping[str, float], metrics: Mapping[str, float]) -> Check | None:
         x = signals.get(self.signal)
@@ -174,6 +179,7 @@ class ZeroAdvantageGroups(Rule):
         if share is None:
             return None
         self.groups_step = step
+        self.latest = [[ZERO_ADV_SERIES, step, share]]
         return self._check(share, all_max, all_min, _first(diagnostics, ("n_groups", "num_groups")))
 
     def _check(self, x: float, all_max: float | None, all_min: float | None, n_groups: float | None) -> Check:

@@ -31,11 +31,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from . import event_rules as _event_rules  # noqa: F401  (registers the built-in rules)
+from . import dynamics_rules as _dynamics_rules  # noqa: F401  (registers the built-in rules)
+from . import event_rules as _event_rules  # noqa: F401
 from . import mismatch_rules as _mismatch_rules  # noqa: F401
 from . import outcome_rules as _outcome_rules  # noqa: F401
 from . import rules as _update_rules  # noqa: F401
 from . import stability_rules as _stability_rules  # noqa: F401
+from . import start_rules as _start_rules  # noqa: F401
 from . import trend_rules as _trend_rules  # noqa: F401
 from .findings import FIRING, RESOLVED, Check, Finding, HealthError, Severity, decode_floats, encode_floats
 from .registry import RULES, Rule, resolve_settings
@@ -189,6 +191,16 @@ class HealthMonitor:
         step = _step(step)
         as_dict = _report_dict(report)
         return self._dispatch(step, lambda rule: rule.observe_audit(step, as_dict))
+
+    def audit_series(self, step: int) -> list[tuple[str, int, float]]:
+        """The series the rules derived from the audit of ``step`` just observed (``Rule.audit_series``:
+        ``rlvitals/entropy_cov``, ``rlvitals/entropy_forecast``, ...), as ``(name, step, value)``: the
+        server stores them beside the trainer's metrics."""
+        rows: list[tuple[str, int, float]] = []
+        for rule in self._rules.values():
+            if type(rule).audit_series is not Rule.audit_series:
+                rows.extend((str(name), int(at), float(value)) for name, at, value in rule.audit_series(step))
+        return rows
 
     def chart_marks(self) -> list[dict[str, Any]]:
         """Every enabled rule's threshold lines, bands and forecasts (``Rule.chart_marks``), each with

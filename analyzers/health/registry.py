@@ -61,6 +61,11 @@ class RuleId(str, Enum):
     ROLLOUT_MISMATCH = "rollout_mismatch"
     POLICY_COLLAPSE = "policy_collapse"
     MISMATCH_TREND = "mismatch_trend"
+    REWARD_NO_SIGNAL = "reward_no_signal"
+    GRAD_NORM_EXTREME = "grad_norm_extreme"
+    ENTROPY_FORECAST = "entropy_forecast"
+    ENTROPY_REWARD_FIT = "entropy_reward_fit"
+    REWARD_COMPONENTS_DIVERGE = "reward_components_diverge"
 
     def __str__(self) -> str:
         return self.value
@@ -123,6 +128,11 @@ class Rule:
 
     def observe_audit(self, step: int, report: Mapping[str, Any]) -> Check | None:
         return None
+
+    def audit_series(self, step: int) -> list[list[Any]]:
+        """Series values this rule derived from the audit of ``step`` it just observed, as
+        ``[name, step, value]`` (the server stores them as the run's points). Default: none."""
+        return []
 
     def chart_marks(self) -> list[dict[str, Any]]:
         """Threshold lines and bands to draw on this rule's signal panel, with the current settings:

@@ -123,3 +123,47 @@ def loss_mode(flat: Mapping[str, Any]) -> tuple[str, str]:
     if isinstance(verl, str):
         return "token", f"verl: {VERL_LOSS_MODE}={verl}"
     return "token", "default (token-level PPO clip)"
+
+
+# where each trainer keeps the gradient-clipping threshold (the norm gradients are clipped to), first wins
+GRAD_CLIP_KEYS: tuple[tuple[str, str], ...] = (
+    ("actor_rollout_ref.actor.grad_clip", "verl: actor_rollout_ref.actor.grad_clip"),
+    ("actor.grad_clip", "verl: actor.grad_clip"),
+    ("max_grad_norm", "TRL / HF Trainer: max_grad_norm"),
+    ("max_norm", "OpenRLHF: max_norm"),
+    ("rlvitals.grad_clip", "rlvitals.grad_clip"),
+)
+LEARNING_RATE_KEYS: tuple[tuple[str, str], ...] = (
+    ("actor_rollout_ref.actor.optim.lr", "verl: actor_rollout_ref.actor.optim.lr"),
+    ("learning_rate", "TRL / HF Trainer: learning_rate"),
+    ("actor_learning_rate", "OpenRLHF: actor_learning_rate"),
+)
+
+
+def _positive_float(value: Any) -> float | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) and number > 0 else None
+
+
+def _first_positive(flat: Mapping[str, Any], keys: tuple[tuple[str, str], ...]) -> tuple[float | None, str]:
+    for key, source in keys:
+        number = _positive_float(flat.get(key))
+        if number is not None:
+            return number, source
+    return None, "not in the run config"
+
+
+def grad_clip(flat: Mapping[str, Any]) -> tuple[float | None, str]:
+    """The gradient-clipping threshold (the norm the optimizer clips gradients to) and where it came from;
+    ``(None, reason)`` when the config does not say or clipping is off (0, negative)."""
+    return _first_positive(flat, GRAD_CLIP_KEYS)
+
+
+def learning_rate(flat: Mapping[str, Any]) -> tuple[float | None, str]:
+    """The actor's learning rate and where it came from; ``(None, reason)`` when the config does not say."""
+    return _first_positive(flat, LEARNING_RATE_KEYS)

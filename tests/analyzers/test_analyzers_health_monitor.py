@@ -39,6 +39,11 @@ BUILTINS = {
     "rollout_mismatch",
     "policy_collapse",
     "mismatch_trend",
+    "reward_no_signal",
+    "grad_norm_extreme",
+    "entropy_forecast",
+    "entropy_reward_fit",
+    "reward_components_diverge",
 }
 
 

@@ -1,6 +1,7 @@
 // rlvitals dashboard: the health rules' own thresholds on the charts (GET /api/v1/runs/{id}/health):
 // lines (ppo_kl ceiling 0.05, kl_loss 0.5, ...), bands (pg_clipfrac 0.1-0.3) and the entropy forecast
-// (the step at which entropy reaches its floor at the current rate), plus each signal's current value.
+// (the step at which entropy reaches its floor at the current rate), the entropy trajectory predicted from
+// the audited batches' Cov(log π, A), plus each signal's current value.
 (function () {
   "use strict";
   const RLV = window.RLV;
@@ -39,6 +40,26 @@
           name: tag, x: 1, xref: "paper", xanchor: "right", y: y(m.y), yref: "y", yanchor: "bottom", showarrow: false,
           text: RLV.ptext(m.label + " " + RLV.fmtNum(m.y)), font: { size: 9, color: color },
         });
+      } else if (m.kind === "trajectory" && Array.isArray(m.points)) {
+        // the entropy predicted from Cov(log π, A) (entropy_forecast): dashed segments from the latest
+        // entropy to where it reaches the target, cut where a far forecast would stretch the axis
+        const span = Number.isFinite(last) ? M.FORECAST_AHEAD * Math.max(1, last - (Number.isFinite(first) ? first : 0)) : Infinity;
+        const pts = m.points.filter(function (p) {
+          return Number.isFinite(p[0]) && Number.isFinite(p[1]) && y(p[1]) !== null && !(p[0] > last + span);
+        });
+        for (let i = 1; i < pts.length; i++) {
+          shapes.push({
+            name: tag, type: "line", xref: "x", yref: "y", x0: x(pts[i - 1][0]), x1: x(pts[i][0]),
+            y0: y(pts[i - 1][1]), y1: y(pts[i][1]), line: { color: COLOR.critical, width: 1.5, dash: "dash" },
+          });
+        }
+        if (pts.length > 1) {
+          const end = pts[pts.length - 1];
+          annotations.push({
+            name: tag, x: x(end[0]), xref: "x", y: y(end[1]), yref: "y", xanchor: "right", yanchor: "bottom",
+            showarrow: false, text: RLV.ptext(m.label || "predicted"), font: { size: 9, color: COLOR.critical },
+          });
+        }
       } else if (m.kind === "forecast" && Number.isFinite(m.step) && Number.isFinite(last) &&
                  m.step > last + M.FORECAST_AHEAD * Math.max(1, last - (Number.isFinite(first) ? first : 0))) {
         annotations.push({
