@@ -37,6 +37,7 @@ from . import rules as _update_rules  # noqa: F401
 from . import stability_rules as _stability_rules  # noqa: F401
 from . import trend_rules as _trend_rules  # noqa: F401
 from .findings import FIRING, RESOLVED, Check, Finding, HealthError, Severity, decode_floats, encode_floats
+from .incidents import IncidentTracker, IncidentUpdate
 from .registry import RULES, Rule, resolve_settings
 from .runconfig import flatten_config
 from .signals import canonical_signals, to_float
@@ -125,6 +126,8 @@ class HealthMonitor:
             if type(rule).observe is not Rule.observe
         ]
         self.last_step: int | None = None
+        self.incidents = IncidentTracker()
+        self._incident_updates: list[IncidentUpdate] = []
 
     @property
     def rules(self) -> tuple[str, ...]:
@@ -167,6 +170,7 @@ class HealthMonitor:
             if finding is not None:
                 findings.append(finding)
         self.last_step = step if self.last_step is None or step > self.last_step else self.last_step
+        self._incident_updates.extend(self.incidents.observe(step, signals, findings))
         return findings
 
     def observe_groups(self, step: int, diagnostics: Mapping[str, Any]) -> list[Finding]:
@@ -201,6 +205,17 @@ class HealthMonitor:
                 )
         return marks
 
+    def end_of_stream(self) -> None:
+        """No more points will come (an import's end, a finished run): open incidents still held back
+        (:class:`~.incidents.IncidentSettings` ``hold_steps``) are confirmed, so they are reported."""
+        if self.last_step is not None:
+            self._incident_updates.extend(self.incidents.confirm_open(self.last_step))
+
+    def take_incident_updates(self) -> list[IncidentUpdate]:
+        """The incident changes (:mod:`.incidents`) since the last call, oldest first."""
+        updates, self._incident_updates = self._incident_updates, []
+        return updates
+
     def firing(self) -> list[Finding]:
         """The firing findings of the episodes open now."""
         return [episode.open for episode in self._episodes.values() if episode.open is not None]
@@ -220,6 +235,7 @@ class HealthMonitor:
                     rule_id: {"rule": rule.state_dict(), "episode": self._episodes[rule_id].state_dict()}
                     for rule_id, rule in self._rules.items()
                 },
+                "incidents": self.incidents.state_dict(),
             }
         )
 
@@ -242,6 +258,7 @@ class HealthMonitor:
             run_config=state.get("run_config") if run_config is None else run_config,
         )
         monitor.last_step = state.get("last_step")
+        monitor.incidents = IncidentTracker.from_state(state.get("incidents"))
         for rule_id, saved in (state.get("rules") or {}).items():
             rule = monitor._rules.get(rule_id)
             if rule is None:
@@ -270,6 +287,8 @@ class HealthMonitor:
             if finding is not None:
                 findings.append(finding)
         self.last_step = step if self.last_step is None else max(self.last_step, step)
+        if findings:
+            self._incident_updates.extend(self.incidents.observe(step, {}, findings))
         return findings
 
     def _advance(self, rule_id: str, rule: Rule, step: int, check: Check) -> Finding | None:

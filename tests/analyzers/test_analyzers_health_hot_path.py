@@ -105,6 +105,11 @@ STATE_FIXTURE = Path(__file__).resolve().parents[1] / "data" / "health_state" / 
 ADDED_SINCE = {"policy_collapse": {"collapsed": False}}
 
 
+def _rules_only(state):
+    """The monitor's state without its incident tracker's (the fixture predates incidents)."""
+    return {k: v for k, v in state.items() if k != "incidents"}
+
+
 def _with_added(state):
     state = json.loads(json.dumps(state))
     for rule_id, extra in ADDED_SINCE.items():
@@ -134,7 +139,7 @@ def test_a_state_saved_by_the_hand_written_state_dicts_restores_and_continues_id
     monitor = HealthMonitor.from_state(
         saved["state"], settings=scenario.settings or None, run_config=scenario.run_config or None
     )
-    assert json.dumps(monitor.state_dict()) == json.dumps(_with_added(saved["state"]))
+    assert json.dumps(_rules_only(monitor.state_dict())) == json.dumps(_with_added(saved["state"]))
     found = []
     for point in _perturbed_points(scenario, saved["seed"], saved["steps"]):
         if point.step < saved["split"]:
@@ -144,4 +149,4 @@ def test_a_state_saved_by_the_hand_written_state_dicts_restores_and_continues_id
         if point.audit is not None:
             found += monitor.observe_audit(point.step, point.audit)
     assert [json.loads(json.dumps(f.to_dict(), default=str)) for f in found] == saved["findings_after"]
-    assert json.dumps(monitor.state_dict()) == json.dumps(_with_added(saved["final_state"]))
+    assert json.dumps(_rules_only(monitor.state_dict())) == json.dumps(_with_added(saved["final_state"]))
