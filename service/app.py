@@ -20,6 +20,7 @@ from rlvitals.service.api import (
     routes_audits,
     routes_events,
     routes_export,
+    routes_incidents,
     routes_metrics,
     routes_runs,
     routes_system,
@@ -157,6 +158,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         routes_export,
         routes_audits,
         routes_alerts,
+        routes_incidents,
         routes_events,
     )
     for module in modules:

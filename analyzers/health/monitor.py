@@ -37,7 +37,7 @@ from . import rules as _update_rules  # noqa: F401
 from . import stability_rules as _stability_rules  # noqa: F401
 from . import trend_rules as _trend_rules  # noqa: F401
 from .findings import FIRING, RESOLVED, Check, Finding, HealthError, Severity, decode_floats, encode_floats
-from .incidents import IncidentTracker, IncidentUpdate
+from .incidents import IncidentSettings, IncidentTracker, IncidentUpdate
 from .registry import RULES, Rule, resolve_settings
 from .runconfig import flatten_config
 from .signals import canonical_signals, to_float
@@ -95,6 +95,7 @@ class HealthMonitor:
         self,
         settings: Mapping[str, Mapping[str, Any]] | None = None,
         run_config: Mapping[str, Any] | None = None,
+        incidents: IncidentSettings | Mapping[str, Any] | None = None,
     ) -> None:
         merged = resolve_settings(settings)
         # what state_dict() persists: the overrides, normalised to plain JSON types
@@ -126,7 +127,7 @@ class HealthMonitor:
             if type(rule).observe is not Rule.observe
         ]
         self.last_step: int | None = None
-        self.incidents = IncidentTracker()
+        self.incidents = IncidentTracker(incidents)
         self._incident_updates: list[IncidentUpdate] = []
 
     @property
@@ -245,6 +246,7 @@ class HealthMonitor:
         state: Mapping[str, Any],
         settings: Mapping[str, Mapping[str, Any]] | None = None,
         run_config: Mapping[str, Any] | None = None,
+        incidents: IncidentSettings | Mapping[str, Any] | None = None,
     ) -> HealthMonitor:
         """Rebuild a monitor from :meth:`state_dict`. ``settings``/``run_config`` default to the saved ones;
         rules no longer registered or now disabled are dropped, newly enabled ones start fresh."""
@@ -256,9 +258,10 @@ class HealthMonitor:
         monitor = cls(
             settings=settings,
             run_config=state.get("run_config") if run_config is None else run_config,
+            incidents=incidents,
         )
         monitor.last_step = state.get("last_step")
-        monitor.incidents = IncidentTracker.from_state(state.get("incidents"))
+        monitor.incidents = IncidentTracker.from_state(state.get("incidents"), monitor.incidents.settings)
         for rule_id, saved in (state.get("rules") or {}).items():
             rule = monitor._rules.get(rule_id)
             if rule is None:
