@@ -165,11 +165,8 @@ class Diagnoser:
         return self.finish()
 
     def finish(self) -> Diagnosis:
-        self.monitor.end_of_stream()
-        for update in self.monitor.take_incident_updates():
-            self.result.incident_updates.append(update)
-            if self.echo is not None:
-                print(format_incident_update(update), file=self.echo, flush=True)
+        self.monitor.end_of_stream()  # incidents still held back are reported, not dropped
+        self.result.incident_updates.extend(self.monitor.take_incident_updates())
         self.result.firing = self.monitor.firing()
         return self.result
 
