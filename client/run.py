@@ -15,6 +15,7 @@ only rank 0 sends scalars and every rank sends its sampled audit batches (rank i
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import sys
 import threading
@@ -34,6 +35,8 @@ from rlvitals.client.settings import DEFAULT_FINISH_TIMEOUT, DEFAULT_URL, Client
 from rlvitals.client.spool import RunInfo, Spool
 from rlvitals.client.transport import HttpApi, RejectedError, RetryableError
 from rlvitals.client.values import check_metrics, check_step, copy_device_scalars
+
+_log = logging.getLogger("rlvitals")
 
 MODES = ("online", "offline")
 
@@ -189,6 +192,7 @@ class Run:
         self._batches_skipped = 0
         self._finish_lock = threading.Lock()
         self._report: FinishReport | None = None
+        self._halt: dict | None = None
         self._pid = os.getpid()
 
     def _new_api(self) -> HttpApi:
@@ -266,6 +270,40 @@ class Run:
         self._queue.append((step, values, time.time(), device))
         if self._worker is None:
             self._ensure_worker()
+        if self.settings.halt_on:
+            self._wake.set()  # send now: the answer says whether a critical incident opened
+
+    def should_stop(self) -> bool:
+        """True once the server reported an open critical incident this run opted to halt on
+        (``ClientSettings.halt_on``; default: never). Reads what the last metrics write answered: no
+        request, no wait, never raises. The first time, it logs the incident's id, cause and primary
+        rule (logger ``rlvitals``); ``halt_reason`` keeps it."""
+        if self._halt is not None:
+            return True
+        worker = self._worker
+        if not self.settings.halt_on or worker is None:
+            return False
+        for incident in worker.critical:
+            if self.settings.halts_on(incident):
+                self._halt = incident
+                _log.warning(
+                    "rlvitals: stopping run %r at the step boundary: critical incident id %s (#%s of the run) "
+                    "cause %s, primary rule %s, since step %s: %s",
+                    self.name,
+                    incident.get("id"),
+                    incident.get("number"),
+                    incident.get("cause"),
+                    incident.get("primary_rule"),
+                    incident.get("onset_step"),
+                    incident.get("message", ""),
+                )
+                return True
+        return False
+
+    @property
+    def halt_reason(self) -> dict | None:
+        """The critical incident that made ``should_stop()`` true (server's short form), else None."""
+        return self._halt
 
     def _step_went_back(self, step: int) -> None:
         # Accepted, not refused: a resumed run re-logs steps and a late eval metric may name an older
@@ -471,14 +509,16 @@ def init(
 
     ``url``/``api_key`` default to ``RLVITALS_URL``/``RLVITALS_API_KEY``; ``mode="offline"`` only spools
     (``rlvitals sync`` sends it later). Extra keywords: ``tags``, ``settings`` (a ``ClientSettings``),
-    ``spool_dir``, ``batch_every``, ``transport`` (an ``httpx.BaseTransport``, for tests).
+    ``spool_dir``, ``batch_every``, ``halt_on`` (stop on critical incidents: ``run.should_stop()``),
+    ``transport`` (an ``httpx.BaseTransport``, for tests).
     """
     global _current
-    batch_every = options.pop("batch_every", None)
-    if batch_every is not None:
-        from dataclasses import replace
+    from dataclasses import replace
 
-        options["settings"] = replace(options.get("settings") or ClientSettings(), batch_every=batch_every)
+    for knob in ("batch_every", "halt_on"):
+        value = options.pop(knob, None)
+        if value is not None:
+            options["settings"] = replace(options.get("settings") or ClientSettings(), **{knob: value})
     run = Run(url=url, project=project, name=name, config=config, api_key=api_key, mode=mode, **options)
     _current = run
     return run

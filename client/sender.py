@@ -85,6 +85,7 @@ class Worker:
         self.run_id = run_id
         self.online = online and api is not None
         self.healthy = self.online and run_id is not None
+        self.critical: list[dict] = []  # open critical incidents of the run, per the last metrics write
         self._lock = threading.Lock()
         self._mem_steps: deque[tuple[bytes, int]] = deque()  # (JSON line, points)
         self._mem_points = 0
@@ -364,6 +365,7 @@ class Worker:
                 path.rename(path.with_name(path.name + ".rejected"))
             return True
         self.healthy = True
+        self.critical = self.api.critical_incidents  # one assignment: the trainer's thread reads it
         self.stats.points_sent += points
         if path is not None:
             self.spool.sealed.popleft()

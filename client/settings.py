@@ -78,6 +78,9 @@ class ClientSettings:
     - ``batch_micro_batches``: ``"first"`` (first ``log_batch`` call of a sampled step) or ``"all"``.
     - ``scalars_all_ranks`` / ``batches_all_ranks``: which ranks send (default: scalars from rank 0 only,
       audit batches from every rank).
+    - ``halt_on``: opt in to stopping on a critical incident: ``("critical",)`` for any, or the causes /
+      rules whose critical incidents stop the run (``("non_finite", "collapse")``); ``run.should_stop()``
+      turns true at the first step boundary after the server reports one (docs/incidents.md).
     - ``gil_switch_interval``: while a run is open, ``sys.setswitchinterval`` is lowered to this (if it is
       higher; CPython's default is 5 ms) so the client's background threads can never keep the trainer's
       thread waiting for the GIL longer than that. ``None`` leaves the interpreter alone.
@@ -97,6 +100,14 @@ class ClientSettings:
     batches_all_ranks: bool = True
     gil_switch_interval: float | None = 0.0005
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    halt_on: tuple[str, ...] = ()
+
+    def halts_on(self, incident: dict) -> bool:
+        """Whether this open critical incident (the server's short form) should stop the run."""
+        wanted = self.halt_on
+        return bool(wanted) and (
+            "critical" in wanted or incident.get("cause") in wanted or incident.get("primary_rule") in wanted
+        )
 
     def __post_init__(self) -> None:
         for name in ("timeout", "connect_timeout", "flush_interval"):
@@ -119,3 +130,9 @@ class ClientSettings:
             )
         if not isinstance(self.retry, RetryPolicy):
             raise TypeError(f"retry must be a RetryPolicy, got {type(self.retry).__name__}")
+        halt_on = (self.halt_on,) if isinstance(self.halt_on, str) else self.halt_on
+        if not isinstance(halt_on, (tuple, list, set, frozenset)) or not all(
+            isinstance(x, str) and x for x in halt_on
+        ):
+            raise TypeError(f"halt_on must be a tuple of non-empty strings, got {self.halt_on!r}")
+        object.__setattr__(self, "halt_on", tuple(halt_on))

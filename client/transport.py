@@ -144,9 +144,11 @@ class HttpApi:
                 "create run", f"{self.url} answered {response.status_code} without a run id: is it rlvitals?"
             ) from None
 
+    critical_incidents: list[dict] = []  # noqa: RUF012 - replaced, never mutated
+
     def post_metrics(self, run_id: str, lines: list[bytes], timeout: float | None = None) -> int:
         """``POST /api/v1/runs/{id}/metrics`` with step records already encoded as JSON objects (bytes);
-        returns ``accepted``.
+        returns ``accepted`` (the answer's ``critical_incidents`` go to ``self.critical_incidents``).
         """
         content = b'{"steps":[' + b",".join(lines) + b"]}"
         response = self._request(
@@ -158,8 +160,14 @@ class HttpApi:
             **_timeout(timeout),
         )
         try:
-            return int(response.json().get("accepted", 0))
-        except (ValueError, AttributeError):
+            answer = response.json()
+            critical = answer.get("critical_incidents")
+            # the run's open critical incidents, as of this write (what run.should_stop() reads)
+            self.critical_incidents = (
+                [i for i in critical if isinstance(i, dict)] if isinstance(critical, list) else []
+            )
+            return int(answer.get("accepted", 0))
+        except (ValueError, AttributeError, TypeError):
             return 0
 
     def post_batch(self, run_id: str, payload: list[bytes], timeout: float | None = None) -> str:

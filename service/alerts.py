@@ -1,4 +1,5 @@
-"""Alert lifecycle: health findings -> alert rows (one open per run and rule) -> webhook outbox.
+"""Alert lifecycle: health findings -> alert rows (one open per run and rule) -> webhook outbox (with
+``webhook_events="alerts"``; by default the webhooks announce incidents instead: service/incidents.py).
 
 A ``firing`` finding opens an alert unless one is already open for that (run, rule) (a partial
 unique index enforces it, so there is never a storm of duplicates); a ``resolved`` finding closes it.
@@ -156,8 +157,8 @@ def apply_findings(
 def _queue_webhooks(
     *, session: Session, alert: dict[str, Any], run: Mapping[str, Any], now: float, settings: Settings
 ) -> None:
-    if not (settings.webhook_urls or settings.slack_webhook_urls):
-        return
+    if not (settings.webhook_urls or settings.slack_webhook_urls) or settings.webhook_events != "alerts":
+        return  # by default the webhooks announce incidents (service/incidents.py), not each alert
     if alert["severity"] == "info" and not settings.webhook_info:
         return  # info is for the dashboard and the import output; webhook_info routes it to webhooks too
     suppressed = notification_budget(session=session, alert=alert, now=now, settings=settings)

@@ -20,6 +20,7 @@ from rlvitals.service.api import (
     routes_audits,
     routes_events,
     routes_export,
+    routes_incidents,
     routes_metrics,
     routes_mismatch,
     routes_runs,
@@ -165,6 +166,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         routes_export,
         routes_audits,
         routes_alerts,
+        routes_incidents,
         routes_events,
         routes_mismatch,
     )

@@ -32,6 +32,7 @@ from rlvitals.service.encoding import jsonable
 from rlvitals.service.errors import Busy, NotFound
 from rlvitals.service.events import Event, EventBus
 from rlvitals.service.health import HealthEngine
+from rlvitals.service.incidents import apply_incident_updates
 from rlvitals.service.settings import Settings
 from rlvitals.service.storage import repository as repo
 from rlvitals.service.storage.database import Database
@@ -403,6 +404,7 @@ class AuditPool(WorkerThreads):
             if derived:
                 repo.add_points(session=session, rows=audit_points(run_id, derived, now))
             changed = []
+            incidents = []
             if observation is not None:
                 changed = apply_findings(
                     session=session,
@@ -414,11 +416,20 @@ class AuditPool(WorkerThreads):
                     now=now,
                     settings=self.settings,
                 )
+                incidents = apply_incident_updates(
+                    session=session,
+                    run_id=run_id,
+                    run=lambda: repo.get_run(session=session, run_id=run_id),
+                    updates=observation.incident_updates,
+                    now=now,
+                    settings=self.settings,
+                )
             row = repo.get_audit(session=session, audit_id=job["id"])
             events.append(Event(run_id, "audit", audit_public(row)))
             events.extend(Event(run_id, "alert", alert) for alert in changed)
+            events.extend(Event(run_id, "incident", incident) for incident in incidents)
             self.bus.stage(session=session, events=events)
-            if changed:
+            if changed or incidents:
                 self.bus.stage_job(session=session, kind="webhook")
 
 

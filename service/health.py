@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -93,11 +93,14 @@ class _Cached:
 
 @dataclass
 class Observation:
-    """What one update did: the transitions, the episodes still open, the latest step seen."""
+    """What one update did: the transitions, the episodes still open, the latest step seen, and the
+    incident changes (``rlvitals.analyzers.health.incidents.IncidentUpdate``)."""
 
     findings: list
     firing: list
     last_step: int | None
+    incident_updates: list = field(default_factory=list)
+    open_incidents: list = field(default_factory=list)  # the incidents open now (plain dicts)
 
 
 class HealthEngine:
@@ -114,6 +117,9 @@ class HealthEngine:
     def __init__(self, settings: Settings, *, deferred: bool = False):
         file_rules = load_rules_file(settings.rules_file) if settings.rules_file else {}
         self.server_rules = merge_rules(file_rules, settings.rules)
+        from rlvitals.analyzers.health.incidents import IncidentSettings
+
+        self.incident_settings = IncidentSettings.from_mapping(settings.incidents)  # fails at start if bad
         self.deferred = deferred
         self._cache: dict[int, _Cached] = {}
         self._lock = threading.Lock()
@@ -187,10 +193,13 @@ class HealthEngine:
         stored = json.loads(row["state"] or "{}") if row else {}
         config = run_config()
         rules = self.rules_for(config)
+        incidents = self.incident_settings
         if stored.get("monitor"):
-            monitor = HealthMonitor.from_state(stored["monitor"], settings=rules, run_config=config)
+            monitor = HealthMonitor.from_state(
+                stored["monitor"], settings=rules, run_config=config, incidents=incidents
+            )
         else:
-            monitor = HealthMonitor(settings=rules, run_config=config)
+            monitor = HealthMonitor(settings=rules, run_config=config, incidents=incidents)
         signals = dict(row["signals"] or {}) if row else None
         cursor = stored.get("cursor") or {"step": stored.get("last_step"), "names": []}
         return _Cached(version=version, monitor=monitor, cursor=cursor, signals=signals)
@@ -237,7 +246,11 @@ class HealthEngine:
         with self._lock:
             self._cache[run_id] = cached
         return Observation(
-            findings=findings, firing=list(cached.monitor.firing()), last_step=cached.cursor["step"]
+            findings=findings,
+            firing=list(cached.monitor.firing()),
+            last_step=cached.cursor["step"],
+            incident_updates=cached.monitor.take_incident_updates(),
+            open_incidents=cached.monitor.incidents.open_incidents(),
         )
 
     # --- what the dashboard draws --------------------------------------------------------------------

@@ -16,6 +16,7 @@ from rlvitals.service.context import Services
 from rlvitals.service.encoding import encode_float, jsonable
 from rlvitals.service.errors import NotFound, PayloadTooLarge
 from rlvitals.service.events import Event
+from rlvitals.service.incidents import apply_incident_updates, critical_of
 from rlvitals.service.schemas import StepIn
 from rlvitals.service.storage import repository as repo
 
@@ -151,10 +152,11 @@ def _check_names(ctx: Services, session, p: _Prepared) -> None:
 
 
 class _Stored:
-    __slots__ = ("changed", "events", "prepared", "version")
+    __slots__ = ("changed", "critical", "events", "prepared", "version")
 
-    def __init__(self, prepared, version, events, changed):
+    def __init__(self, prepared, version, events, changed, critical=None):
         self.prepared, self.version, self.events, self.changed = prepared, version, events, changed
+        self.critical = critical
 
 
 def _write(ctx: Services, write, group: list[_Prepared], outcomes: list) -> list[_Stored]:
@@ -188,6 +190,8 @@ def _publish(ctx: Services, stored: list[_Stored], outcomes: list, started: floa
         wake = wake or bool(done.changed)
         ctx.telemetry.observe_ingest(points=len(p.rows), seconds=time.perf_counter() - started)
         outcomes[p.index] = {"accepted": len(p.rows), "steps": len(p.ordered)}
+        if done.critical:
+            outcomes[p.index]["critical_incidents"] = done.critical
     if wake:
         ctx.webhooks.wake()
 
@@ -254,15 +258,28 @@ def _store(ctx: Services, session, p: _Prepared, now: float) -> _Stored | None:
         now=now,
         settings=ctx.settings,
     )
+    incidents = []
+    if observation.incident_updates:
+        incidents = apply_incident_updates(
+            session=session,
+            run_id=run_id,
+            run=run_row,
+            updates=observation.incident_updates,
+            wall_times=p.wall,
+            now=now,
+            settings=ctx.settings,
+        )
+    critical = critical_of(session=session, run_id=run_id, open_incidents=observation.open_incidents)
     events: list[Event] = []
     if ctx.bus.wants(run_id):
         if p.rows:
             events.append(Event(run_id, "points", _points_event(run_id, p.ordered, p.by_step, p.wall)))
         events.extend(Event(run_id, "alert", alert) for alert in changed)
+        events.extend(Event(run_id, "incident", incident) for incident in incidents)
         ctx.bus.stage(session=session, events=events)
-    if changed and ctx.webhooks.enabled:
+    if (changed or incidents) and ctx.webhooks.enabled:
         ctx.bus.stage_job(session=session, kind="webhook")
-    return _Stored(p, version, events, changed)
+    return _Stored(p, version, events, changed or incidents, critical)
 
 
 def _column_rows(rows: list[tuple], sqlite: bool):

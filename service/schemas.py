@@ -42,9 +42,24 @@ class MetricsIn(_Strict):
     steps: list[StepIn]
 
 
+class CriticalIncident(BaseModel):
+    id: int
+    number: int
+    cause: str
+    title: str
+    primary_rule: str
+    onset_step: int
+    message: str
+
+
 class AcceptedPublic(BaseModel):
     accepted: int = Field(description="Points (step x metric values) accepted; resent ones are ignored.")
     steps: int
+    critical_incidents: list[CriticalIncident] | None = Field(
+        None,
+        description="Present only while the run has open critical incidents: a trainer that asked to halt "
+        "on them stops at its next step boundary.",
+    )
 
 
 class AlertPublic(BaseModel):
@@ -67,6 +82,43 @@ class AlertPublic(BaseModel):
 
 class AlertsPublic(BaseModel):
     data: list[AlertPublic]
+    count: int
+
+
+class IncidentPublic(BaseModel):
+    id: int
+    run_id: int
+    number: int = Field(description="The run's own count of its incidents: 1, 2, ...")
+    cause: str
+    title: str
+    severity: Literal["info", "warning", "critical"]
+    state: Literal["open", "resolved"]
+    primary_rule: str
+    onset_step: int
+    last_step: int
+    resolved_step: int | None = None
+    message: str
+    advice: str
+    members: dict[str, dict[str, Any]] = Field(description="One entry per rule: its severity, steps, value.")
+    findings: list[dict[str, Any]] = Field(description="Every finding behind it (rule, state, step, value).")
+    dropped_findings: int
+    reopened: int
+    notified_severity: str | None = None
+    created_at: float
+    updated_at: float
+    resolved_at: float | None = None
+    spent_after_onset: dict[str, Any] | None = Field(
+        None, description="hours (and gpu_hours with a GPU count) the run ran after the onset"
+    )
+    alerts_url: str
+
+
+class IncidentDetailPublic(IncidentPublic):
+    alerts: list[AlertPublic]
+
+
+class IncidentsPublic(BaseModel):
+    data: list[IncidentPublic]
     count: int
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ipaddress
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -201,6 +201,23 @@ class Settings(BaseSettings):
         "skipped ones are counted in the next notification sent.",
     )
     webhook_rule_window: float = Field(3600.0, gt=0, description="Seconds of webhook_rule_limit's window.")
+    webhook_events: Literal["incidents", "alerts"] = Field(
+        "incidents",
+        description="What the webhooks announce: incidents (one notification when an incident opens, "
+        "escalates, reopens or resolves; findings of one cause are grouped) or alerts (every alert "
+        "transition, rate-limited per rule).",
+    )
+    incidents: dict[str, Any] = Field(
+        default_factory=dict,
+        description='Incident grouping and damping overrides, e.g. {"quiet_steps": 100} (hold_steps, '
+        "hold_points, quiet_steps, quiet_points, reopen_steps, explained_share, truncated_share).",
+    )
+    gpus_per_run: float | None = Field(
+        None,
+        gt=0,
+        description="GPUs a run uses, for the GPU-hours spent after an incident's onset (a run's own "
+        'config["rlvitals"]["gpus"] wins); unset: only the hours are shown.',
+    )
 
     # --- live events -----------------------------------------------------------------------------
     sse_heartbeat: float = Field(15.0, gt=0, description="Seconds between SSE keep-alive comments.")

@@ -40,6 +40,7 @@ from . import stability_rules as _stability_rules  # noqa: F401
 from . import start_rules as _start_rules  # noqa: F401
 from . import trend_rules as _trend_rules  # noqa: F401
 from .findings import FIRING, RESOLVED, Check, Finding, HealthError, Severity, decode_floats, encode_floats
+from .incidents import IncidentSettings, IncidentTracker, IncidentUpdate
 from .registry import RULES, Rule, resolve_settings
 from .runconfig import flatten_config
 from .signals import canonical_signals, to_float
@@ -97,6 +98,7 @@ class HealthMonitor:
         self,
         settings: Mapping[str, Mapping[str, Any]] | None = None,
         run_config: Mapping[str, Any] | None = None,
+        incidents: IncidentSettings | Mapping[str, Any] | None = None,
     ) -> None:
         merged = resolve_settings(settings)
         # what state_dict() persists: the overrides, normalised to plain JSON types
@@ -128,6 +130,8 @@ class HealthMonitor:
             if type(rule).observe is not Rule.observe
         ]
         self.last_step: int | None = None
+        self.incidents = IncidentTracker(incidents)
+        self._incident_updates: list[IncidentUpdate] = []
 
     @property
     def rules(self) -> tuple[str, ...]:
@@ -170,6 +174,7 @@ class HealthMonitor:
             if finding is not None:
                 findings.append(finding)
         self.last_step = step if self.last_step is None or step > self.last_step else self.last_step
+        self._incident_updates.extend(self.incidents.observe(step, signals, findings))
         return findings
 
     def observe_groups(self, step: int, diagnostics: Mapping[str, Any]) -> list[Finding]:
@@ -214,6 +219,17 @@ class HealthMonitor:
                 )
         return marks
 
+    def end_of_stream(self) -> None:
+        """No more points will come (an import's end, a finished run): open incidents still held back
+        (:class:`~.incidents.IncidentSettings` ``hold_steps``) are confirmed, so they are reported."""
+        if self.last_step is not None:
+            self._incident_updates.extend(self.incidents.confirm_open(self.last_step))
+
+    def take_incident_updates(self) -> list[IncidentUpdate]:
+        """The incident changes (:mod:`.incidents`) since the last call, oldest first."""
+        updates, self._incident_updates = self._incident_updates, []
+        return updates
+
     def firing(self) -> list[Finding]:
         """The firing findings of the episodes open now."""
         return [episode.open for episode in self._episodes.values() if episode.open is not None]
@@ -233,6 +249,7 @@ class HealthMonitor:
                     rule_id: {"rule": rule.state_dict(), "episode": self._episodes[rule_id].state_dict()}
                     for rule_id, rule in self._rules.items()
                 },
+                "incidents": self.incidents.state_dict(),
             }
         )
 
@@ -242,6 +259,7 @@ class HealthMonitor:
         state: Mapping[str, Any],
         settings: Mapping[str, Mapping[str, Any]] | None = None,
         run_config: Mapping[str, Any] | None = None,
+        incidents: IncidentSettings | Mapping[str, Any] | None = None,
     ) -> HealthMonitor:
         """Rebuild a monitor from :meth:`state_dict`. ``settings``/``run_config`` default to the saved ones;
         rules no longer registered or now disabled are dropped, newly enabled ones start fresh."""
@@ -253,8 +271,10 @@ class HealthMonitor:
         monitor = cls(
             settings=settings,
             run_config=state.get("run_config") if run_config is None else run_config,
+            incidents=incidents,
         )
         monitor.last_step = state.get("last_step")
+        monitor.incidents = IncidentTracker.from_state(state.get("incidents"), monitor.incidents.settings)
         for rule_id, saved in (state.get("rules") or {}).items():
             rule = monitor._rules.get(rule_id)
             if rule is None:
@@ -283,6 +303,8 @@ class HealthMonitor:
             if finding is not None:
                 findings.append(finding)
         self.last_step = step if self.last_step is None else max(self.last_step, step)
+        if findings:
+            self._incident_updates.extend(self.incidents.observe(step, {}, findings))
         return findings
 
     def _advance(self, rule_id: str, rule: Rule, step: int, check: Check) -> Finding | None:

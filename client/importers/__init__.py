@@ -90,6 +90,15 @@ class Diagnosis:
     findings: list[Any] = field(default_factory=list)
     firing: list[Any] = field(default_factory=list)
     config: dict[str, Any] = field(default_factory=dict)
+    incident_updates: list[Any] = field(default_factory=list)
+
+    @property
+    def incidents(self) -> list[dict[str, Any]]:
+        """Every incident the findings formed, as it stood last (plain dicts, oldest first)."""
+        latest: dict[int, dict[str, Any]] = {}
+        for update in self.incident_updates:
+            latest[update.number] = update.incident
+        return [latest[n] for n in sorted(latest)]
 
     @property
     def unmapped(self) -> list[str]:
@@ -142,6 +151,10 @@ class Diagnoser:
             self.result.findings.append(finding)
             if self.echo is not None:
                 print(format_finding(finding), file=self.echo, flush=True)
+        for update in self.monitor.take_incident_updates():
+            self.result.incident_updates.append(update)
+            if self.echo is not None and update.kind != "updated":
+                print(format_incident_update(update), file=self.echo, flush=True)
 
     def log_batch(self, step: int, **batch: Any) -> None:  # a JsonlTailer never sends batches
         raise TypeError("an import carries scalars only")
@@ -152,6 +165,8 @@ class Diagnoser:
         return self.finish()
 
     def finish(self) -> Diagnosis:
+        self.monitor.end_of_stream()  # incidents still held back are reported, not dropped
+        self.result.incident_updates.extend(self.monitor.take_incident_updates())
         self.result.firing = self.monitor.firing()
         return self.result
 
@@ -165,6 +180,34 @@ def format_finding(finding: Any) -> str:
     if finding.state == "firing" and finding.advice:
         lines.append(f"    advice: {finding.advice}")
     return "\n".join(lines)
+
+
+def format_incident_update(update: Any) -> str:
+    incident = update.incident
+    line = (
+        f"  => incident #{incident['number']} {update.kind} at step {update.step}: [{incident['severity']}] "
+        f"{incident['title']} (primary {incident['primary']}"
+    )
+    others = sorted(set(incident["members"]) - {incident["primary"]})
+    if others:
+        line += "; evidence " + ", ".join(others)
+    return line + ")"
+
+
+def format_incidents(incidents: list[dict[str, Any]]) -> list[str]:
+    """One line per incident (severity, cause, steps, primary rule, evidence) for the import summary."""
+    lines = []
+    for incident in incidents:
+        end = incident["resolved_step"] if incident["state"] == "resolved" else "…"
+        evidence = ", ".join(
+            f"{m['rule']} ({m.get('effective_severity', m['severity'])}, step {m['first_step']})"
+            for m in incident["members"].values()
+        )
+        lines.append(
+            f"  #{incident['number']} [{incident['severity']}] {incident['title']}: steps "
+            f"{incident['onset_step']}–{end}, primary {incident['primary']}; findings: {evidence}"
+        )
+    return lines
 
 
 def run_import(
@@ -239,6 +282,11 @@ def summary(kind: str, path: Path, result: Diagnosis) -> str:
         f"rlvitals import {kind} {path}: {result.steps} steps, {len(result.metric_names)} metrics, "
         f"{sum(f.state == 'firing' for f in result.findings)} finding(s) fired"
     ]
+    incidents = result.incidents
+    if incidents:
+        pages = sum(i["severity"] != "info" for i in incidents)
+        lines.append(f"{len(incidents)} incident(s), {pages} at warning or worse:")
+        lines.extend(format_incidents(incidents))
     if result.firing:
         lines.append("still firing at the end: " + ", ".join(sorted({f.rule for f in result.firing})))
     elif result.steps:

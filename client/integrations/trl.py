@@ -8,6 +8,10 @@
   else a generated one. ``on_log`` sends every numeric log entry at ``state.global_step`` (world process
   zero only); GRPOTrainer's names are kept (the health rules read ``clip_ratio/region_mean`` as
   ``pg_clipfrac``, ``kl`` as ``kl_loss``, ...). ``on_train_end`` finishes a run it started.
+  With ``halt_on=("critical",)`` (or causes / rules), ``on_step_end`` stops training at the first step
+  boundary after the server reports a critical incident (``control.should_training_stop``; with
+  ``save_on_halt=True`` a checkpoint first, ``control.should_save``); the incident's id and cause go to
+  the ``rlvitals`` logger.
 - ``RlvitalsGRPOMixin`` — ``class Trainer(RlvitalsGRPOMixin, GRPOTrainer)``. It joins the trainer's
   ``RlvitalsCallback`` (or adds one), so callback and mixin share one run however they are combined
   (``rlvitals_run=`` on either side). Around ``_compute_loss`` it asks the shared :class:`AuditSampler`
@@ -82,10 +86,18 @@ class TrlLogBridge:
     """The callback's logic, free of transformers (``RlvitalsCallback`` adds ``TrainerCallback``)."""
 
     def __init__(
-        self, run: Any = None, *, project: str | None = None, name: str | None = None, **init_options: Any
+        self,
+        run: Any = None,
+        *,
+        project: str | None = None,
+        name: str | None = None,
+        save_on_halt: bool = False,
+        **init_options: Any,
     ) -> None:
         self.run_ref = RunRef(run, project=project, name=name, options=init_options)
         self._owns_run = run is None
+        self.save_on_halt = bool(save_on_halt)
+        self.halted: dict | None = None  # the critical incident that stopped training, if one did
 
     def adopt(self, run: Any) -> None:
         """Use ``run`` (the mixin's ``rlvitals_run=``) unless this callback already has another."""
@@ -121,6 +133,22 @@ class TrlLogBridge:
         metrics = scalars(logs)
         if metrics:
             self.run_ref.get(config=_args_dict(args)).log(metrics, int(state.global_step))
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """At each step boundary: stop training (``control.should_training_stop``, after a checkpoint with
+        ``save_on_halt``) once the run reports a critical incident it opted to halt on (``halt_on=``)."""
+        run = self.run_ref.current
+        if run is None or self.halted is not None or not hasattr(run, "should_stop"):
+            return
+        try:
+            stop = run.should_stop()
+        except Exception:  # the client never crashes the trainer
+            return
+        if stop:
+            self.halted = getattr(run, "halt_reason", None) or {}
+            control.should_training_stop = True
+            if self.save_on_halt:
+                control.should_save = True
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._owns_run and self.run_ref.current is not None:

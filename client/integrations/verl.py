@@ -29,7 +29,9 @@ d) ``compute_rollout_correction_and_add_to_batch(batch, rollout_corr_config)`` â
    this wrapper (the one opt-in swap of a verl attribute; ``uninstall_rollout_correction()`` undoes it).
 c) Scalars without touching verl at all: ``JsonlTailer`` follows the JSONL that verl's ``file`` logger
    writes (``VERL_FILE_LOGGER_PATH``) into a run; ``VerlTrackingLogger`` has verl's tracking-backend
-   interface (``log(data, step)``, ``finish()``) for a ``Tracking.logger`` dict or a custom trainer.
+   interface (``log(data, step)``, ``finish()``) for a ``Tracking.logger`` dict or a custom trainer; with
+   ``halt_on=`` it stops verl's loop at a step boundary on a critical incident (``TrainingHalted``,
+   ``fit(trainer)`` saves a checkpoint and returns the incident).
 
 Which calls are sent: an ``AuditSampler`` (``_common``) following the run's ``batch_every`` picks one
 micro-batch every ``batch_every`` steps, rotating through the positions of a step's update cycle (every
@@ -91,10 +93,12 @@ _ESTIMATOR_MODES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")  # repro
 __all__ = [
     "JsonlTailer",
     "RecordingError",
+    "TrainingHalted",
     "VerlTrackingLogger",
     "compute_rollout_correction_and_add_to_batch",
     "configure",
     "distillation_ppo_loss",
+    "fit",
     "install_rollout_correction",
     "loss_config",
     "policy_loss",
@@ -656,11 +660,27 @@ class JsonlTailer:
             return self.lines
 
 
+class TrainingHalted(RuntimeError):
+    """Raised out of verl's trainer loop at a step boundary: the run reported a critical incident it opted
+    to halt on. ``incident``: the server's short form (id, number, cause, title, primary_rule, onset_step)."""
+
+    def __init__(self, incident: Mapping[str, Any]) -> None:
+        self.incident = dict(incident)
+        super().__init__(
+            f"rlvitals halted training: critical incident id {incident.get('id')} "
+            f"(cause {incident.get('cause')}, primary rule {incident.get('primary_rule')}, "
+            f"since step {incident.get('onset_step')})"
+        )
+
+
 class VerlTrackingLogger:
     """A verl tracking backend: ``log(data, step)`` sends the numeric entries, ``finish()`` finishes the run.
 
     ``Tracking(...).logger["rlvitals"] = VerlTrackingLogger(project, experiment, config)`` adds it to
-    verl's own tracker; ``config`` (an OmegaConf config or dict) becomes the run's config.
+    verl's own tracker; ``config`` (an OmegaConf config or dict) becomes the run's config. With
+    ``halt_on=`` (``("critical",)``, or causes / rules), ``log`` raises :class:`TrainingHalted` at the
+    first step boundary after the server reports such a critical incident: verl's ``fit`` loop logs each
+    step's metrics at its end, so the exception leaves it between two steps (see :func:`fit`).
     """
 
     def __init__(
@@ -670,17 +690,45 @@ class VerlTrackingLogger:
         config: Any = None,
         *,
         run: Any = None,
+        halt_on: tuple[str, ...] | str | None = None,
     ) -> None:
-        self._run = RunRef(run, project=project_name, name=experiment_name, config=_container(config))
+        options = {"halt_on": halt_on} if halt_on else None
+        self._run = RunRef(
+            run, project=project_name, name=experiment_name, config=_container(config), options=options
+        )
 
     def log(self, data: Mapping[str, Any], step: int) -> None:
         metrics = scalars(data)
         if metrics:
-            self._run.get().log(metrics, step)
+            run = self._run.get()
+            run.log(metrics, step)
+            halted = _halted(run)
+            if halted is not None:
+                raise TrainingHalted(halted)
 
     def finish(self, exit_code: int = 0) -> None:
         if self._run.started:
             self._run.get().finish()
+
+
+def _halted(run: Any) -> dict[str, Any] | None:
+    try:
+        return run.halt_reason if run.should_stop() else None
+    except Exception:  # the client never crashes the trainer
+        return None
+
+
+def fit(trainer: Any, *, save_checkpoint: bool = True) -> dict[str, Any] | None:
+    """``trainer.fit()`` (a verl ``RayPPOTrainer``) that stops cleanly on :class:`TrainingHalted`: saves a
+    checkpoint first when ``save_checkpoint`` (``trainer._save_checkpoint()``, verl's own), then returns the
+    incident that stopped it (``None`` when training ran to its end)."""
+    try:
+        trainer.fit()
+    except TrainingHalted as halted:
+        if save_checkpoint and hasattr(trainer, "_save_checkpoint"):
+            trainer._save_checkpoint()
+        return halted.incident
+    return None
 
 
 def _container(config: Any) -> dict[str, Any] | None:

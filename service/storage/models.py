@@ -120,6 +120,41 @@ class Alert(Base):
     resolved_at: Mapped[float | None] = mapped_column(Double, nullable=True)
 
 
+class Incident(Base):
+    """Findings of one cause and time window as one problem (rlvitals.analyzers.health.incidents): its
+    cause, severity, primary rule, members and findings, and the highest severity notified so far."""
+
+    __tablename__ = "incidents"
+    __table_args__ = (
+        UniqueConstraint("run_id", "number"),
+        Index("ix_incidents_state", "state"),
+    )
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    run_id: Mapped[int] = mapped_column(Id, ForeignKey("runs.id", ondelete="CASCADE"))
+    number: Mapped[int] = mapped_column(Integer)  # the run's own count: 1, 2, ...
+    cause: Mapped[str] = mapped_column(String(100))
+    title: Mapped[str] = mapped_column(String(200))
+    severity: Mapped[str] = mapped_column(String(20))
+    state: Mapped[str] = mapped_column(String(20))  # open | resolved
+    primary_rule: Mapped[str] = mapped_column(String(100))
+    onset_step: Mapped[int] = mapped_column(BigInteger)
+    last_step: Mapped[int] = mapped_column(BigInteger)
+    resolved_step: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    message: Mapped[str] = mapped_column(Text, default="")
+    advice: Mapped[str] = mapped_column(Text, default="")
+    members: Mapped[dict] = mapped_column(JSON, default=dict)
+    findings: Mapped[list] = mapped_column(JSON, default=list)
+    dropped_findings: Mapped[int] = mapped_column(Integer, default=0)
+    reopened: Mapped[int] = mapped_column(Integer, default=0)
+    confirmed: Mapped[bool] = mapped_column(Boolean, default=False)
+    notified_severity: Mapped[str | None] = mapped_column(String(20), nullable=True)
+    onset_time: Mapped[float | None] = mapped_column(Double, nullable=True)  # wall time of onset_step
+    created_at: Mapped[float] = mapped_column(Double)
+    updated_at: Mapped[float] = mapped_column(Double)
+    resolved_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+
+
 class Audit(Base):
     """An uploaded batch and, once a worker ran it, its audit. Also the job queue (status).
 
@@ -171,7 +206,7 @@ class AuditBlob(Base):
 
 
 class WebhookDelivery(Base):
-    """One alert transition to send to one URL (a transactional outbox row)."""
+    """One alert or incident transition to send to one URL (a transactional outbox row)."""
 
     __tablename__ = "webhook_deliveries"
     __table_args__ = (Index("ix_webhook_deliveries_status_next", "status", "next_attempt_at"),)
@@ -179,6 +214,9 @@ class WebhookDelivery(Base):
     id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
     alert_id: Mapped[int | None] = mapped_column(
         Id, ForeignKey("alerts.id", ondelete="SET NULL"), nullable=True
+    )
+    incident_id: Mapped[int | None] = mapped_column(
+        Id, ForeignKey("incidents.id", ondelete="SET NULL"), nullable=True
     )
     url: Mapped[str] = mapped_column(Text)
     kind: Mapped[str] = mapped_column(String(20))  # generic | slack

@@ -23,6 +23,7 @@ from rlvitals.service.storage.models import (
     AuditBlob,
     EventPayload,
     HealthState,
+    Incident,
     Point,
     Run,
     WebhookAttempt,
@@ -41,6 +42,7 @@ HEALTH, DELIVERIES, ATTEMPTS, KEYS = (
     ApiKey.__table__,
 )
 EVENTS = EventPayload.__table__
+INCIDENTS = Incident.__table__
 
 # Audit columns a reader needs (never the blob).
 _AUDIT_COLUMNS = [c for c in AUDITS.c if c.name != "blob"]
@@ -783,3 +785,75 @@ def insert_audit_once(*, session: Session, values: dict[str, Any]) -> tuple[int,
     if existing is None:  # a conflict on anything but (run_id, record_id): not an idempotent resend
         raise RuntimeError(f"audit insert for record {values['record_id']!r} conflicted but no row matches")
     return existing, False
+
+
+# --- incidents --------------------------------------------------------------------------------
+
+
+def get_incident_by_number(*, session: Session, run_id: int, number: int) -> dict | None:
+    query = select(INCIDENTS).where(INCIDENTS.c.run_id == run_id, INCIDENTS.c.number == number)
+    return _row(session.execute(query).first())
+
+
+def get_incident(*, session: Session, incident_id: int) -> dict | None:
+    return _row(session.execute(select(INCIDENTS).where(INCIDENTS.c.id == incident_id)).first())
+
+
+def insert_incident(*, session: Session, values: dict[str, Any]) -> int:
+    return session.execute(INCIDENTS.insert().values(**values).returning(INCIDENTS.c.id)).scalar_one()
+
+
+def update_incident(*, session: Session, incident_id: int, values: dict[str, Any]) -> None:
+    session.execute(update(INCIDENTS).where(INCIDENTS.c.id == incident_id).values(**values))
+
+
+def list_incidents(
+    *,
+    session: Session,
+    run_id: int | None = None,
+    state: str | None = None,
+    limit: int = 1000,
+    offset: int = 0,
+) -> tuple[list[dict], int]:
+    where = []
+    if run_id is not None:
+        where.append(INCIDENTS.c.run_id == run_id)
+    if state is not None:
+        where.append(INCIDENTS.c.state == state)
+    count = session.execute(select(func.count()).select_from(INCIDENTS).where(*where)).scalar() or 0
+    rows = session.execute(
+        select(INCIDENTS).where(*where).order_by(INCIDENTS.c.id.desc()).limit(limit).offset(offset)
+    ).all()
+    return [dict(r._mapping) for r in rows], int(count)
+
+
+def open_incidents(*, session: Session, run_id: int, severity: str | None = None) -> list[dict]:
+    """The run's open incidents (of ``severity`` only, when given), oldest first."""
+    where = [INCIDENTS.c.run_id == run_id, INCIDENTS.c.state == "open"]
+    if severity is not None:
+        where.append(INCIDENTS.c.severity == severity)
+    rows = session.execute(select(INCIDENTS).where(*where).order_by(INCIDENTS.c.id)).all()
+    return [dict(r._mapping) for r in rows]
+
+
+def incident_alerts(
+    *, session: Session, run_id: int, rules: Iterable[str], start: int, end: int | None
+) -> list[dict]:
+    """The alerts behind an incident: its members' rules, episodes that began in ``[start, end]``."""
+    where = [ALERTS.c.run_id == run_id, ALERTS.c.rule.in_(list(rules)), ALERTS.c.first_step >= start]
+    if end is not None:
+        where.append(ALERTS.c.first_step <= end)
+    rows = session.execute(select(ALERTS).where(*where).order_by(ALERTS.c.first_step, ALERTS.c.id)).all()
+    return [dict(r._mapping) for r in rows]
+
+
+def wall_time_at(*, session: Session, run_id: int, step: int) -> float | None:
+    """The earliest wall time the trainer sent at or after ``step`` (None: it sent none)."""
+    return session.execute(
+        select(func.min(POINTS.c.wall_time)).where(POINTS.c.run_id == run_id, POINTS.c.step >= step)
+    ).scalar()
+
+
+def last_wall_time(*, session: Session, run_id: int) -> float | None:
+    """The newest wall time the trainer sent for the run."""
+    return session.execute(select(func.max(POINTS.c.wall_time)).where(POINTS.c.run_id == run_id)).scalar()

@@ -113,6 +113,11 @@ def _known(state, fixture):
     return state
 
 
+def _rules_only(state):
+    """The monitor's state without its incident tracker's (the fixture predates incidents)."""
+    return {k: v for k, v in state.items() if k != "incidents"}
+
+
 def _with_added(state):
     state = json.loads(json.dumps(state))
     for rule_id, extra in ADDED_SINCE.items():
@@ -143,7 +148,9 @@ def test_a_state_saved_by_the_hand_written_state_dicts_restores_and_continues_id
         saved["state"], settings=scenario.settings or None, run_config=scenario.run_config or None
     )
     known = saved["state"]
-    assert json.dumps(_known(monitor.state_dict(), known)) == json.dumps(_with_added(saved["state"]))
+    assert json.dumps(_known(_rules_only(monitor.state_dict()), known)) == json.dumps(
+        _with_added(saved["state"])
+    )
     found = []
     for point in _perturbed_points(scenario, saved["seed"], saved["steps"]):
         if point.step < saved["split"]:
@@ -154,4 +161,6 @@ def test_a_state_saved_by_the_hand_written_state_dicts_restores_and_continues_id
             found += monitor.observe_audit(point.step, point.audit)
     found = [f for f in found if f.rule in known["rules"]]
     assert [json.loads(json.dumps(f.to_dict(), default=str)) for f in found] == saved["findings_after"]
-    assert json.dumps(_known(monitor.state_dict(), known)) == json.dumps(_with_added(saved["final_state"]))
+    assert json.dumps(_known(_rules_only(monitor.state_dict()), known)) == json.dumps(
+        _with_added(saved["final_state"])
+    )

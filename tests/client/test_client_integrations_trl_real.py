@@ -160,3 +160,28 @@ def test_losses_that_cannot_be_reproduced_are_refused_not_claimed(trl_python, tm
     assert "vllm_importance_sampling_correction" in seen["vllm_is"]
     assert "off_policy_mask_threshold" in seen["vllm_off_policy"]
     assert "router_aux_loss_coef" in seen["aux_loss"]
+
+
+def test_a_run_that_collapses_on_purpose_is_halted_within_one_step_of_its_critical_incident(
+    trl_python, tmp_path
+):
+    server = start_server(database_url=f"sqlite:///{tmp_path / 'db.sqlite'}", workdir=tmp_path)
+    try:
+        out = tmp_path / "halt.json"
+        run_script(trl_python, "halt", str(out), env={"RLVITALS_URL": server.url})
+        result = json.loads(out.read_text())
+        with httpx.Client(base_url=server.url, timeout=10) as api:
+            (run,) = [r for r in api.get("/api/v1/runs").json()["data"] if r["name"] == "halt-on-collapse"]
+            incidents = api.get(f"/api/v1/runs/{run['id']}/incidents").json()["data"]
+    finally:
+        server.stop()
+    halted = result["halted"]
+    assert halted and halted["id"] in {i["id"] for i in incidents}
+    incident = next(i for i in incidents if i["id"] == halted["id"])
+    assert incident["severity"] == "critical" and incident["cause"] == halted["cause"]
+    # the step whose metrics made the incident critical; the trainer stops at the next step boundary
+    critical_at = min(f["step"] for f in incident["findings"] if f["severity"] == "critical")
+    assert result["global_step"] < result["max_steps"]
+    assert critical_at <= result["global_step"] <= critical_at + 1, (critical_at, result)
+    assert any(str(halted["id"]) in line and halted["cause"] in line for line in result["log"]), result["log"]
+    assert result["checkpoints"] == [f"checkpoint-{result['global_step']}"]  # saved first, as asked

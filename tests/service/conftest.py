@@ -109,6 +109,9 @@ def app_client(tmp_path) -> Iterator:
 
     def _make(database_url: str, **settings) -> AppClient:
         settings.setdefault("data_dir", tmp_path)
+        # the webhook tests written per alert transition keep that mode; tests/service/test_service_incidents.py
+        # covers the default (incident notifications)
+        settings.setdefault("webhook_events", "alerts")
         client = AppClient(Settings(database_url=database_url, **settings))
         made.append(client)
         return client

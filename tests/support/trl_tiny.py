@@ -9,8 +9,9 @@ Runs inside the TRL side environment (``tests/support/sideenv.py``) with this ch
     python trl_tiny.py recipe  OUT.json              the README recipe against $RLVITALS_URL, several ways
     python trl_tiny.py refuse  OUT.json              losses rlvitals cannot reproduce are refused
     python trl_tiny.py overhead OUT.json STEPS       step times with and without rlvitals
-    accelerate launch --num_processes 2 --cpu trl_tiny.py ddp OUT_PREFIX
+    accelerate launch --multi_gpu --num_processes 2 trl_tiny.py ddp OUT_PREFIX   (use_cpu: gloo)
                                                      one data-parallel job against $RLVITALS_URL
+    python trl_tiny.py halt    OUT.json              a run that collapses on purpose, halted ($RLVITALS_URL)
 
 Each mode writes its findings as JSON; the pytest side asserts on them (and on what the server stored).
 """
@@ -465,6 +466,46 @@ def ddp(out_prefix: str) -> None:
     Path(f"{out_prefix}.rank{rank}.json").write_text(json.dumps({"returned": returned, "backend": backend}))
 
 
+def halt(out_path: str) -> None:
+    """A run that collapses on purpose (learning rate 1e4: after the first update the policy is uniform
+    and every gradient is exactly 0 while the rewards still differ) with ``halt_on=("critical",)`` and
+    ``save_on_halt``, against $RLVITALS_URL: where it stopped, what the trainer logged, the checkpoint."""
+    import logging
+
+    from rlvitals.client.integrations.trl import RlvitalsCallback
+    from trl import GRPOTrainer
+
+    records: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record.getMessage())
+
+    logging.getLogger("rlvitals").addHandler(Keep())
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["RLVITALS_SPOOL_DIR"] = tmp
+        callback = RlvitalsCallback(halt_on=("critical",), save_on_halt=True)
+        overrides = {
+            "learning_rate": 1e4,
+            "max_steps": 40,
+            "num_iterations": 1,
+            "run_name": "halt-on-collapse",
+        }
+        trainer = make_trainer(GRPOTrainer, overrides, tmp, callbacks=[callback])
+        started = time.perf_counter()
+        trainer.train()
+        result = {
+            "global_step": trainer.state.global_step,
+            "max_steps": trainer.args.max_steps,
+            "halted": callback.halted,
+            "log": records,
+            "checkpoints": sorted(p.name for p in Path(tmp).glob("checkpoint-*")),
+            "logged_steps": [e["step"] for e in trainer.state.log_history if "loss" in e],
+            "seconds": time.perf_counter() - started,
+        }
+    Path(out_path).write_text(json.dumps(result))
+
+
 if __name__ == "__main__":
     warnings.simplefilter("default")
     mode = sys.argv[1]
@@ -478,5 +519,7 @@ if __name__ == "__main__":
         ddp(sys.argv[2])
     elif mode == "overhead":
         overhead(sys.argv[2], int(sys.argv[3]))
+    elif mode == "halt":
+        halt(sys.argv[2])
     else:
         raise SystemExit(f"unknown mode {mode!r}")

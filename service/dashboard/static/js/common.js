@@ -198,7 +198,7 @@
   // EventSource when no key is set; with a key, fetch() streaming so the Authorization header travels.
   RLV.stream = function (runId, onEvent, onState) {
     const url = RLV.apiRun(runId) + "/events";
-    const types = ["points", "alert", "audit"];
+    const types = ["points", "alert", "audit", "incident"];
     let closed = false;
     let everOpen = false;
     let retry = 500;
@@ -342,6 +342,7 @@
       })
     );
     RLV.pre.alerts = guard(RLV.api(base + "/alerts"));
+    RLV.pre.incidents = guard(RLV.api(base + "/incidents"));
     RLV.pre.events = RLV.eventQueue();
     RLV.pre.stream = RLV.stream(id, RLV.pre.events.push, function (state) {
       RLV.setLive(state);

@@ -18,6 +18,7 @@
     view: null, // null (everything) or {start, end} in steps
     panels: new Map(), // name -> {node, div, drawn, ema}
     alerts: new Map(), // id -> alert
+    incidents: new Map(), // id -> incident
     audits: new Map(), // id -> audit
     latestStep: -Infinity,
     smoothing: 0,
@@ -391,6 +392,11 @@
     redecorateAll();
     refreshHealth();
   }
+  function renderIncidents() { H.renderIncidents(runId, state.incidents.values(), focusOn); }
+  function onIncident(incident) {
+    state.incidents.set(incident.id, incident);
+    renderIncidents();
+  }
   function onAudit(audit) {
     state.audits.set(audit.id, audit);
     renderAudits();
@@ -415,6 +421,9 @@
       for (const a of alerts.data || []) state.alerts.set(a.id, a);
       renderAlerts();
       redecorateAll();
+      const incidents = await RLV.api(base + "/incidents");
+      for (const i of incidents.data || []) state.incidents.set(i.id, i);
+      renderIncidents();
     } catch (err) { RLV.fail(err); }
   }
 
@@ -422,6 +431,7 @@
     if (type === "points") appendPoints(data);
     else if (type === "alert") onAlert(data);
     else if (type === "audit") onAudit(data);
+    else if (type === "incident") onIncident(data);
     else if (type === "_state" && data === "reopen") catchUp();
   }
 
@@ -506,6 +516,10 @@
       return;
     }
     renderAlerts();
+    pre.incidents.then(function (body) {
+      for (const i of (body && body.data) || []) state.incidents.set(i.id, i);
+      renderIncidents();
+    }, RLV.fail);
     refreshHealth();
     // The first panel as soon as its own series is here: this is the "open" time the tests measure.
     const firstBody = await pre.firstMetrics.catch(function () { return null; });

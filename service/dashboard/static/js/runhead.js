@@ -96,6 +96,40 @@
     RLV.$("alerts-strip").hidden = list.children.length === 0;
   };
 
+  // The run's incidents (findings of one cause grouped): open ones first, each with its cause, severity,
+  // primary rule, the GPU-hours spent after its onset, and its findings one click away (a <details>).
+  H.renderIncidents = function (runId, incidents, onFocus) {
+    const all = Array.from(incidents);
+    const list = RLV.clear(RLV.$("incidents-list"));
+    const rank = function (i) { return (i.state === "open" ? 10 : 0) + (RLV.SEVERITY_RANK[i.severity] || 0); };
+    all.sort(function (a, b) { return rank(b) - rank(a) || b.id - a.id; });
+    for (const i of all) {
+      const since = RLV.el("a", { href: RLV.runPath(runId) + "?step=" + Number(i.onset_step), text: "since step " + i.onset_step });
+      since.addEventListener("click", function (e) { e.preventDefault(); onFocus(Number(i.onset_step)); });
+      const spent = i.spent_after_onset;
+      const cost = !spent ? "" : spent.gpu_hours !== null && spent.gpu_hours !== undefined
+        ? " · " + RLV.fmtNum(spent.gpu_hours) + " GPU-h since onset" : " · " + RLV.fmtNum(spent.hours) + " h since onset";
+      const rows = RLV.el("tbody", {});
+      for (const f of i.findings || []) {
+        rows.appendChild(RLV.el("tr", { dataset: { rule: f.rule } },
+          RLV.el("td", { text: f.rule }), RLV.el("td", { text: f.state }), RLV.el("td", { text: f.severity }),
+          RLV.el("td", { text: String(f.step) }), RLV.el("td", { text: RLV.fmtNum(f.value) })));
+      }
+      const findings = RLV.el("details", { className: "findings" },
+        RLV.el("summary", { text: (i.findings || []).length + (i.dropped_findings ? "+" + i.dropped_findings : "") + " finding(s): " + Object.keys(i.members || {}).join(", ") }),
+        RLV.el("table", {}, RLV.el("thead", {}, RLV.el("tr", {},
+          RLV.el("th", { text: "rule" }), RLV.el("th", { text: "state" }), RLV.el("th", { text: "severity" }),
+          RLV.el("th", { text: "step" }), RLV.el("th", { text: "value" }))), rows),
+        RLV.el("a", { href: "/api/v1/incidents/" + i.id, text: "alerts behind it (JSON)" }));
+      list.appendChild(RLV.el("li", { className: i.severity + " " + i.state, dataset: { incidentId: String(i.id), cause: i.cause, state: i.state } },
+        RLV.el("span", { className: "chip " + i.severity, text: i.severity }), " ",
+        RLV.el("b", { text: "#" + i.number + " " + i.title }), " ", RLV.el("span", { className: "muted", text: i.state }), " ",
+        since, cost, " — primary ", RLV.el("code", { text: i.primary_rule }), ": ", i.message || "", findings));
+    }
+    RLV.$("incidents-count").textContent = all.filter(function (i) { return i.state === "open"; }).length + " open of " + all.length;
+    RLV.$("incidents-panel").hidden = all.length === 0;
+  };
+
   // The five latest audits and the count of mismatches, linking to the audits page.
   H.renderAudits = function (runId, audits) {
     const all = Array.from(audits).sort(function (a, b) { return b.step - a.step || b.id - a.id; });

@@ -1,0 +1,49 @@
+"""Incidents on the real logs (bench/incidents.py): every labelled incident still pages, a healthy run gets
+no warning-or-worse message, and the median labelled incident gets at most 1.5 pages (storms counted), on
+the 13-run corpus and, apart, on the nine runs of ../shared/real_logs/more/ (labels from its SOURCES.txt)."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from bench._detection import MISSING, corpus_dir
+from bench.incidents import corpus_counts, more_counts
+
+
+def _check(counts) -> dict:
+    pages = [n for c in counts for n in c.per_incident("incidents", pages=True)]
+    return {
+        "missed": [
+            (c.run_id, i)
+            for c in counts
+            for i, n in enumerate(c.per_incident("incidents", pages=True))
+            if not n
+        ],
+        "on_healthy": {c.run_id: c.on_healthy("incidents") for c in counts if c.on_healthy("incidents")},
+        "median_pages": statistics.median(pages) if pages else 0,
+    }
+
+
+def test_the_labelled_corpus_gets_one_page_per_incident():
+    if corpus_dir() is None:
+        pytest.skip(MISSING)
+    got = _check(corpus_counts())
+    assert got["missed"] == [] and got["on_healthy"] == {}
+    assert got["median_pages"] <= 1.5, got
+
+
+def test_the_more_runs_get_one_page_per_incident_and_none_on_healthy_runs():
+    base = corpus_dir()
+    if base is None or not (base / "more").is_dir():
+        pytest.skip(MISSING)
+    counts = more_counts(base / "more")
+    got = _check(counts)
+    assert got["missed"] == [] and got["on_healthy"] == {}
+    assert got["median_pages"] <= 1.5, got
+    remasking = next(c for c in counts if c.run_id == "remasking-dllm")
+    assert remasking.on_healthy("alerts") > 0  # the storm the incidents absorb
+    assert {r["cause"] for r in remasking.incident_records if r["members"].get("grad_norm_zero")} == {
+        "zero_advantage"
+    }
