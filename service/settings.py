@@ -177,7 +177,12 @@ class Settings(BaseSettings):
         description="Also send info alerts (e.g. pg_clipfrac below its band) to the webhooks; by default "
         "they are shown on the dashboard and in the API only.",
     )
-    webhook_timeout: float = Field(5.0, gt=0, description="Seconds one webhook attempt may take.")
+    webhook_timeout: float = Field(
+        5.0,
+        gt=0,
+        description="Seconds one webhook attempt may take in all (connect, send, answer); then it is "
+        "cut off and retried.",
+    )
     webhook_max_attempts: int = Field(8, ge=1, description="Attempts before a delivery is marked failed.")
     webhook_backoff: float = Field(0.5, gt=0, description="First retry delay (s); doubles each attempt.")
     webhook_backoff_max: float = Field(60.0, gt=0, description="Cap on the retry delay (s).")
@@ -195,6 +200,18 @@ class Settings(BaseSettings):
         "skipped ones are counted in the next notification sent.",
     )
     webhook_rule_window: float = Field(3600.0, gt=0, description="Seconds of webhook_rule_limit's window.")
+    webhook_per_minute: int = Field(
+        30,
+        ge=0,
+        description="Most POSTs to one webhook URL per rolling minute, across runs and replicas (0: no "
+        "limit); the notifications that would pass it are sent together in one digest once there is room.",
+    )
+    webhook_response_bytes: int = Field(
+        64 * 1024,
+        ge=0,
+        description="Most bytes of a webhook receiver's answer read (and discarded; never decompressed); "
+        "the connection is closed after them.",
+    )
 
     # --- live events -----------------------------------------------------------------------------
     sse_heartbeat: float = Field(15.0, gt=0, description="Seconds between SSE keep-alive comments.")

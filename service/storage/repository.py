@@ -641,6 +641,107 @@ def rule_transitions(*, session: Session, run_id: int, rule: str, after: float) 
     return int(fired) + int(resolved)
 
 
+def lock_webhook_url(*, session: Session, url: str) -> None:
+    """PostgreSQL: replicas claim one URL's deliveries one at a time (so its budget is exact)."""
+    if session.dialect.name == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(hashtext(:url))"), {"url": "rlvitals-hook:" + url})
+
+
+def url_posts_since(*, session: Session, url: str, since: float) -> tuple[int, float | None]:
+    """(POSTs to ``url`` started after ``since``, counting those in flight; the oldest one's time)."""
+    joined = ATTEMPTS.join(DELIVERIES, DELIVERIES.c.id == ATTEMPTS.c.delivery_id)
+    done, oldest = session.execute(
+        select(func.count(), func.min(ATTEMPTS.c.at))
+        .select_from(joined)
+        .where(DELIVERIES.c.url == url, ATTEMPTS.c.at > since)
+    ).one()
+    sending, oldest_sending = session.execute(
+        select(func.count(), func.min(DELIVERIES.c.claimed_at)).where(
+            DELIVERIES.c.url == url, DELIVERIES.c.status == "sending", DELIVERIES.c.claimed_at > since
+        )
+    ).one()
+    times = [t for t in (oldest, oldest_sending) if t is not None]
+    return int(done or 0) + int(sending or 0), (min(times) if times else None)
+
+
+def fold_due_deliveries(*, session: Session, url: str, kind: str, now: float) -> list[dict]:
+    """Every first attempt due for ``url`` of ``kind``, marked ``digested`` (sent in one digest)."""
+    due = and_(
+        DELIVERIES.c.url == url,
+        DELIVERIES.c.kind == kind,
+        DELIVERIES.c.status == "pending",
+        DELIVERIES.c.attempts == 0,
+        DELIVERIES.c.next_attempt_at <= now,
+    )
+    stmt = select(DELIVERIES).where(due).order_by(DELIVERIES.c.id)
+    if session.dialect.name == "postgresql":
+        stmt = stmt.with_for_update(skip_locked=True)
+    rows = [dict(r._mapping) for r in session.execute(stmt).all()]
+    if rows:
+        session.execute(
+            update(DELIVERIES)
+            .where(DELIVERIES.c.id.in_([r["id"] for r in rows]))
+            .values(status="digested", claimed_at=now)
+        )
+    return rows
+
+
+def set_deliveries(*, session: Session, ids: list[int], values: dict[str, Any]) -> None:
+    if ids:
+        session.execute(update(DELIVERIES).where(DELIVERIES.c.id.in_(ids)).values(**values))
+
+
+def insert_delivery(*, session: Session, values: dict[str, Any]) -> int:
+    return session.execute(DELIVERIES.insert().values(**values).returning(DELIVERIES.c.id)).scalar_one()
+
+
+def latest_alert(*, session: Session, run_id: int, rule: str) -> dict | None:
+    """The newest alert of ``rule`` on the run (its current episode or the last one closed)."""
+    stmt = select(ALERTS).where(ALERTS.c.run_id == run_id, ALERTS.c.rule == rule).order_by(ALERTS.c.id.desc())
+    return _row(session.execute(stmt.limit(1)).first())
+
+
+def deferred_delivery_pending(*, session: Session, run_id: int, rule: str) -> bool:
+    """Whether a catch-up notification (queued for later: due after it was created) of ``rule`` on
+    the run still waits to be sent."""
+    joined = DELIVERIES.join(ALERTS, ALERTS.c.id == DELIVERIES.c.alert_id)
+    stmt = (
+        select(DELIVERIES.c.id)
+        .select_from(joined)
+        .where(
+            ALERTS.c.run_id == run_id,
+            ALERTS.c.rule == rule,
+            DELIVERIES.c.status == "pending",
+            DELIVERIES.c.attempts == 0,
+            DELIVERIES.c.next_attempt_at > DELIVERIES.c.created_at,
+        )
+        .limit(1)
+    )
+    return session.execute(stmt).first() is not None
+
+
+def oldest_rule_notification(*, session: Session, run_id: int, rule: str, since: float) -> float | None:
+    joined = DELIVERIES.join(ALERTS, ALERTS.c.id == DELIVERIES.c.alert_id)
+    return session.execute(
+        select(func.min(DELIVERIES.c.created_at))
+        .select_from(joined)
+        .where(ALERTS.c.run_id == run_id, ALERTS.c.rule == rule, DELIVERIES.c.created_at > since)
+    ).scalar()
+
+
+def newest_rule_notification_before(
+    *, session: Session, run_id: int, rule: str, before: float
+) -> float | None:
+    """When the newest notification of ``rule`` on the run queued before ``before`` was sent (or
+    queued, while unsent): it said the state of that moment."""
+    joined = DELIVERIES.join(ALERTS, ALERTS.c.id == DELIVERIES.c.alert_id)
+    return session.execute(
+        select(func.max(func.coalesce(DELIVERIES.c.delivered_at, DELIVERIES.c.created_at)))
+        .select_from(joined)
+        .where(ALERTS.c.run_id == run_id, ALERTS.c.rule == rule, DELIVERIES.c.created_at < before)
+    ).scalar()
+
+
 def record_attempt(
     *, session: Session, delivery_id: int, attempt: dict[str, Any], delivery: dict[str, Any]
 ) -> None:
