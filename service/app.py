@@ -146,7 +146,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.access = AccessPolicy(settings, services.auth)
     app.body_timeout = settings.body_timeout
     app.state.uploads = UploadGate(
-        max_uploads=settings.max_concurrent_uploads, max_bytes=settings.max_upload_bytes_in_flight
+        max_uploads=settings.max_concurrent_uploads,
+        max_bytes=settings.max_upload_bytes_in_flight,
+        per_client=settings.max_uploads_per_client,
     )
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_request_bytes)

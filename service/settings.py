@@ -78,6 +78,18 @@ class Settings(BaseSettings):
         description="Bytes (declared Content-Length) of the batch uploads being received at once per "
         "process; an upload that would pass it -> 429 + Retry-After.",
     )
+    max_uploads_per_client: int = Field(
+        2,
+        ge=1,
+        description="Batch uploads one client (its API key; without keys, its address) may have being "
+        "received at once per process, so one party cannot hold every upload slot; more -> 429.",
+    )
+    upload_min_rate: int = Field(
+        256 * 1024,
+        ge=1,
+        description="Slowest average rate (bytes/s) a batch upload may arrive at after its first "
+        "body_timeout seconds: a body is cut off (408) once it is behind body_timeout + received/rate.",
+    )
     max_audit_tokens: int = Field(
         16 * 1024 * 1024,
         ge=1,

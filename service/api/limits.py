@@ -1,7 +1,9 @@
 """Request limits: JSON bodies over ``max_request_bytes`` are refused with 413 before parsing
 (``BodyLimitMiddleware``; batch uploads are exempt, their route enforces ``max_batch_bytes``), and
 ``UploadGate`` admits at most ``max_concurrent_uploads`` batch uploads holding at most
-``max_upload_bytes_in_flight`` declared bytes at once (429 + Retry-After beyond).
+``max_upload_bytes_in_flight`` declared bytes at once, and at most ``max_uploads_per_client`` of
+them from one client (its API key, or without keys its address), so one party cannot hold every slot
+(429 + Retry-After beyond).
 """
 
 from __future__ import annotations
@@ -75,12 +77,21 @@ class BodyLimitMiddleware:
 class UploadGate:
     """Counts the batch uploads being received (one event loop: no lock needed)."""
 
-    def __init__(self, *, max_uploads: int, max_bytes: int):
+    def __init__(self, *, max_uploads: int, max_bytes: int, per_client: int | None = None):
         self.max_uploads, self.max_bytes = max_uploads, max_bytes
+        self.per_client = per_client or max_uploads
         self.uploads = self.bytes = 0
+        self.by_client: dict[str, int] = {}
 
     @contextmanager
-    def admit(self, nbytes: int):
+    def admit(self, nbytes: int, client: str = ""):
+        mine = self.by_client.get(client, 0)
+        if mine >= self.per_client:
+            raise Busy(
+                f"this client has {mine} batch uploads being received; the limit per client is "
+                f"{self.per_client} (max_uploads_per_client): retry shortly",
+                detail={"uploads": mine, "limit": self.per_client},
+            )
         if self.uploads >= self.max_uploads:
             raise Busy(
                 f"{self.uploads} batch uploads are being received; the limit is {self.max_uploads} "
@@ -95,8 +106,14 @@ class UploadGate:
             )
         self.uploads += 1
         self.bytes += nbytes
+        self.by_client[client] = mine + 1
         try:
             yield
         finally:
             self.uploads -= 1
             self.bytes -= nbytes
+            left = self.by_client[client] - 1
+            if left:
+                self.by_client[client] = left
+            else:
+                del self.by_client[client]
