@@ -115,6 +115,12 @@ class Settings(BaseSettings):
         description="Deepest nesting of JSON objects/arrays accepted in a run's config and a batch's "
         "config/reported metadata; deeper -> 422 (so nothing stored is too deep to read back).",
     )
+    max_run_config_bytes: int = Field(
+        256 * 1024,
+        ge=2,
+        description="Largest run config (its JSON, in bytes) accepted by POST /api/v1/runs; larger -> 422. "
+        "Tags are bounded by the schema: at most 100, of 200 characters each.",
+    )
     max_steps_per_request: int = Field(
         100_000, ge=1, description="Most steps one POST /metrics may carry; more -> 413."
     )

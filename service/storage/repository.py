@@ -113,11 +113,13 @@ def run_exists(*, session: Session, run_id: int) -> bool:
 
 
 def list_runs(
-    *, session: Session, project: str | None = None, limit: int = 100, offset: int = 0
+    *, session: Session, project: str | None = None, limit: int = 100, offset: int = 0, config: bool = True
 ) -> tuple[list[dict], int]:
+    """A page of runs, most recently updated first; without their ``config`` column unless asked."""
     where = [RUNS.c.project == project] if project is not None else []
+    columns = list(RUNS.c) if config else [c for c in RUNS.c if c.name != "config"]
     rows = session.execute(
-        select(RUNS)
+        select(*columns)
         .where(*where)
         .order_by(RUNS.c.updated_at.desc(), RUNS.c.id.desc())
         .limit(limit)
@@ -472,18 +474,47 @@ def count_waiting_audits(*, session: Session) -> int:
 
 
 def claim_audit(*, session: Session, worker: str, now: float, stale_before: float) -> dict | None:
-    """Claim the oldest pending job (or one whose claimer died) exactly once, blob included.
+    """Claim one waiting job (pending, or running under a claimer that died) exactly once, blob
+    included, fairly across runs: round robin over the runs with waiting jobs, the run served least
+    recently first (its newest claim is the oldest; never served: first), its oldest job first. The
+    order lives in the database, so it holds across replicas.
 
-    PostgreSQL: ``SELECT ... FOR UPDATE SKIP LOCKED`` so replicas never take the same job.
+    PostgreSQL: ``SELECT ... FOR UPDATE SKIP LOCKED`` so replicas never take the same job (a job
+    another replica is taking is skipped for the next run's).
     SQLite: the caller's ``BEGIN IMMEDIATE`` already serialises writers.
     """
     waiting = or_(
         AUDITS.c.status == "pending", and_(AUDITS.c.status == "running", AUDITS.c.claimed_at < stale_before)
     )
-    stmt = select(AUDITS.c.id).where(waiting).order_by(AUDITS.c.id).limit(1)
-    if session.dialect.name == "postgresql":
-        stmt = stmt.with_for_update(skip_locked=True)
-    job_id = session.execute(stmt).scalar()
+    firsts = session.execute(
+        select(AUDITS.c.run_id, func.min(AUDITS.c.id)).where(waiting).group_by(AUDITS.c.run_id)
+    ).all()
+    if not firsts:
+        return None
+    runs = [r[0] for r in firsts]
+    served = dict(
+        session.execute(
+            select(AUDITS.c.run_id, func.max(AUDITS.c.claimed_at))
+            .where(AUDITS.c.run_id.in_(runs), AUDITS.c.claimed_at.is_not(None))
+            .group_by(AUDITS.c.run_id)
+        ).all()
+    )
+    order = sorted(firsts, key=lambda r: (served.get(r[0]) or float("-inf"), r[1]))
+    job_id = None
+    for _run_id, first in order:
+        if session.dialect.name != "postgresql":
+            job_id = first
+            break
+        stmt = (
+            select(AUDITS.c.id)
+            .where(AUDITS.c.run_id == _run_id, waiting)
+            .order_by(AUDITS.c.id)
+            .limit(1)
+            .with_for_update(skip_locked=True)
+        )
+        job_id = session.execute(stmt).scalar()
+        if job_id is not None:
+            break
     if job_id is None:
         return None
     session.execute(
@@ -494,6 +525,17 @@ def claim_audit(*, session: Session, worker: str, now: float, stale_before: floa
     job = _row(session.execute(select(*_AUDIT_COLUMNS).where(AUDITS.c.id == job_id)).first())
     job["blob"] = blobs.read_blob(session, AUDIT_BLOBS, job_id)  # a bytearray: its tensors are views of it
     return job
+
+
+def oldest_pending_audits(*, session: Session) -> list[dict]:
+    """Per run with pending jobs: its id, project, name and its oldest pending job's ``created_at``."""
+    rows = session.execute(
+        select(RUNS.c.id, RUNS.c.project, RUNS.c.name, func.min(AUDITS.c.created_at))
+        .join(AUDITS, AUDITS.c.run_id == RUNS.c.id)
+        .where(AUDITS.c.status == "pending")
+        .group_by(RUNS.c.id, RUNS.c.project, RUNS.c.name)
+    ).all()
+    return [{"id": r[0], "project": r[1], "name": r[2], "created_at": r[3]} for r in rows]
 
 
 def running_claims(*, session: Session, prefix: str) -> list[tuple[int, str]]:
