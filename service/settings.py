@@ -90,6 +90,13 @@ class Settings(BaseSettings):
         description="Slowest average rate (bytes/s) a batch upload may arrive at after its first "
         "body_timeout seconds: a body is cut off (408) once it is behind body_timeout + received/rate.",
     )
+    max_parsing_bytes: int = Field(
+        512 * 1024 * 1024,
+        ge=1024,
+        description="Weighted bytes of request bodies being received and parsed at once per process: a "
+        "JSON body counts 8x its size (what parsing it costs in memory), a batch upload its size; a "
+        "request that would pass it -> 429 + Retry-After (one is always admitted when none is in flight).",
+    )
     max_audit_tokens: int = Field(
         16 * 1024 * 1024,
         ge=1,

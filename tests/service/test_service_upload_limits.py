@@ -52,3 +52,22 @@ def test_one_client_cannot_hold_every_upload_slot(app_client, sqlite_url):
     )
     assert other.status_code == 422, other.text  # admitted: refused for its content, not for a slot
     assert [f.result(timeout=30).status_code for f in held] == [400, 400]  # short of their length
+
+
+def test_bodies_parsed_at_once_are_capped_json_and_uploads_together(app_client, sqlite_url):
+    """An upload holding most of max_parsing_bytes makes a JSON write that would pass it wait: 429 with
+    Retry-After in the one error shape (before: nothing capped the bodies parsed at once)."""
+    api = app_client(sqlite_url, max_parsing_bytes=3 * 1024 * 1024, upload_min_rate=1)
+    run_id = api.create_run()
+    steps = [
+        {"step": s, "metrics": {"loss": 0.5, "pad": 0.25}} for s in range(4000)
+    ]  # ~160 KB: 1.3 MB weighted
+    assert api.log(run_id, steps[:10]).status_code == 200
+    held = _start(api, run_id, "a", seconds=2.0)  # 10 MiB: admitted, nothing else is held
+    time.sleep(0.5)
+    refused = api.log(run_id, steps)
+    assert refused.status_code == 429, refused.text
+    assert refused.headers["retry-after"] and refused.json()["error"]["code"] == "busy"
+    assert "max_parsing_bytes" in refused.json()["error"]["message"]
+    assert held.result(timeout=30).status_code == 400
+    assert api.log(run_id, steps).status_code == 200  # released
