@@ -28,7 +28,7 @@ from rlvitals.service.api import (
 )
 from rlvitals.service.api.access import AccessPolicy
 from rlvitals.service.api.fastlane import App
-from rlvitals.service.api.limits import BodyLimitMiddleware, UploadGate
+from rlvitals.service.api.limits import BodyLimitMiddleware, ParseGate, UploadGate
 from rlvitals.service.audits import AuditPool
 from rlvitals.service.auth import Authenticator
 from rlvitals.service.cache import SeriesCache
@@ -155,8 +155,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.access = AccessPolicy(settings, services.auth)
     app.body_timeout = settings.body_timeout
     app.state.uploads = UploadGate(
-        max_uploads=settings.max_concurrent_uploads, max_bytes=settings.max_upload_bytes_in_flight
+        max_uploads=settings.max_concurrent_uploads,
+        max_bytes=settings.max_upload_bytes_in_flight,
+        per_client=settings.max_uploads_per_client,
     )
+    app.state.parsing = ParseGate(limit=settings.max_parsing_bytes)
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_request_bytes)
     modules = (

@@ -6,6 +6,11 @@ range. A step where a metric has no point, or logged null, is an empty cell (CSV
 non-finite values stay what they were: ``NaN``, ``Infinity``, ``-Infinity`` in CSV (the API's
 spelling, which ``float()`` and pandas read back), IEEE values in Parquet's float64 columns.
 
+CSV text cells (the header: metric names a trainer chose) that begin with ``=``, ``+``, ``-``, ``@``,
+a tab or a carriage return get a leading single quote (OWASP's rule against formula injection: a
+spreadsheet would otherwise run ``=HYPERLINK(...)`` as a formula). Values are never escaped: they are
+numbers or the API's spellings of non-finite numbers, so ``-0.5`` and ``-Infinity`` stay numbers.
+
 Parquet needs pyarrow (part of the server extra); a server without it answers 400 saying so.
 """
 
@@ -25,6 +30,7 @@ from rlvitals.service.storage import repository as repo
 
 FORMATS = {"csv": "text/csv; charset=utf-8", "parquet": "application/vnd.apache.parquet"}
 _SPELLED = NON_FINITE  # the contract's one spelling table
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")  # what a spreadsheet reads as a formula (OWASP)
 
 
 @dataclass(frozen=True)
@@ -76,7 +82,7 @@ def _csv(steps: list[int], columns: dict[str, list[Any]]) -> bytes:
     out = io.StringIO()
     w = csv.writer(out, lineterminator="\n")
     names = list(columns)
-    w.writerow(["step", *names])
+    out.write(",".join(["step", *(_quoted(csv_text(name)) for name in names)]) + "\n")
     cols = [columns[n] for n in names]
     for i, step in enumerate(steps):
         # floats as repr (round-trips exactly), the API's spellings as they are, None as empty
@@ -84,6 +90,18 @@ def _csv(steps: list[int], columns: dict[str, list[Any]]) -> bytes:
             [step, *("" if (v := c[i]) is None else v if v.__class__ is str else repr(v) for c in cols)]
         )
     return out.getvalue().encode()
+
+
+def csv_text(text: str) -> str:
+    """A text cell as spreadsheets take it literally: ``'`` before a leading formula character."""
+    return "'" + text if text.startswith(FORMULA_START) else text
+
+
+def _quoted(text: str) -> str:
+    """RFC 4180 quoting, also for a lone CR (the csv module quotes only its line terminator's)."""
+    if any(ch in text for ch in ',"\r\n'):
+        return '"' + text.replace('"', '""') + '"'
+    return text
 
 
 def _parquet_writer():

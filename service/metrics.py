@@ -132,16 +132,28 @@ def _observer(p: _Prepared):
     return observe
 
 
+def _fresh_names(ctx: Services, p: _Prepared) -> set[str] | None:
+    """The request's names this process has not seen on the run (``None``: it knows none yet)."""
+    known = ctx.run_names.get(p.run_id)
+    if known is None:
+        return None
+    return {name for metrics in p.by_step.values() for name in metrics if name not in known}
+
+
 def _check_names(ctx: Services, session, p: _Prepared) -> None:
     """Refuse (413) points that would give the run more than ``max_metric_names_per_run`` names.
-    The run's names are read once per process, then kept up to date by this process's ingest."""
+    Counted in the database: when the request brings names this process has not seen on the run,
+    the run's names are read again, after the caller's update of the run's row (a row lock every
+    writer of the run takes, on every replica), so two replicas cannot each add up to the limit.
+    A request with only known names costs no query."""
     limit = ctx.settings.max_metric_names_per_run
     if not limit:
         return
-    known = ctx.run_names.get(p.run_id)
-    if known is None:
-        known = ctx.run_names[p.run_id] = set(repo.metric_names(session=session, run_id=p.run_id))
-    fresh = {name for metrics in p.by_step.values() for name in metrics if name not in known}
+    fresh = _fresh_names(ctx, p)
+    if fresh is None or fresh:
+        ctx.run_names[p.run_id] = set(repo.metric_names(session=session, run_id=p.run_id))
+        fresh = _fresh_names(ctx, p)
+    known = ctx.run_names[p.run_id]
     if fresh and len(known) + len(fresh) > limit:
         raise PayloadTooLarge(
             f"run {p.run_id} would have {len(known) + len(fresh)} metric names; the limit is {limit} "
@@ -212,9 +224,8 @@ def _store(ctx: Services, session, p: _Prepared, now: float) -> _Stored | None:
         # One round trip for the run's row, the health state's lock and, once this process knows the
         # run's metric names, the points (the names are checked first then: a refusal rolls the
         # whole transaction back, whatever order it was written in).
-        names_known = not ctx.settings.max_metric_names_per_run or run_id in ctx.run_names
-        if names_known:
-            _check_names(ctx, session, p)
+        # New names are counted after the run's row is locked (below), known ones need no check.
+        names_known = not ctx.settings.max_metric_names_per_run or _fresh_names(ctx, p) == set()
         advanced = repo.advance_run_locked(
             session=session, run_id=run_id, last_step=newest, now=now, rows=p.rows if names_known else None
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -23,12 +24,11 @@ def run_health(ctx: Services, run_id: int) -> dict[str, Any]:
         return ctx.health.snapshot(session=session, run_id=run_id, run_config=run.get("config") or {})
 
 
-def run_public(row: dict[str, Any], firing: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
+def run_public(row: dict[str, Any], firing: list[dict[str, Any]], *, config: bool = True) -> dict[str, Any]:
+    out = {
         "id": row["id"],
         "name": row["name"],
         "project": row["project"],
-        "config": row["config"] or {},
         "tags": row["tags"] or [],
         "last_step": row["last_step"],
         "status": run_status(firing),
@@ -36,6 +36,9 @@ def run_public(row: dict[str, Any], firing: list[dict[str, Any]]) -> dict[str, A
         "created_at": row["created_at"],
         "updated_at": row["updated_at"],
     }
+    if config:
+        out["config"] = row["config"] or {}
+    return out
 
 
 def create_or_resume(ctx: Services, body: RunCreate) -> tuple[dict[str, Any], bool]:
@@ -44,6 +47,14 @@ def create_or_resume(ctx: Services, body: RunCreate) -> tuple[dict[str, Any], bo
     Resuming with a non-empty config replaces the stored one (and rebuilds the run's monitor with it);
     tags are merged.
     """
+    limit = ctx.settings.max_run_config_bytes
+    size = len(json.dumps(body.config, separators=(",", ":"), default=str).encode())
+    if size > limit:
+        raise InvalidInput(
+            f"config is {size} bytes of JSON; the limit is {limit} (max_run_config_bytes): keep the "
+            "trainer's settings there, not its data",
+            detail={"field": "config", "bytes": size, "limit": limit},
+        )
     problem = storable_problem(body.config, max_depth=ctx.settings.max_json_depth)
     if problem is not None:
         raise InvalidInput(f"config{problem.removeprefix('value')}", detail={"field": "config"})
@@ -75,16 +86,21 @@ def create_or_resume(ctx: Services, body: RunCreate) -> tuple[dict[str, Any], bo
     return run_public(row, [alert_public(a) for a in firing]), False
 
 
-def list_runs(ctx: Services, *, project: str | None, limit: int, offset: int) -> dict[str, Any]:
+def list_runs(
+    ctx: Services, *, project: str | None, limit: int, offset: int, config: bool = False
+) -> dict[str, Any]:
+    """A page of runs; their configs (up to ``max_run_config_bytes`` each) only when asked."""
     with ctx.db.read() as session:
-        rows, count = repo.list_runs(session=session, project=project, limit=limit, offset=offset)
+        rows, count = repo.list_runs(
+            session=session, project=project, limit=limit, offset=offset, config=config
+        )
         alerts, _ = repo.list_alerts(
             session=session, run_ids=[r["id"] for r in rows], state="firing", limit=None
         )
     by_run: dict[int, list[dict[str, Any]]] = {}
     for alert in alerts:
         by_run.setdefault(alert["run_id"], []).append(alert_public(alert))
-    return {"data": [run_public(r, by_run.get(r["id"], [])) for r in rows], "count": count}
+    return {"data": [run_public(r, by_run.get(r["id"], []), config=config) for r in rows], "count": count}
 
 
 def get_run(ctx: Services, run_id: int) -> dict[str, Any]:

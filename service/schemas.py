@@ -135,8 +135,12 @@ class RunPublic(BaseModel):
     updated_at: float
 
 
+class RunListed(RunPublic):
+    config: dict[str, Any] | None = Field(None, description="Only with ?include=config.")
+
+
 class RunsPublic(BaseModel):
-    data: list[RunPublic]
+    data: list[RunListed]
     count: int
 
 

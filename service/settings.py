@@ -78,6 +78,25 @@ class Settings(BaseSettings):
         description="Bytes (declared Content-Length) of the batch uploads being received at once per "
         "process; an upload that would pass it -> 429 + Retry-After.",
     )
+    max_uploads_per_client: int = Field(
+        2,
+        ge=1,
+        description="Batch uploads one client (its API key; without keys, its address) may have being "
+        "received at once per process, so one party cannot hold every upload slot; more -> 429.",
+    )
+    upload_min_rate: int = Field(
+        256 * 1024,
+        ge=1,
+        description="Slowest average rate (bytes/s) a batch upload may arrive at after its first "
+        "body_timeout seconds: a body is cut off (408) once it is behind body_timeout + received/rate.",
+    )
+    max_parsing_bytes: int = Field(
+        512 * 1024 * 1024,
+        ge=1024,
+        description="Weighted bytes of request bodies being received and parsed at once per process: a "
+        "JSON body counts 8x its size (what parsing it costs in memory), a batch upload its size; a "
+        "request that would pass it -> 429 + Retry-After (one is always admitted when none is in flight).",
+    )
     max_audit_tokens: int = Field(
         16 * 1024 * 1024,
         ge=1,
@@ -102,6 +121,12 @@ class Settings(BaseSettings):
         le=200,
         description="Deepest nesting of JSON objects/arrays accepted in a run's config and a batch's "
         "config/reported metadata; deeper -> 422 (so nothing stored is too deep to read back).",
+    )
+    max_run_config_bytes: int = Field(
+        256 * 1024,
+        ge=2,
+        description="Largest run config (its JSON, in bytes) accepted by POST /api/v1/runs; larger -> 422. "
+        "Tags are bounded by the schema: at most 100, of 200 characters each.",
     )
     max_steps_per_request: int = Field(
         100_000, ge=1, description="Most steps one POST /metrics may carry; more -> 413."
@@ -183,7 +208,12 @@ class Settings(BaseSettings):
         description="Also send info alerts (e.g. pg_clipfrac below its band) to the webhooks; by default "
         "they are shown on the dashboard and in the API only.",
     )
-    webhook_timeout: float = Field(5.0, gt=0, description="Seconds one webhook attempt may take.")
+    webhook_timeout: float = Field(
+        5.0,
+        gt=0,
+        description="Seconds one webhook attempt may take in all (connect, send, answer); then it is "
+        "cut off and retried.",
+    )
     webhook_max_attempts: int = Field(8, ge=1, description="Attempts before a delivery is marked failed.")
     webhook_backoff: float = Field(0.5, gt=0, description="First retry delay (s); doubles each attempt.")
     webhook_backoff_max: float = Field(60.0, gt=0, description="Cap on the retry delay (s).")
@@ -217,6 +247,18 @@ class Settings(BaseSettings):
         gt=0,
         description="GPUs a run uses, for the GPU-hours spent after an incident's onset (a run's own "
         'config["rlvitals"]["gpus"] wins); unset: only the hours are shown.',
+    )
+    webhook_per_minute: int = Field(
+        30,
+        ge=0,
+        description="Most POSTs to one webhook URL per rolling minute, across runs and replicas (0: no "
+        "limit); the notifications that would pass it are sent together in one digest once there is room.",
+    )
+    webhook_response_bytes: int = Field(
+        64 * 1024,
+        ge=0,
+        description="Most bytes of a webhook receiver's answer read (and discarded; never decompressed); "
+        "the connection is closed after them.",
     )
 
     # --- live events -----------------------------------------------------------------------------

@@ -4,6 +4,7 @@ the latest health signals per run and the firing alerts."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterable
 
 from rlvitals.service.storage import repository as repo
@@ -153,6 +154,7 @@ class Telemetry:
         )
         with db.read() as session:
             queued = repo.audit_status_counts(session=session)
+            oldest = repo.oldest_pending_audits(session=session)
             signals = repo.health_signals(session=session)
             firing = repo.firing_counts(session=session)
         _metric(
@@ -161,6 +163,20 @@ class Telemetry:
             "gauge",
             "Audit jobs in the database, by status.",
             [({"status": k}, v) for k, v in sorted(queued.items())],
+        )
+        now = time.time()
+        _metric(
+            out,
+            "rlvitals_audit_oldest_pending_seconds",
+            "gauge",
+            "Per run with pending audits: how long its oldest pending audit has waited.",
+            [
+                (
+                    {"run_id": r["id"], "project": r["project"], "run": r["name"]},
+                    max(0.0, now - r["created_at"]),
+                )
+                for r in oldest
+            ],
         )
         samples = []
         live = live_signals or {}

@@ -29,6 +29,7 @@ from fastapi import FastAPI
 from pydantic import ValidationError
 from rlvitals.service.api.access import DOCS_PATHS, AccessPolicy, with_docs_headers
 from rlvitals.service.api.deps import MAX_ID
+from rlvitals.service.api.limits import ParseGate
 from rlvitals.service.errors import ServiceError, error_response
 from rlvitals.service.schemas import MetricsIn
 from starlette.exceptions import HTTPException
@@ -55,6 +56,27 @@ class App(FastAPI):
                 return
             if scope["path"] in DOCS_PATHS:
                 send = with_docs_headers(send)
+        gate: ParseGate | None = getattr(self.state, "parsing", None) if scope["type"] == "http" else None
+        if (
+            gate is not None
+            and scope["method"] in ("POST", "PUT", "PATCH")
+            and not scope["path"].endswith("/batches")
+        ):
+            weight = gate.json_weight(scope, self.state.settings.max_request_bytes)
+            if not gate.try_hold(weight):
+                busy = gate.refusal(weight)
+                await error_response(429, busy.code, busy.message, busy.detail, busy.headers)(
+                    scope, receive, send
+                )
+                return
+            try:
+                await self._serve(scope, receive, send)
+            finally:
+                gate.release(weight)
+            return
+        await self._serve(scope, receive, send)
+
+    async def _serve(self, scope: MutableMapping[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
             receive = timed_body(receive, self.body_timeout)
             match = _PATH.fullmatch(scope["path"])

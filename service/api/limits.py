@@ -1,7 +1,16 @@
 """Request limits: JSON bodies over ``max_request_bytes`` are refused with 413 before parsing
 (``BodyLimitMiddleware``; batch uploads are exempt, their route enforces ``max_batch_bytes``), and
 ``UploadGate`` admits at most ``max_concurrent_uploads`` batch uploads holding at most
-``max_upload_bytes_in_flight`` declared bytes at once (429 + Retry-After beyond).
+``max_upload_bytes_in_flight`` declared bytes at once, and at most ``max_uploads_per_client`` of
+them from one client (its API key, or without keys its address), so one party cannot hold every slot
+(429 + Retry-After beyond).
+
+``ParseGate`` caps the request bodies being received and parsed at once, JSON and uploads together
+(``max_parsing_bytes``): a JSON body counts ``JSON_WEIGHT`` times its declared size (parsing one into
+Python objects costs about that much memory; without a Content-Length, ``max_request_bytes``), an
+upload its declared size (spooled to disk, then mapped while validated). Beyond it: 429 + Retry-After
+in the one error shape. A request is always admitted when nothing else is held, so the largest
+allowed body is never refused for ever.
 """
 
 from __future__ import annotations
@@ -75,12 +84,21 @@ class BodyLimitMiddleware:
 class UploadGate:
     """Counts the batch uploads being received (one event loop: no lock needed)."""
 
-    def __init__(self, *, max_uploads: int, max_bytes: int):
+    def __init__(self, *, max_uploads: int, max_bytes: int, per_client: int | None = None):
         self.max_uploads, self.max_bytes = max_uploads, max_bytes
+        self.per_client = per_client or max_uploads
         self.uploads = self.bytes = 0
+        self.by_client: dict[str, int] = {}
 
     @contextmanager
-    def admit(self, nbytes: int):
+    def admit(self, nbytes: int, client: str = ""):
+        mine = self.by_client.get(client, 0)
+        if mine >= self.per_client:
+            raise Busy(
+                f"this client has {mine} batch uploads being received; the limit per client is "
+                f"{self.per_client} (max_uploads_per_client): retry shortly",
+                detail={"uploads": mine, "limit": self.per_client},
+            )
         if self.uploads >= self.max_uploads:
             raise Busy(
                 f"{self.uploads} batch uploads are being received; the limit is {self.max_uploads} "
@@ -95,8 +113,59 @@ class UploadGate:
             )
         self.uploads += 1
         self.bytes += nbytes
+        self.by_client[client] = mine + 1
         try:
             yield
         finally:
             self.uploads -= 1
             self.bytes -= nbytes
+            left = self.by_client[client] - 1
+            if left:
+                self.by_client[client] = left
+            else:
+                del self.by_client[client]
+
+
+JSON_WEIGHT = 8  # a JSON body's parse peak over its size (measured: 26.7 MB -> ~210 MB)
+
+
+class ParseGate:
+    """Weighted bytes of the bodies being parsed (one event loop: no lock needed)."""
+
+    def __init__(self, *, limit: int):
+        self.limit = limit
+        self.held = 0
+
+    def try_hold(self, nbytes: int) -> bool:
+        if self.held and self.held + nbytes > self.limit:
+            return False
+        self.held += nbytes
+        return True
+
+    def release(self, nbytes: int) -> None:
+        self.held -= nbytes
+
+    def refusal(self, nbytes: int) -> Busy:
+        return Busy(
+            f"request bodies of {self.held} (weighted) bytes are being parsed; {nbytes} more would pass "
+            f"the limit of {self.limit} (max_parsing_bytes): retry shortly",
+            detail={"held": self.held, "limit": self.limit, "request": nbytes},
+        )
+
+    @contextmanager
+    def hold(self, nbytes: int):
+        if not self.try_hold(nbytes):
+            raise self.refusal(nbytes)
+        try:
+            yield
+        finally:
+            self.release(nbytes)
+
+    def json_weight(self, scope, max_request_bytes: int) -> int:
+        """What a JSON request (not a batch upload) holds: its declared size, capped, times the weight."""
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length":
+                if value.isdigit():
+                    return min(int(value), max_request_bytes) * JSON_WEIGHT
+                break
+        return max_request_bytes * JSON_WEIGHT

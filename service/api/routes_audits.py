@@ -7,7 +7,16 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from rlvitals.service import audits, batches
-from rlvitals.service.api.deps import MAX_ID, AuditId, Offset, RunId, ServicesDep, WriteAuth, spool_body
+from rlvitals.service.api.deps import (
+    MAX_ID,
+    AuditId,
+    Offset,
+    RunId,
+    ServicesDep,
+    WriteAuth,
+    spool_body,
+    upload_client,
+)
 from rlvitals.service.context import Services
 from rlvitals.service.encoding import JSONResponse
 from rlvitals.service.errors import InvalidInput, UnsupportedMediaType
@@ -68,8 +77,14 @@ async def post_batch(run_id: RunId, request: Request, services: ServicesDep) -> 
         )
     declared = request.headers.get("content-length", "")
     held = int(declared) if declared.isdigit() else services.settings.max_batch_bytes
-    with request.app.state.uploads.admit(min(held, services.settings.max_batch_bytes)):
-        body = await spool_body(request, services.settings.max_batch_bytes)
+    held = min(held, services.settings.max_batch_bytes)
+    with request.app.state.uploads.admit(held, upload_client(request)), request.app.state.parsing.hold(held):
+        body = await spool_body(
+            request,
+            services.settings.max_batch_bytes,
+            grace=services.settings.body_timeout,
+            min_rate=services.settings.upload_min_rate,
+        )
         try:
             audit_id, resent_status = await run_in_threadpool(_submit, services, run_id, body)
         finally:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
 from fastapi.concurrency import run_in_threadpool
@@ -33,11 +33,16 @@ async def list_runs(
     project: str | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Offset = 0,
+    include: Annotated[
+        Literal["config"] | None, Query(description="config: also each run's config (left out by default).")
+    ] = None,
 ) -> JSONResponse:
-    """Runs, most recently updated first, each with status (healthy/warning/critical) and firing alerts."""
-    return JSONResponse(
-        await run_in_threadpool(runs.list_runs, services, project=project, limit=limit, offset=offset)
+    """Runs, most recently updated first, each with status (healthy/warning/critical) and firing alerts;
+    their configs only with ``?include=config`` (``GET /api/v1/runs/{id}`` always has it)."""
+    page = await run_in_threadpool(
+        runs.list_runs, services, project=project, limit=limit, offset=offset, config=include == "config"
     )
+    return JSONResponse(page)
 
 
 @router.get("/runs/{run_id}", response_model=RunPublic)

@@ -115,11 +115,13 @@ def run_exists(*, session: Session, run_id: int) -> bool:
 
 
 def list_runs(
-    *, session: Session, project: str | None = None, limit: int = 100, offset: int = 0
+    *, session: Session, project: str | None = None, limit: int = 100, offset: int = 0, config: bool = True
 ) -> tuple[list[dict], int]:
+    """A page of runs, most recently updated first; without their ``config`` column unless asked."""
     where = [RUNS.c.project == project] if project is not None else []
+    columns = list(RUNS.c) if config else [c for c in RUNS.c if c.name != "config"]
     rows = session.execute(
-        select(RUNS)
+        select(*columns)
         .where(*where)
         .order_by(RUNS.c.updated_at.desc(), RUNS.c.id.desc())
         .limit(limit)
@@ -474,18 +476,47 @@ def count_waiting_audits(*, session: Session) -> int:
 
 
 def claim_audit(*, session: Session, worker: str, now: float, stale_before: float) -> dict | None:
-    """Claim the oldest pending job (or one whose claimer died) exactly once, blob included.
+    """Claim one waiting job (pending, or running under a claimer that died) exactly once, blob
+    included, fairly across runs: round robin over the runs with waiting jobs, the run served least
+    recently first (its newest claim is the oldest; never served: first), its oldest job first. The
+    order lives in the database, so it holds across replicas.
 
-    PostgreSQL: ``SELECT ... FOR UPDATE SKIP LOCKED`` so replicas never take the same job.
+    PostgreSQL: ``SELECT ... FOR UPDATE SKIP LOCKED`` so replicas never take the same job (a job
+    another replica is taking is skipped for the next run's).
     SQLite: the caller's ``BEGIN IMMEDIATE`` already serialises writers.
     """
     waiting = or_(
         AUDITS.c.status == "pending", and_(AUDITS.c.status == "running", AUDITS.c.claimed_at < stale_before)
     )
-    stmt = select(AUDITS.c.id).where(waiting).order_by(AUDITS.c.id).limit(1)
-    if session.dialect.name == "postgresql":
-        stmt = stmt.with_for_update(skip_locked=True)
-    job_id = session.execute(stmt).scalar()
+    firsts = session.execute(
+        select(AUDITS.c.run_id, func.min(AUDITS.c.id)).where(waiting).group_by(AUDITS.c.run_id)
+    ).all()
+    if not firsts:
+        return None
+    runs = [r[0] for r in firsts]
+    served = dict(
+        session.execute(
+            select(AUDITS.c.run_id, func.max(AUDITS.c.claimed_at))
+            .where(AUDITS.c.run_id.in_(runs), AUDITS.c.claimed_at.is_not(None))
+            .group_by(AUDITS.c.run_id)
+        ).all()
+    )
+    order = sorted(firsts, key=lambda r: (served.get(r[0]) or float("-inf"), r[1]))
+    job_id = None
+    for _run_id, first in order:
+        if session.dialect.name != "postgresql":
+            job_id = first
+            break
+        stmt = (
+            select(AUDITS.c.id)
+            .where(AUDITS.c.run_id == _run_id, waiting)
+            .order_by(AUDITS.c.id)
+            .limit(1)
+            .with_for_update(skip_locked=True)
+        )
+        job_id = session.execute(stmt).scalar()
+        if job_id is not None:
+            break
     if job_id is None:
         return None
     session.execute(
@@ -496,6 +527,17 @@ def claim_audit(*, session: Session, worker: str, now: float, stale_before: floa
     job = _row(session.execute(select(*_AUDIT_COLUMNS).where(AUDITS.c.id == job_id)).first())
     job["blob"] = blobs.read_blob(session, AUDIT_BLOBS, job_id)  # a bytearray: its tensors are views of it
     return job
+
+
+def oldest_pending_audits(*, session: Session) -> list[dict]:
+    """Per run with pending jobs: its id, project, name and its oldest pending job's ``created_at``."""
+    rows = session.execute(
+        select(RUNS.c.id, RUNS.c.project, RUNS.c.name, func.min(AUDITS.c.created_at))
+        .join(AUDITS, AUDITS.c.run_id == RUNS.c.id)
+        .where(AUDITS.c.status == "pending")
+        .group_by(RUNS.c.id, RUNS.c.project, RUNS.c.name)
+    ).all()
+    return [{"id": r[0], "project": r[1], "name": r[2], "created_at": r[3]} for r in rows]
 
 
 def running_claims(*, session: Session, prefix: str) -> list[tuple[int, str]]:
@@ -641,6 +683,107 @@ def rule_transitions(*, session: Session, run_id: int, rule: str, after: float) 
     fired = session.execute(select(func.count()).where(mine, ALERTS.c.created_at > after)).scalar() or 0
     resolved = session.execute(select(func.count()).where(mine, ALERTS.c.resolved_at > after)).scalar() or 0
     return int(fired) + int(resolved)
+
+
+def lock_webhook_url(*, session: Session, url: str) -> None:
+    """PostgreSQL: replicas claim one URL's deliveries one at a time (so its budget is exact)."""
+    if session.dialect.name == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(hashtext(:url))"), {"url": "rlvitals-hook:" + url})
+
+
+def url_posts_since(*, session: Session, url: str, since: float) -> tuple[int, float | None]:
+    """(POSTs to ``url`` started after ``since``, counting those in flight; the oldest one's time)."""
+    joined = ATTEMPTS.join(DELIVERIES, DELIVERIES.c.id == ATTEMPTS.c.delivery_id)
+    done, oldest = session.execute(
+        select(func.count(), func.min(ATTEMPTS.c.at))
+        .select_from(joined)
+        .where(DELIVERIES.c.url == url, ATTEMPTS.c.at > since)
+    ).one()
+    sending, oldest_sending = session.execute(
+        select(func.count(), func.min(DELIVERIES.c.claimed_at)).where(
+            DELIVERIES.c.url == url, DELIVERIES.c.status == "sending", DELIVERIES.c.claimed_at > since
+        )
+    ).one()
+    times = [t for t in (oldest, oldest_sending) if t is not None]
+    return int(done or 0) + int(sending or 0), (min(times) if times else None)
+
+
+def fold_due_deliveries(*, session: Session, url: str, kind: str, now: float) -> list[dict]:
+    """Every first attempt due for ``url`` of ``kind``, marked ``digested`` (sent in one digest)."""
+    due = and_(
+        DELIVERIES.c.url == url,
+        DELIVERIES.c.kind == kind,
+        DELIVERIES.c.status == "pending",
+        DELIVERIES.c.attempts == 0,
+        DELIVERIES.c.next_attempt_at <= now,
+    )
+    stmt = select(DELIVERIES).where(due).order_by(DELIVERIES.c.id)
+    if session.dialect.name == "postgresql":
+        stmt = stmt.with_for_update(skip_locked=True)
+    rows = [dict(r._mapping) for r in session.execute(stmt).all()]
+    if rows:
+        session.execute(
+            update(DELIVERIES)
+            .where(DELIVERIES.c.id.in_([r["id"] for r in rows]))
+            .values(status="digested", claimed_at=now)
+        )
+    return rows
+
+
+def set_deliveries(*, session: Session, ids: list[int], values: dict[str, Any]) -> None:
+    if ids:
+        session.execute(update(DELIVERIES).where(DELIVERIES.c.id.in_(ids)).values(**values))
+
+
+def insert_delivery(*, session: Session, values: dict[str, Any]) -> int:
+    return session.execute(DELIVERIES.insert().values(**values).returning(DELIVERIES.c.id)).scalar_one()
+
+
+def latest_alert(*, session: Session, run_id: int, rule: str) -> dict | None:
+    """The newest alert of ``rule`` on the run (its current episode or the last one closed)."""
+    stmt = select(ALERTS).where(ALERTS.c.run_id == run_id, ALERTS.c.rule == rule).order_by(ALERTS.c.id.desc())
+    return _row(session.execute(stmt.limit(1)).first())
+
+
+def deferred_delivery_pending(*, session: Session, run_id: int, rule: str) -> bool:
+    """Whether a catch-up notification (queued for later: due after it was created) of ``rule`` on
+    the run still waits to be sent."""
+    joined = DELIVERIES.join(ALERTS, ALERTS.c.id == DELIVERIES.c.alert_id)
+    stmt = (
+        select(DELIVERIES.c.id)
+        .select_from(joined)
+        .where(
+            ALERTS.c.run_id == run_id,
+            ALERTS.c.rule == rule,
+            DELIVERIES.c.status == "pending",
+            DELIVERIES.c.attempts == 0,
+            DELIVERIES.c.next_attempt_at > DELIVERIES.c.created_at,
+        )
+        .limit(1)
+    )
+    return session.execute(stmt).first() is not None
+
+
+def oldest_rule_notification(*, session: Session, run_id: int, rule: str, since: float) -> float | None:
+    joined = DELIVERIES.join(ALERTS, ALERTS.c.id == DELIVERIES.c.alert_id)
+    return session.execute(
+        select(func.min(DELIVERIES.c.created_at))
+        .select_from(joined)
+        .where(ALERTS.c.run_id == run_id, ALERTS.c.rule == rule, DELIVERIES.c.created_at > since)
+    ).scalar()
+
+
+def newest_rule_notification_before(
+    *, session: Session, run_id: int, rule: str, before: float
+) -> float | None:
+    """When the newest notification of ``rule`` on the run queued before ``before`` was sent (or
+    queued, while unsent): it said the state of that moment."""
+    joined = DELIVERIES.join(ALERTS, ALERTS.c.id == DELIVERIES.c.alert_id)
+    return session.execute(
+        select(func.max(func.coalesce(DELIVERIES.c.delivered_at, DELIVERIES.c.created_at)))
+        .select_from(joined)
+        .where(ALERTS.c.run_id == run_id, ALERTS.c.rule == rule, DELIVERIES.c.created_at < before)
+    ).scalar()
 
 
 def record_attempt(

@@ -41,3 +41,18 @@ def test_every_prometheus_metric_is_documented(tmp_path):
     text = DOC.read_text()
     for name in names:
         assert f"`{name}" in text, f"{name} is not documented"
+
+
+def test_every_limit_is_in_the_security_doc_with_its_default():
+    text = (DOC.parent / "docs" / "security.md").read_text()
+    limits = [
+        name
+        for name in Settings.model_fields
+        if name.startswith(("max_", "upload_", "webhook_"))
+        or name.endswith("_timeout")
+        or name in ("audit_queue_size", "series_memory_points", "query_cache_bytes", "sse_queue_size")
+    ]
+    limits = [n for n in limits if n not in ("webhook_urls", "webhook_info", "audit_claim_timeout")]
+    assert len(limits) >= 25
+    for name in limits:
+        assert f"`{name}`" in text, f"docs/security.md lacks {name}"

@@ -83,3 +83,20 @@ def test_an_empty_run_exports_a_header(api):
     assert api.get(f"/api/v1/runs/{run_id}/export").text == "step\n"
     table = pq.read_table(io.BytesIO(api.get(f"/api/v1/runs/{run_id}/export?format=parquet").content))
     assert table.column_names == ["step"] and table.num_rows == 0
+
+
+def test_csv_escapes_formula_names_but_keeps_negative_numbers_numbers(api):
+    """OWASP's CSV-injection rule: a text cell starting with = + - @ tab or CR gets a leading quote;
+    values (numbers, and the API's non-finite spellings) are left as they are."""
+    names = ["=1+1", "@SUM(A1)", "+cmd", "-x", "\tTAB", "\rCR", "plain-name"]
+    run_id = api.create_run("formulas")
+    steps = [{"step": 0, "metrics": {name: -1.5 for name in names}}]
+    steps.append({"step": 1, "metrics": {"=1+1": "-Infinity", "-x": -0.25}})
+    assert api.log(run_id, steps).status_code == 200
+    resp = api.get(f"/api/v1/runs/{run_id}/export", params={"format": "csv"})
+    rows = list(csv.reader(io.StringIO(resp.text, newline="")))
+    header = rows[0][1:]
+    assert sorted(header) == sorted(["'" + n for n in names[:-1]] + ["plain-name"])
+    table = {name: [row[i] for row in rows[1:]] for i, name in enumerate(rows[0])}
+    assert table["'=1+1"] == ["-1.5", "-Infinity"] and table["'-x"] == ["-1.5", "-0.25"]
+    assert float(table["plain-name"][0]) == -1.5

@@ -99,3 +99,25 @@ def test_an_ingest_only_replica_hands_its_jobs_to_the_other(serve, pg_url):
     assert audit["status"] == "done"
     assert elapsed < 2.0, f"NOTIFY should wake the other replica at once; took {elapsed:.2f}s"
     assert _done_count(back) == 2 and _done_count(front) == 0
+
+
+def test_the_metric_name_limit_holds_across_two_replicas(serve, pg_url):
+    """Counted in the database: each replica knew the run's one name, then each brought 60 new ones
+    against a limit of 100; the second is refused (before: each counted only what it had seen, and
+    the run ended with 121 names)."""
+    env = {"RLVITALS_MAX_METRIC_NAMES_PER_RUN": "100"}
+    a, b = serve(database_url=pg_url, env=env), serve(database_url=pg_url, env=env)
+    run_id = httpx.post(f"{a.url}/api/v1/runs", json={"name": "names"}).json()["id"]
+
+    def log(server, step, names):
+        steps = [{"step": step, "metrics": {name: 0.5 for name in names}}]
+        return httpx.post(f"{server.url}/api/v1/runs/{run_id}/metrics", json={"steps": steps})
+
+    assert log(a, 0, ["loss"]).status_code == 200
+    assert log(b, 1, ["loss"]).status_code == 200
+    assert log(a, 2, [f"a/{i}" for i in range(60)]).status_code == 200
+    refused = log(b, 3, [f"b/{i}" for i in range(60)])
+    assert refused.status_code == 413, refused.text
+    assert "max_metric_names_per_run" in refused.json()["error"]["message"]
+    names = httpx.get(f"{b.url}/api/v1/runs/{run_id}/metric-names").json()
+    assert len(names["names"]) == 61

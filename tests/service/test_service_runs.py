@@ -57,3 +57,30 @@ def test_resume_with_new_config_replaces_it(api):
     response = api.post("/api/v1/runs", json={"name": "c", "config": {"a": 2}})
     assert response.status_code == 200 and response.json()["id"] == run_id
     assert api.get(f"/api/v1/runs/{run_id}").json()["config"] == {"a": 2}
+
+
+def test_a_config_over_the_size_limit_is_refused_at_the_door(app_client, database_url):
+    api = app_client(database_url, max_run_config_bytes=4096)
+    big = {"blob": "x" * 5000}
+    response = api.post("/api/v1/runs", json={"name": "big", "config": big})
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert "max_run_config_bytes" in error["message"] and error["detail"]["limit"] == 4096
+    assert api.get("/api/v1/runs").json()["count"] == 0  # nothing stored
+    resumed = api.create_run("ok", config={"lr": 1e-6})
+    assert api.post("/api/v1/runs", json={"name": "ok", "config": big}).status_code == 422
+    assert api.get(f"/api/v1/runs/{resumed}").json()["config"] == {"lr": 1e-6}
+    many = api.post("/api/v1/runs", json={"name": "tags", "tags": [str(i) for i in range(101)]})
+    assert many.status_code == 422 and many.json()["error"]["code"] == "validation_error"
+
+
+def test_the_runs_list_leaves_configs_out_unless_asked(api):
+    for n in range(3):
+        api.create_run(f"r{n}", config={"n": n, "text": "y" * 1000})
+    page = api.get("/api/v1/runs", params={"limit": 2})
+    assert page.status_code == 200 and page.json()["count"] == 3 and len(page.json()["data"]) == 2
+    assert all("config" not in run for run in page.json()["data"])
+    assert len(page.content) < 2000
+    rest = api.get("/api/v1/runs", params={"limit": 2, "offset": 2, "include": "config"}).json()
+    assert [run["config"]["n"] for run in rest["data"]] == [0] and rest["count"] == 3
+    assert api.get("/api/v1/runs", params={"include": "everything"}).status_code == 422
