@@ -122,7 +122,7 @@ class ResponseLengthCollapse(Rule):
             return Check(active=False, value=x, evidence=evidence, message="response length has recovered")
         return Check(
             active=True,
-            value=x,
+            value=level,  # the number the message quotes
             evidence=evidence,
             severity=Severity.CRITICAL if level < s["critical_tokens"] else Severity.WARNING,
             message=f"mean response length {level:.3g} tokens is {relative:.0%} of its early level {early:.3g}",
@@ -214,7 +214,7 @@ class ResponseLengthExplosion(Rule):
             return Check(active=False, value=x, evidence=evidence, message="response length is back down")
         return Check(
             active=True,
-            value=x,
+            value=level,
             evidence=evidence,
             severity=Severity.WARNING if fast else Severity.INFO,
             message=f"mean response length {level:.4g} tokens is {relative:.1f}× its early level {early:.4g}"
@@ -281,7 +281,7 @@ class TruncationHigh(Rule):
             return Check(active=False, value=x, evidence=evidence, message="truncation share is back down")
         return Check(
             active=True,
-            value=x,
+            value=level,
             evidence=evidence,
             severity=Severity.CRITICAL if level >= s["critical"] else Severity.WARNING,
             message=f"{level:.0%} of responses are cut at the max length",
@@ -356,9 +356,9 @@ class RewardStagnation(Rule):
             return Check(active=False, value=x, evidence=evidence, message="reward is improving again")
         return Check(
             active=True,
-            value=x,
+            value=level,
             evidence=evidence,
-            message=f"reward {level:.3g} has not improved on its best {self.best:.3g} (step {self.best_step}) "
+            message=f"reward {level:.3g} (smoothed) has not risen clearly above its best {self.best:.3g} (step {self.best_step}) "
             f"for {since} steps",
         )
 
@@ -439,7 +439,7 @@ class RewardStdCollapse(Rule):
             return Check(active=False, value=x, evidence=evidence, message="rewards vary again")
         return Check(
             active=True,
-            value=x,
+            value=level,
             evidence=evidence,
             message=f"reward spread {level:.3g} is {relative:.0%} of its early level {early:.3g}: "
             "samples all score the same, advantages are 0",
