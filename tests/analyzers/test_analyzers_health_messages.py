@@ -55,7 +55,8 @@ def _extra_streams() -> dict[str, list[tuple[int, dict[str, float]]]]:
     rng = random.Random(0)
     return {
         "grad_norm_spike": [
-            (s, {"actor/grad_norm": 60.0 if 100 <= s <= 110 else 1 + 0.1 * rng.gauss(0, 1)}) for s in range(150)
+            (s, {"actor/grad_norm": 60.0 if 100 <= s <= 110 else 1 + 0.1 * rng.gauss(0, 1)})
+            for s in range(150)
         ],
         "response_length_explosion": [
             (s, {"response_length/mean": 100 + 5 * rng.gauss(0, 1) if s < 60 else 100 + 20 * (s - 60)})

@@ -365,5 +365,8 @@ def test_kl_loss_ceiling_message_says_which_value_it_reads():
     assert still.message == "kl_loss reached 0.6, above the ceiling 0.5"  # severity unchanged
     check = monitor._rules["kl_loss_runaway"].observe(6, {"kl_loss": 0.485}, {})
     # the latest point is back under the ceiling: the value quoted is still the one that crossed
-    assert check.message == "kl_loss reached 0.6, above the ceiling 0.5 (latest 0.485; the alert clears below 0.4)"
+    assert (
+        check.message
+        == "kl_loss reached 0.6, above the ceiling 0.5 (latest 0.485; the alert clears below 0.4)"
+    )
     assert check.value == 0.6
