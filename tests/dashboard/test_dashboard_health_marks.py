@@ -66,8 +66,12 @@ def test_rule_thresholds_forecast_and_current_values_on_the_run_page(tab, run_id
     assert [(s["y0"], s["y1"]) for s in band] == [(0.1, 0.3)]
     (forecast,) = [s for s in _shapes(tab, "actor/entropy") if ":forecast:" in str(s["name"])]
     assert 880 <= forecast["x0"] <= 960  # ln(40) / 0.004 = 922
-    entropy = _shapes(tab, "actor/entropy")
-    assert any(s["name"] == "mark:entropy_collapse:line:floor" and s["y0"] == 0.02 for s in entropy)
+    # entropy 0.8 -> 0.197: its floor 0.02 is far below the data, named at the bottom edge
+    floor = tab.js(
+        """() => document.querySelector('[data-metric="actor/entropy"] .plot').layout.annotations
+               .filter(a => a.name === 'edge:mark:entropy_collapse:line:floor').map(a => [a.y, a.text])"""
+    )
+    assert floor == [[0, "↓ floor 0.02 (below the data)"]]
 
     assert tab.js("document.getElementById('alerts-strip').hidden")  # nothing fires
     strip = tab.js(
