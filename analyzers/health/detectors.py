@@ -214,19 +214,26 @@ def _median(values: list[float]) -> float:
 @dataclass
 class Hysteresis(_State):
     """Latch with two thresholds. ``upward``: on when ``x > on``, off when ``x < off`` (``off <= on``);
-    downward: on when ``x < on``, off when ``x > off`` (``off >= on``)."""
+    downward: on when ``x < on``, off when ``x > off`` (``off >= on``). ``peak`` is the most extreme
+    value since the latch went on (``None`` while off): the value that crossed, for a message to quote
+    when the latest point is already back between the thresholds."""
 
     PARAMS: ClassVar[tuple[str, ...]] = ("on", "off", "upward")
     on: float
     off: float
     upward: bool = True
     active: bool = False
+    peak: float | None = None
 
     def update(self, x: float) -> bool:
         if self.upward:
             self.active = x > self.on if not self.active else not x < self.off
         else:
             self.active = x < self.on if not self.active else not x > self.off
+        if not self.active:
+            self.peak = None
+        elif self.peak is None or (x > self.peak if self.upward else x < self.peak):
+            self.peak = x
         return self.active
 
 

@@ -225,7 +225,7 @@ class ZeroAdvantageGroups(Rule):
         }[cause]
         return Check(
             active=True,
-            value=x,
+            value=m,  # the smoothed share the message quotes
             evidence=evidence,
             advice=advice,
             message=f"{m:.0%} of GRPO groups have zero reward variance and give no gradient ({why})",
@@ -282,19 +282,25 @@ class AuditMismatch(Rule):
             }
             for name in failing
         }
-        errors = [
-            float(d["rel_err"])
-            for d in details.values()
+        errors = {
+            name: float(d["rel_err"])
+            for name, d in details.items()
             if isinstance(d["rel_err"], (int, float)) and math.isfinite(d["rel_err"])
-        ]
+        }
+        worst = max(errors.values()) if errors else None
         if failing:
             verb = "disagrees" if len(failing) == 1 else "disagree"
             message = f"reported {', '.join(failing)} {verb} with recomputation"
+            if worst is not None and len(failing) == 1:  # the alert's value: a relative error, said as one
+                message += f" (relative error {worst:.3g})"
+            elif worst is not None:
+                of = max(errors, key=lambda name: errors[name])
+                message += f" (largest relative error {worst:.3g}, on {of})"
         else:
             message = "the audit failed"
         return Check(
             active=True,
-            value=max(errors) if errors else None,
+            value=worst,
             signal=failing[0] if failing else self.signal,
             evidence={
                 "metrics": failing,

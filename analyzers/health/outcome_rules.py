@@ -122,7 +122,7 @@ class ResponseLengthCollapse(Rule):
             return Check(active=False, value=x, evidence=evidence, message="response length has recovered")
         return Check(
             active=True,
-            value=x,
+            value=level,  # the number the message quotes
             evidence=evidence,
             severity=Severity.CRITICAL if level < s["critical_tokens"] else Severity.WARNING,
             message=f"mean response length {level:.3g} tokens is {relative:.0%} of its early level {early:.3g}",
@@ -214,7 +214,7 @@ class ResponseLengthExplosion(Rule):
             return Check(active=False, value=x, evidence=evidence, message="response length is back down")
         return Check(
             active=True,
-            value=x,
+            value=level,
             evidence=evidence,
             severity=Severity.WARNING if fast else Severity.INFO,
             message=f"mean response length {level:.4g} tokens is {relative:.1f}× its early level {early:.4g}"
@@ -281,7 +281,7 @@ class TruncationHigh(Rule):
             return Check(active=False, value=x, evidence=evidence, message="truncation share is back down")
         return Check(
             active=True,
-            value=x,
+            value=level,
             evidence=evidence,
             severity=Severity.CRITICAL if level >= s["critical"] else Severity.WARNING,
             message=f"{level:.0%} of responses are cut at the max length",
@@ -364,11 +364,12 @@ class RewardStagnation(Rule):
         long = since >= s["warning_patience"]
         return Check(
             active=True,
-            value=x,
+            value=level,
             evidence={**evidence, "warning_patience": s["warning_patience"]},
             severity=Severity.WARNING if long else Severity.INFO,
-            message=f"reward {level:.3g} has not improved on its best {self.best:.3g} (step {self.best_step}) "
-            f"for {since} steps" + (": a flat reward this long is compute spent for nothing" if long else ""),
+            message=f"reward {level:.3g} (smoothed) has not risen clearly above its best {self.best:.3g} "
+            f"(step {self.best_step}) for {since} steps"
+            + (": a flat reward this long is compute spent for nothing" if long else ""),
         )
 
 
@@ -448,7 +449,7 @@ class RewardStdCollapse(Rule):
             return Check(active=False, value=x, evidence=evidence, message="rewards vary again")
         return Check(
             active=True,
-            value=x,
+            value=level,
             evidence=evidence,
             message=f"reward spread {level:.3g} is {relative:.0%} of its early level {early:.3g}: "
             "samples all score the same, advantages are 0",

@@ -189,7 +189,7 @@ class PgClipfracRange(Rule):
         if self.side == "high":
             return Check(
                 active=True,
-                value=x,
+                value=m,  # the smoothed value the message quotes (and the band is checked against)
                 evidence=evidence,
                 severity=Severity.WARNING,
                 message=f"pg_clipfrac (smoothed {m:.3f}) is above the band [{low:g}, {high:g}]: "
@@ -200,7 +200,7 @@ class PgClipfracRange(Rule):
         if self.side == "low":
             return Check(
                 active=True,
-                value=x,
+                value=m,
                 evidence=evidence,
                 severity=Severity(s["low_severity"]),
                 message=f"pg_clipfrac (smoothed {m:.3g}) is below the band [{low:g}, {high:g}]: "
@@ -390,7 +390,7 @@ class PpoKlDrift(Rule):
         if "negative" in conditions and len(conditions) == 1:
             return Check(
                 active=True,
-                value=x,
+                value=m,  # the median the message quotes
                 evidence=evidence,
                 # info: with several mini-batches per batch, ppo_kl <= 0 is legitimate (verl's reference runs)
                 severity=Severity.INFO,
@@ -399,20 +399,27 @@ class PpoKlDrift(Rule):
                 advice="Check that old_log_prob is the sampling policy's, recomputed by the actor before the "
                 "update, and the sign of your logging (ppo_kl = mean(old_log_prob - log_prob)).",
             )
+        # the ceiling latch releases below 0.8 × ceiling: quote the highest value since it crossed (the
+        # latest point may already be back under the ceiling) and the latest beside it when it is
+        value = x
         parts = []
         if above_ceiling:
-            parts.append(f"is above the ceiling {s['ceiling']:g}")
+            value = self.ceiling.peak if self.ceiling.peak is not None else x
+            parts.append(f"reached {value:.3g}, above the ceiling {s['ceiling']:g}")
+            if x < s["ceiling"]:
+                parts[-1] += f" (latest {x:.3g}; the alert clears below {self.ceiling.off:.3g})"
         if drifting:
             parts.append(
-                f"has drifted up from its baseline {self.baseline.center:.3g} "
-                f"({s['detector']} {self.detector.statistic:.1f} > {s['h']:g})"
+                ("" if above_ceiling else f"{x:.3g} ")
+                + f"has drifted up from its baseline {self.baseline.center:.3g} "
+                f"({s['detector']} statistic {self.detector.statistic:.1f} > {s['h']:g})"
             )
         return Check(
             active=True,
-            value=x,
+            value=value,
             evidence=evidence,
             severity=Severity.CRITICAL if above_ceiling else Severity.WARNING,
-            message=f"ppo_kl {x:.3g} " + " and ".join(parts),
+            message="ppo_kl " + " and ".join(parts),
         )
 
     def chart_marks(self) -> list[dict[str, Any]]:
@@ -459,16 +466,22 @@ class PgClipfracLowerHigh(Rule):
         if not active and self.idle:
             return IDLE
         threshold = self.settings["threshold"]
+        if not active:
+            return Check(
+                active=False,
+                value=x,
+                evidence={"threshold": threshold, "release_below": self.latch.off},
+                message=f"pg_clipfrac_lower is back below {self.latch.off:g}",
+            )
+        # the latch releases below release × threshold: quote the highest value since it crossed
+        peak = self.latch.peak if self.latch.peak is not None else x
+        latest = f" (latest {x:.3g}; the alert clears below {self.latch.off:.3g})" if x <= threshold else ""
         return Check(
-            active=active,
-            value=x,
+            active=True,
+            value=peak,
             evidence={"threshold": threshold, "release_below": self.latch.off},
-            message=(
-                f"pg_clipfrac_lower is {x:.3g}, above {threshold:g}: the dual clip is capping many "
-                "negative-advantage tokens"
-                if active
-                else f"pg_clipfrac_lower is back below {self.latch.off:g}"
-            ),
+            message=f"pg_clipfrac_lower reached {peak:.3g}, above {threshold:g}{latest}: the dual clip is "
+            "capping many negative-advantage tokens",
         )
 
     def chart_marks(self) -> list[dict[str, Any]]:

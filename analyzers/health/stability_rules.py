@@ -152,7 +152,7 @@ class GradNormZero(Rule):
             return Check(active=False, value=x, evidence=evidence, message="gradients are non-zero again")
         return Check(
             active=True,
-            value=x,
+            value=share,  # the share of zero points the message quotes (not this point's grad_norm)
             evidence=evidence,
             severity=Severity.CRITICAL if share >= s["critical_share"] else Severity.WARNING,
             message=f"grad_norm is 0 on {share:.0%} of the last {len(self.zeros)} points: nothing is being learnt",

@@ -105,24 +105,26 @@ class KlLossRunaway(Rule):
         }
         if not (self.growing or above_ceiling):
             return Check(active=False, value=x, evidence=evidence, message="kl_loss is creeping slowly again")
-        # the ceiling latch reads this step's raw value and releases below 0.8 × ceiling; growth reads the
-        # smoothed (EWMA) levels: the message says which value each part is about
+        # the ceiling latch reads the raw values and releases below 0.8 × ceiling: the message quotes the
+        # highest value since it crossed (the latest may already be back under the ceiling); growth reads
+        # the smoothed (EWMA) level. The check's value is the number the message leads with.
         parts = []
-        if above_ceiling and x >= s["ceiling"]:
-            parts.append(f"kl_loss {x:.3g} (this step's value) is above the ceiling {s['ceiling']:g}")
-        elif above_ceiling:
-            parts.append(
-                f"kl_loss {x:.3g} (this step's value) has been above the ceiling {s['ceiling']:g} and is not "
-                f"yet back below {self.ceiling.off:.3g}, where the alert clears"
-            )
+        value = x
+        if above_ceiling:
+            value = self.ceiling.peak if self.ceiling.peak is not None else x
+            parts.append(f"kl_loss reached {value:.3g}, above the ceiling {s['ceiling']:g}")
+            if x < s["ceiling"]:
+                parts[-1] += f" (latest {x:.3g}; the alert clears below {self.ceiling.off:.3g})"
         if self.growing:
+            if not above_ceiling:
+                value = fast
             parts.append(
                 f"kl_loss is growing fast: smoothed {fast:.3g} is {ratio:.0%} above its slow average "
                 f"{slow:.3g}, rising {speedup:.1f}× the run's average rate"
             )
         return Check(
             active=True,
-            value=x,
+            value=value,
             evidence=evidence,
             severity=Severity.CRITICAL if above_ceiling else Severity.WARNING,
             message="; ".join(parts),
@@ -293,16 +295,17 @@ class EntropyCollapse(Rule):
             outlook = f"; at the current rate ({slope * 100:+.1%} per 100 steps) it reaches the floor {s['floor']:g} at step ~{when}"
         else:
             outlook = "; it is not falling any further right now"
+        latest_only = point_below_floor and not below_info and not below_floor
         return Check(
             active=True,
-            value=x,
+            value=x if latest_only else level,  # the number the message leads with
             evidence=evidence,
             severity=Severity.CRITICAL
             if below_floor
             else (Severity.WARNING if below_ratio or point_below_floor else Severity.INFO),
             message=(
                 f"entropy has fallen to {share}{outlook}"
-                if point_below_floor and not below_info and not below_floor
+                if latest_only
                 else f"entropy {level:.3g} (median of the last {s['window']} points) has fallen to {share}{outlook}"
             ),
         )
@@ -392,8 +395,8 @@ class EntropyExplosion(Rule):
             )
         return Check(
             active=True,
-            value=x,
+            value=level,
             evidence=evidence,
             severity=Severity.CRITICAL if relative >= s["critical_ratio"] else Severity.WARNING,
-            message=f"entropy {level:.3g} is {relative:.1f}× its early level {early:.3g}",
+            message=f"entropy {level:.3g} (median of the last {s['window']} points) is {relative:.1f}× its early level {early:.3g}",
         )

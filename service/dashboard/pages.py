@@ -54,7 +54,7 @@ PAGES: dict[str, tuple[str, str, tuple[str, ...], str]] = {
     "run": (
         "run.html",
         "Run",
-        (SIGNALS_ROUTE, "js/charts.js", "js/marks.js", "js/runhead.js", "js/run.js"),
+        (SIGNALS_ROUTE, "js/charts.js", "js/marks.js", "js/runhead.js", "js/sections.js", "js/run.js"),
         "run",
     ),
     "audits": ("audits.html", "Audits", (SIGNALS_ROUTE, "js/charts.js", "js/audits.js"), "audits"),

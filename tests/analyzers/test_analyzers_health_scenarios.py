@@ -316,7 +316,10 @@ def test_audit_report_object_with_multiple_failures_is_accepted():
 
     monitor = HealthMonitor()
     (fired,) = monitor.observe_audit(3, report)
-    assert fired.message == "reported pg_loss, ppo_kl disagree with recomputation: reported ppo_kl is NaN"
+    assert fired.message == (
+        "reported pg_loss, ppo_kl disagree with recomputation (largest relative error 0.05, on pg_loss): "
+        "reported ppo_kl is NaN"
+    )
     assert fired.value == 0.05 and fired.evidence["on_policy_gap"] == 0.0
     restored = HealthMonitor.from_state(json.loads(json.dumps(monitor.state_dict(), allow_nan=False)))
     assert math.isnan(restored.firing()[0].evidence["verdicts"]["ppo_kl"]["reported"])
@@ -338,7 +341,8 @@ def test_audit_alert_carries_the_report_summary_not_the_whole_explanation():
     }
     (fired,) = HealthMonitor().observe_audit(3, report)
     assert fired.message == (
-        "reported pg_loss disagrees with recomputation: 1 of 3 reported metrics disagree (pg_loss): "
+        "reported pg_loss disagrees with recomputation (relative error 0.05): 1 of 3 reported metrics "
+        "disagree (pg_loss): "
         "loss_agg_mode='seq-mean-token-sum' reproduces it."
     )
     assert fired.evidence["explanation"] == long and len(fired.message) < 200
@@ -346,7 +350,8 @@ def test_audit_alert_carries_the_report_summary_not_the_whole_explanation():
     (fired,) = HealthMonitor().observe_audit(3, {**report, "summary": ""})
     assert (
         fired.message
-        == "reported pg_loss disagrees with recomputation: Reported pg_loss 2.1 vs recomputed 2.0."
+        == "reported pg_loss disagrees with recomputation (relative error 0.05): Reported pg_loss 2.1 vs "
+        "recomputed 2.0."
     )
 
 
@@ -354,11 +359,14 @@ def test_kl_loss_ceiling_message_says_which_value_it_reads():
     monitor = HealthMonitor()
     rows = [(s, {"actor/kl_loss": 0.6 if s < 3 else 0.485}) for s in range(6)]
     findings = [f for s, m in rows for f in monitor.observe(s, m) if f.rule == "kl_loss_runaway"]
-    assert findings[0].message == "kl_loss 0.6 (this step's value) is above the ceiling 0.5"
+    assert findings[0].message == "kl_loss reached 0.6, above the ceiling 0.5"
+    assert findings[0].value == 0.6  # the value the message quotes
     (still,) = [f for f in monitor.firing() if f.rule == "kl_loss_runaway"]
-    assert still.message == "kl_loss 0.6 (this step's value) is above the ceiling 0.5"  # severity unchanged
+    assert still.message == "kl_loss reached 0.6, above the ceiling 0.5"  # severity unchanged
     check = monitor._rules["kl_loss_runaway"].observe(6, {"kl_loss": 0.485}, {})
-    assert check.message == (
-        "kl_loss 0.485 (this step's value) has been above the ceiling 0.5 and is not yet back below 0.4, "
-        "where the alert clears"
+    # the latest point is back under the ceiling: the value quoted is still the one that crossed
+    assert (
+        check.message
+        == "kl_loss reached 0.6, above the ceiling 0.5 (latest 0.485; the alert clears below 0.4)"
     )
+    assert check.value == 0.6

@@ -55,10 +55,21 @@ class Api:
             block = range(start, min(start + chunk, steps.stop))
             self.log(run_id, [{"step": s, "metrics": series(s), "wall_time": t0 + s} for s in block])
 
-    def upload_batch(self, run_id: int, tensors: dict, *, step: int, config: dict, reported: dict) -> int:
+    def upload_batch(
+        self,
+        run_id: int,
+        tensors: dict,
+        *,
+        step: int,
+        config: dict,
+        reported: dict,
+        micro_batch: int | None = None,
+    ) -> int:
         from safetensors.torch import save
 
         meta = {"step": str(step), "config": json.dumps(config), "reported": json.dumps(reported)}
+        if micro_batch is not None:
+            meta["micro_batch"] = str(micro_batch)
         body = save({k: v.contiguous() for k, v in tensors.items()}, metadata=meta)
         resp = self.client.post(
             f"/api/v1/runs/{run_id}/batches",

@@ -42,9 +42,9 @@ def _axes(tab, name: str) -> dict:
 def test_axes_have_titles_and_a_series_spanning_decades_goes_log_by_itself(tab, run_id):
     tab.open(f"/runs/{run_id}", ready="window.RLV && RLV.timing.allCharts")
     clip = _axes(tab, "actor/pg_clipfrac")
-    assert clip["x"] == "step" and clip["y"] == "pg_clipfrac" and clip["type"] == "linear"
+    assert clip["x"] == "step" and clip["y"] == "actor/pg_clipfrac" and clip["type"] == "linear"
     kl = _axes(tab, "actor/kl_loss")
-    assert kl["type"] == "log" and kl["y"] == "kl_loss (log, auto)"
+    assert kl["type"] == "log" and kl["y"] == "actor/kl_loss (log, auto)"
     low, high = tab.js(
         "() => document.querySelector('[data-metric=\"actor/kl_loss\"] .plot')._fullLayout.yaxis.range"
     )
@@ -57,7 +57,7 @@ def test_axes_have_titles_and_a_series_spanning_decades_goes_log_by_itself(tab, 
     tab.wait(
         "document.querySelector('[data-metric=\"actor/pg_clipfrac\"] .plot').layout.yaxis.type === 'log'"
     )
-    assert _axes(tab, "actor/pg_clipfrac")["y"] == "pg_clipfrac (log)"
+    assert _axes(tab, "actor/pg_clipfrac")["y"] == "actor/pg_clipfrac (log)"
     assert _axes(tab, "signed/pg_loss")["type"] == "linear"
     tab.page.select_option("#xmode", "wall")
     tab.wait("document.querySelector('.panel .plot').layout.xaxis.title.text === 'wall time'")

@@ -1,6 +1,7 @@
-"""The run page draws the health rules' own thresholds (served by /api/v1/runs/{id}/health),
-shows info findings apart from warnings, the entropy forecast, and each alert's current value beside its
-onset value. Real server, real headless Chromium."""
+"""The run page draws the health rules' own thresholds (served by /api/v1/runs/{id}/health) where the
+data is and names those far from it at the edge, shows info findings and the entropy forecast as notes
+apart from what fires, and each alert's latest value beside its message. Real server, real headless
+Chromium."""
 
 from __future__ import annotations
 
@@ -48,21 +49,33 @@ def test_rule_thresholds_forecast_and_current_values_on_the_run_page(tab, run_id
         "[...document.querySelectorAll('.panel')].find(p => p.dataset.metric === 'actor/entropy')"
         ".querySelector('.plot').layout.shapes.some(s => String(s.name).includes(':forecast:'))"
     )
-    ceiling = [s for s in _shapes(tab, "actor/ppo_kl") if s["name"] == "mark:ppo_kl_drift:line:ceiling"]
-    assert ceiling and ceiling[0]["y0"] == 0.05
-    assert any(
-        s["name"] == "mark:kl_loss_runaway:line:ceiling" and s["y0"] == 0.5
-        for s in _shapes(tab, "actor/kl_loss")
-    )
+    # ppo_kl ~1e-3 and kl_loss <= 1e-3: their ceilings (0.05, 0.5) would flatten the series, so they are
+    # named at the top edge instead of drawn
+    for metric, name, text in (
+        ("actor/ppo_kl", "mark:ppo_kl_drift:line:ceiling", "ceiling 0.05"),
+        ("actor/kl_loss", "mark:kl_loss_runaway:line:ceiling", "ceiling 0.5"),
+    ):
+        assert not [s for s in _shapes(tab, metric) if s["name"] == name]
+        edge = tab.js(
+            """([metric, name]) => document.querySelector(`[data-metric="${metric}"] .plot`).layout.annotations
+                   .filter(a => a.name === 'edge:' + name).map(a => a.text)""",
+            [metric, name],
+        )
+        assert len(edge) == 1 and text in edge[0] and edge[0].startswith("↑"), edge
     band = [s for s in _shapes(tab, "actor/pg_clipfrac") if s["name"] == "healthy-band"]
     assert [(s["y0"], s["y1"]) for s in band] == [(0.1, 0.3)]
     (forecast,) = [s for s in _shapes(tab, "actor/entropy") if ":forecast:" in str(s["name"])]
     assert 880 <= forecast["x0"] <= 960  # ln(40) / 0.004 = 922
-    entropy = _shapes(tab, "actor/entropy")
-    assert any(s["name"] == "mark:entropy_collapse:line:floor" and s["y0"] == 0.02 for s in entropy)
+    # entropy 0.8 -> 0.197: its floor 0.02 is far below the data, named at the bottom edge
+    floor = tab.js(
+        """() => document.querySelector('[data-metric="actor/entropy"] .plot').layout.annotations
+               .filter(a => a.name === 'edge:mark:entropy_collapse:line:floor').map(a => [a.y, a.text])"""
+    )
+    assert floor == [[0, "↓ floor 0.02 (below the data)"]]
 
+    assert tab.js("document.getElementById('alerts-strip').hidden")  # nothing fires
     strip = tab.js(
-        """() => [...document.querySelectorAll('#alerts-list li')].map(li => ({
+        """() => [...document.querySelectorAll('#notes-list li')].map(li => ({
             rule: li.dataset.rule || null, severity: li.dataset.severity || null, cls: li.className,
             forecast: li.dataset.forecast || null, text: li.textContent}))"""
     )
@@ -73,11 +86,12 @@ def test_rule_thresholds_forecast_and_current_values_on_the_run_page(tab, run_id
     )
     assert by_rule["entropy_collapse"]["severity"] == "info"
     assert tab.js("document.getElementById('run-status').textContent") == "healthy"
-    # the value at onset and the value now, side by side
+    # the message states the alert's value; the signal's latest point beside it
     text = by_rule["entropy_collapse"]["text"]
-    assert "at onset" in text and "now 0.19" in text
+    assert "at onset" not in text and "latest entropy 0.19" in text
     (live,) = [item for item in strip if item["forecast"]]
     assert 880 <= int(live["forecast"]) <= 960 and "floor" in live["text"]
+    assert "warning" in live["cls"] or "forecast" in live["cls"]
     tab.shot("run-page-health-marks", full_page=False)
     tab.assert_clean()
 

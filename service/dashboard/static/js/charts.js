@@ -295,49 +295,132 @@
   };
   C.autoLog = function (series) { return C.isLogStats(C.yStats(series), false); };
   C.isLog = function (series, forced) { return C.isLogStats(C.yStats(series), forced); };
-  // The metric's short name for the y title ("actor/pg_clipfrac" -> "pg_clipfrac").
-  C.shortName = function (name) {
-    const parts = String(name).split("/");
-    return parts[parts.length - 1] || String(name);
+  // The y title: the metric's full name ("response_length/mean", not "mean"), its head cut with "…"
+  // when it is too long for the axis (the tail is the part that differs between panels).
+  C.TITLE_CHARS = 44;
+  C.yTitle = function (name) {
+    const n = String(name);
+    return n.length <= C.TITLE_CHARS ? n : "…" + n.slice(n.length - C.TITLE_CHARS + 1);
   };
-  // Titles, the y scale, and for a constant series a narrow range with its value as the one tick
-  // (autorange would pad it to +-1 and print ticks that never name the value).
+  // Titles, the y scale and the y range (C.fitY).
   C.axes = function (layout, series, opts) {
     const o = opts || {};
     const log = C.isLog(series, o.logy);
     const st = C.yStats(series);
     layout.xaxis.title = { text: o.xtitle || "step", standoff: 4, font: { size: 11, color: "#6b7280" } };
     layout.yaxis.title = {
-      text: RLV.ptext(C.shortName(o.name || "")) + (log && !o.logy ? " (log, auto)" : log ? " (log)" : ""),
+      text: RLV.ptext(C.yTitle(o.name || "")) + (log && !o.logy ? " (log, auto)" : log ? " (log)" : ""),
       standoff: 4, font: { size: 11, color: "#6b7280" },
     };
     layout.yaxis.type = log ? "log" : "linear";
-    if (log && st.n > 0 && st.min !== st.max) {
-      // A log axis gets its range from the data and the threshold lines (in log units, as plotly wants
-      // them on a log axis): plotly's autorange pads for the lines' labels in a way that, on a log axis,
-      // reached 1e-40 for data spanning 1e-3..1.3. A band reaching 0 (drawn from 1e-12) does not count.
-      let lo = Math.log10(st.min), hi = Math.log10(st.max);
-      for (const s of layout.shapes || []) {
-        if (s.yref !== "y") continue;
-        for (const v of [s.y0, s.y1]) {
-          if (Number.isFinite(v) && v > -12) { lo = Math.min(lo, v); hi = Math.max(hi, v); }
-        }
+    C.fitY(layout, st, log);
+    return layout;
+  };
+
+  // ---- the y range comes from the data ---------------------------------------------------------------
+  // The range is the data's, padded. A threshold line or band edge close to the data (within MARK_REACH
+  // of its span) widens it, so it is drawn in place; one further away would squash the series into a
+  // flat line (a ppo_kl of 2.5e-5 under its 0.05 ceiling), so its line is dropped and its label is
+  // written at the top or bottom edge with an arrow. A constant series gets a narrow range with its value
+  // as the one tick (autorange would pad it to +-1 with ticks that never name the value), widened to its
+  // marks when they are near (a pg_clipfrac of exactly 0 beside its 0.1-0.3 band: the band and the ticks
+  // 0..0.3). Labels of lines drawn in place never overlap (C.spreadLabels).
+  C.MARK_REACH = 0.25;
+  C.PAD = 0.05;
+  function isMarkLine(s) { return s.yref === "y" && s.type === "line" && String(s.name || "").startsWith("mark:"); }
+  function isBand(s) { return s.yref === "y" && s.type === "rect" && s.name === "healthy-band"; }
+  C.fitY = function (layout, st, log) {
+    if (!st.n || (log && !(st.min > 0))) return layout;
+    const ax = function (v) { return log ? Math.log10(v) : v; };
+    const lo0 = ax(st.min), hi0 = ax(st.max);
+    const constant = lo0 === hi0;
+    // how far beyond the data a mark may lie and still be drawn in place (in axis units)
+    const reach = constant ? (log ? 1 : lo0 === 0 ? 1 : 2 * Math.abs(lo0)) : C.MARK_REACH * (hi0 - lo0);
+    const near = function (v) { return Number.isFinite(v) && v > -12 && v >= lo0 - reach && v <= hi0 + reach; };
+    const shapes = layout.shapes || [];
+    let lo = lo0, hi = hi0;
+    for (const s of shapes) {
+      if (!isMarkLine(s) && !isBand(s)) continue;
+      for (const v of isBand(s) ? [s.y0, s.y1] : [s.y0]) {
+        if (near(v)) { lo = Math.min(lo, v); hi = Math.max(hi, v); }
       }
-      const pad = (hi - lo) * 0.05;
-      layout.yaxis.range = [lo - pad, hi + pad];
-      layout.yaxis.autorange = false;
     }
-    if (st.n > 0 && st.min === st.max) {
-      const v = st.min;
-      if (log) layout.yaxis.range = [Math.log10(v) - 0.5, Math.log10(v) + 0.5];
-      else {
-        const d = v === 0 ? 1 : Math.abs(v) * 0.5;
-        layout.yaxis.range = [v - d, v + d];
-      }
-      layout.yaxis.autorange = false;
+    if (lo === hi) {
+      const d = log ? 0.5 : lo === 0 ? 1 : Math.abs(lo) * 0.5;
+      layout.yaxis.range = [lo - d, hi + d];
       layout.yaxis.tickmode = "array";
-      layout.yaxis.tickvals = [v];
-      layout.yaxis.ticktext = [RLV.fmtNum(v)];
+      layout.yaxis.tickvals = [st.min];
+      layout.yaxis.ticktext = [RLV.fmtNum(st.min)];
+    } else {
+      const pad = (hi - lo) * C.PAD;
+      layout.yaxis.range = [lo - pad, hi + pad];
+    }
+    layout.yaxis.autorange = false;
+    const range = layout.yaxis.range;
+    // marks outside the range: named at the edge instead of drawn
+    const edge = { above: [], below: [] };
+    const byName = new Map();
+    for (const a of layout.annotations || []) if (a.name && a.yref === "y") byName.set(a.name, a);
+    const kept = [];
+    for (const s of shapes) {
+      if (isMarkLine(s) && (s.y0 > range[1] || s.y0 < range[0])) {
+        const side = s.y0 > range[1] ? "above" : "below";
+        const label = byName.get(s.name);
+        edge[side].push({ name: s.name, text: label ? label.text : "", color: (label && label.font && label.font.color) || s.line.color });
+        if (label) label.drop = true;
+        continue;
+      }
+      if (isBand(s) && (Math.min(s.y0, s.y1) > range[1] || Math.max(s.y0, s.y1) < range[0])) {
+        const side = Math.min(s.y0, s.y1) > range[1] ? "above" : "below";
+        const txt = "healthy band " + RLV.fmtNum(log ? Math.pow(10, s.y0) : s.y0) + "–" + RLV.fmtNum(log ? Math.pow(10, s.y1) : s.y1);
+        edge[side].push({ name: "healthy-band", text: RLV.ptext(txt), color: "#15803d" });
+      }
+      kept.push(s);
+    }
+    layout.shapes = kept;
+    const annotations = (layout.annotations || []).filter(function (a) { return !a.drop; });
+    ["above", "below"].forEach(function (side) {
+      edge[side].forEach(function (m, i) {
+        annotations.push({
+          name: "edge:" + m.name, edge: side, x: 1, xref: "paper", xanchor: "right",
+          y: side === "above" ? 1 : 0, yref: "paper", yanchor: side === "above" ? "top" : "bottom",
+          yshift: side === "above" ? -12 * i : 12 * i, showarrow: false,
+          text: (side === "above" ? "↑ " : "↓ ") + m.text + (side === "above" ? " (above the data)" : " (below the data)"),
+          font: { size: 9, color: m.color }, bgcolor: "rgba(255,255,255,0.8)",
+        });
+      });
+    });
+    layout.annotations = annotations;
+    C.spreadLabels(layout);
+    return layout;
+  };
+
+  // Threshold labels drawn in place sit on their line at the right edge; two lines closer than a label's
+  // height (entropy's floor 0.02 and its 0.1× early level 0.023) would print one label over the other, so
+  // the next one moves to the left edge, then below its line.
+  C.LABEL_PX = 12;
+  C.spreadLabels = function (layout) {
+    const range = layout.yaxis.range;
+    if (!range) return layout;
+    const plotPx = Math.max(60, (layout.height || 260) - (layout.margin ? layout.margin.t + layout.margin.b : 50));
+    const px = function (y) { return ((y - range[0]) / (range[1] - range[0])) * plotPx; };
+    const labels = (layout.annotations || []).filter(function (a) { return a.yref === "y" && String(a.name || "").startsWith("mark:"); });
+    labels.sort(function (a, b) { return a.y - b.y; });
+    const placed = []; // {side, anchor, px}
+    for (const a of labels) {
+      const y = px(a.y);
+      const slots = [["right", "bottom"], ["left", "bottom"], ["right", "top"], ["left", "top"]];
+      let chosen = slots[0];
+      for (const slot of slots) {
+        const top = slot[1] === "bottom" ? y + C.LABEL_PX : y;
+        const bottom = slot[1] === "bottom" ? y : y - C.LABEL_PX;
+        const clash = placed.some(function (p) { return p.side === slot[0] && !(bottom >= p.top || top <= p.bottom); });
+        if (!clash) { chosen = slot; break; }
+      }
+      a.x = chosen[0] === "right" ? 1 : 0;
+      a.xanchor = chosen[0];
+      a.yanchor = chosen[1];
+      placed.push({ side: chosen[0], top: chosen[1] === "bottom" ? y + C.LABEL_PX : y, bottom: chosen[1] === "bottom" ? y : y - C.LABEL_PX });
     }
     return layout;
   };

@@ -14,6 +14,12 @@
   // would stretch the x axis until the run is a sliver at the left (step ~1508 on a 60-step run).
   M.FORECAST_AHEAD = 2;
 
+  // Whether a forecast lies further ahead than FORECAST_AHEAD run lengths past the latest step.
+  M.isFar = function (m, first, last) {
+    if (!Number.isFinite(m.step) || !Number.isFinite(last)) return false;
+    return m.step > last + M.FORECAST_AHEAD * Math.max(1, last - (Number.isFinite(first) ? first : 0));
+  };
+
   // Shapes and annotations for the marks of one panel's signal; x() maps a step to the axis; first and
   // last are the run's first and latest steps (a far forecast is then written at the edge).
   M.decorate = function (health, signal, x, logy, first, last) {
@@ -60,11 +66,11 @@
             showarrow: false, text: RLV.ptext(m.label || "predicted"), font: { size: 9, color: COLOR.critical },
           });
         }
-      } else if (m.kind === "forecast" && Number.isFinite(m.step) && Number.isFinite(last) &&
-                 m.step > last + M.FORECAST_AHEAD * Math.max(1, last - (Number.isFinite(first) ? first : 0))) {
+      } else if (m.kind === "forecast" && M.isFar(m, first, last)) {
+        // far off: named at the edge in a muted colour (nothing about it is urgent)
         annotations.push({
           name: tag, x: 1, xref: "paper", xanchor: "right", y: 0.5, yref: "paper", showarrow: false,
-          text: RLV.ptext("floor at step ~" + m.step + " →"), font: { size: 10, color: COLOR.critical },
+          text: RLV.ptext("floor at step ~" + m.step + " →"), font: { size: 10, color: "#6b7280" },
         });
       } else if (m.kind === "forecast" && Number.isFinite(m.step)) {
         shapes.push({

@@ -60,7 +60,10 @@
   }
 
   // ---- panels --------------------------------------------------------------------------------------
-  const panelsNode = RLV.$("panels");
+  // Panels live in collapsible sections (sections.js): the health signals first, then one per prefix.
+  const sections = RLV.sections.create(RLV.$("panels"), function (body) {
+    for (const plot of body.querySelectorAll(".plot")) if (plot.data) Plotly.Plots.resize(plot);
+  });
 
   function ensurePanel(name) {
     let p = state.panels.get(name);
@@ -70,11 +73,11 @@
     if (signal && signal !== name) title.appendChild(RLV.el("span", { className: "signal", text: signal }));
     const div = RLV.el("div", { className: "plot" }, RLV.el("span", { className: "muted", text: "loading…" }));
     const node = RLV.el("div", { className: "panel", dataset: { metric: name } }, title, div);
-    // keep the panel order: health signals first, then by name
-    const order = C.orderMetrics(Array.from(state.panels.keys()).concat([name]));
+    // keep the panel order within its section: health signals in signal order, then by name
+    const key = RLV.sections.keyOf(name);
+    const order = C.orderMetrics(Array.from(state.panels.keys()).filter(function (n) { return RLV.sections.keyOf(n) === key; }).concat([name]));
     const next = order[order.indexOf(name) + 1];
-    const before = next ? state.panels.get(next).node : null;
-    panelsNode.insertBefore(node, before);
+    sections.place(name, node, function () { return next ? state.panels.get(next).node : null; });
     p = { name: name, node: node, div: div, drawn: false, ema: C.emaState(), signal: signal };
     state.panels.set(name, p);
     RLV.$("panels-empty").hidden = true;
@@ -110,6 +113,10 @@
       for (const s of C.alertShapes(a, x, state.latestStep)) shapes.push(s);
       annotations.push(C.alertAnnotation(a, x));
     }
+    for (const m of auditMarks(p, x)) {
+      shapes.push(m.shape);
+      annotations.push(m.annotation);
+    }
     if (series && series.bad.length) {
       for (const step of series.bad.slice(-100)) {
         shapes.push({
@@ -125,6 +132,35 @@
       });
     }
     return { shapes: shapes, annotations: annotations };
+  }
+
+  // Audits whose recomputation disagrees with what the trainer reported for this panel's metric: a red
+  // line at the audited step, labelled, and a click on the label opens that audit.
+  function auditMarks(p, x) {
+    const out = [];
+    for (const a of state.audits.values()) {
+      if (RLV.auditOk(a) !== false) continue;
+      const verdicts = a.verdicts || {};
+      const failing = Object.keys(verdicts).filter(function (m) { return verdicts[m] && verdicts[m].ok === false; });
+      const here = failing.filter(function (m) {
+        const as = (a.reported_as || {})[m];
+        return m === p.signal || m === p.name || (as !== undefined && as === p.name);
+      });
+      if (!here.length) continue;
+      const step = Number(a.step);
+      out.push({
+        shape: {
+          name: "audit-mismatch:" + a.id, type: "line", xref: "x", yref: "paper", x0: x(step), x1: x(step), y0: 0, y1: 1,
+          line: { color: "#dc2626", width: 2 },
+        },
+        annotation: {
+          name: "audit-mismatch:" + a.id, x: x(step), xref: "x", y: 0.9, yref: "paper", xanchor: "left", showarrow: false,
+          text: RLV.ptext("✗ audit: reported " + here[0] + " disagrees"), font: { size: 10, color: "#b91c1c" },
+          bgcolor: "rgba(254,226,226,0.9)", captureevents: true, hovertext: RLV.ptext("open audit " + a.id),
+        },
+      });
+    }
+    return out;
   }
 
   function traces(p, series) {
@@ -183,13 +219,26 @@
     p.yst = C.yStats(state.overview.get(p.name)); // the extremes the y scale was decided on
     p.log = C.isLogStats(p.yst, state.logy);
     const done = Plotly.react(p.div, traces(p, series), layoutFor(p), C.PLOT_CONFIG);
-    if (first) p.div.on("plotly_relayout", function (ev) { onRelayout(p, ev); });
+    if (first) {
+      p.div.on("plotly_relayout", function (ev) { onRelayout(p, ev); });
+      p.div.on("plotly_clickannotation", function (ev) {
+        const name = String((ev && ev.annotation && ev.annotation.name) || "");
+        if (name.startsWith("audit-mismatch:")) {
+          window.location.href = RLV.safeHref(RLV.runPath(runId) + "/audits?audit=" + encodeURIComponent(name.slice(15)));
+        }
+      });
+    }
     return done;
   }
+  // New marks or alerts: the decorations and the y range they decide (C.fitY), the traces untouched.
   function redecorate(p) {
     if (!p.drawn) return;
-    const deco = shapesFor(p);
-    Plotly.relayout(p.div, { shapes: deco.shapes, annotations: deco.annotations });
+    const l = layoutFor(p);
+    const y = l.yaxis;
+    Plotly.relayout(p.div, {
+      shapes: l.shapes, annotations: l.annotations, "yaxis.range": y.range, "yaxis.autorange": !!y.autorange,
+      "yaxis.tickmode": y.tickmode || "auto", "yaxis.tickvals": y.tickvals || null, "yaxis.ticktext": y.ticktext || null,
+    });
   }
   function redecorateAll() { for (const p of state.panels.values()) redecorate(p); }
 
@@ -286,7 +335,13 @@
     renderLastStep();
   }
   function renderLastStep() { H.renderLastStep(state.latestStep); }
-  function renderAlerts() { H.renderAlerts(runId, state.alerts.values(), focusOn, state.health); }
+  function renderAlerts() { H.renderAlerts(runId, state.alerts.values(), focusOn, state.health, firstStep(), state.latestStep); }
+  // The run's first logged step (over the series loaded so far; NaN before any).
+  function firstStep() {
+    let first = Infinity;
+    for (const s of state.overview.values()) if (s.step.length && s.step[0] < first) first = s.step[0];
+    return Number.isFinite(first) ? first : NaN;
+  }
   // The rules' marks and the signals' current values: at load, on every alert, and every few seconds
   // while an alert fires (a forecast moves with the data).
   let healthTimer = null;
@@ -300,11 +355,14 @@
     const firing = Array.from(state.alerts.values()).some(function (a) { return a.state === "firing"; });
     healthTimer = setTimeout(refreshHealth, firing ? 5000 : 30000);
   }
-  function renderAudits() { H.renderAudits(runId, state.audits.values()); }
+  function renderAudits() {
+    H.renderAudits(runId, state.audits.values());
+    redecorateAll(); // a mismatch is marked on its metric's chart
+  }
 
   function focusOn(step) {
     state.focusStep = step;
-    const first = Math.min.apply(null, Array.from(state.overview.values()).map(function (s) { return s.step.length ? s.step[0] : Infinity; }));
+    const first = firstStep();
     const span = Math.max(50, Math.round(((Number.isFinite(state.latestStep) ? state.latestStep : step) - (Number.isFinite(first) ? first : 0)) / 20));
     setView({ start: Math.max(0, step - span), end: step + span });
   }
@@ -316,13 +374,14 @@
     decoTimer = setTimeout(function () { decoTimer = null; redecorateAll(); }, 250);
   }
 
-  // Whether appended points moved the panel's extremes far enough to change its y scale (log or linear):
-  // extendTraces keeps the layout, so the scale chosen on the first points would stay.
+  // Whether appended points moved the panel's extremes: the y range comes from the data (C.fitY) and
+  // extendTraces keeps the layout, so the range (and the log/linear scale) chosen on the first points
+  // would stay and hide what arrives beyond them.
   function rescaled(p, add) {
     const st = C.yStats(add);
     if (!st.n || !p.yst || (st.min >= p.yst.min && st.max <= p.yst.max)) return false;
     p.yst = { min: Math.min(st.min, p.yst.min), max: Math.max(st.max, p.yst.max), n: st.n + p.yst.n };
-    return C.isLogStats(p.yst, state.logy) !== p.log;
+    return true;
   }
 
   function appendPoints(payload) {
@@ -529,6 +588,7 @@
       await firstChartDrawn();
       show(early.slice(1));
     }
+    loadAudits(); // small, and its box is already in place: the charts below never move
     // plotly.js boots (1-2 s of main thread when the machine is busy) while the server reads the rest
     const plotly = RLV.loadScript(document.querySelector("meta[name=rlv-plotly]").content).then(function () {
       plotlyReady = true;
@@ -561,10 +621,19 @@
     pre.events.attach(onEvent);
     const focus = new URLSearchParams(window.location.search).get("step");
     if (focus !== null && Number.isFinite(Number(focus))) focusOn(Number(focus));
-    RLV.api(base + "/audits").then(function (body) {
-      for (const a of body.data || []) if (!state.audits.has(a.id)) state.audits.set(a.id, a);
-      renderAudits();
-    }, RLV.fail);
+    loadAudits();
+  }
+
+  let auditsLoading = null;
+  function loadAudits() {
+    if (!auditsLoading) {
+      auditsLoading = RLV.api(base + "/audits").then(function (body) {
+        for (const a of body.data || []) if (!state.audits.has(a.id)) state.audits.set(a.id, a);
+        renderAudits();
+        if (RLV.timing) RLV.timing.audits = performance.now();
+      }, RLV.fail);
+    }
+    return auditsLoading;
   }
 
   main();

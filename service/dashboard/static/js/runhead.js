@@ -68,32 +68,56 @@
     RLV.$("run-last-step").textContent = Number.isFinite(step) ? String(step) : "–";
   };
 
-  // Firing alerts, worst first (info last, shown apart in its own colour), each with "since step N"
-  // (onFocus(N) zooms the charts there), its value at onset and now, and the live forecasts.
-  H.renderAlerts = function (runId, alerts, onFocus, health) {
+  // Rules whose alert value is not a point of the alert's signal (a relative error, a NaN, a share of
+  // zero points): their line shows no "latest" value beside the message, which would be another quantity.
+  H.VALUE_NOT_SIGNAL = { audit_mismatch: true, non_finite: true, grad_norm_zero: true };
+
+  // Warning and critical alerts fire (the red box, and the badge); info alerts and forecasts are notes.
+  H.isFiring = function (a) { return a.state === "firing" && a.severity !== "info"; };
+
+  // One alert as a list item: chip, rule, "since step N" (onFocus(N) zooms the charts there), the message
+  // (which states the alert's value), the signal's latest point where it is the same quantity, the advice.
+  function alertItem(runId, a, onFocus, health) {
+    const since = RLV.el("a", { href: RLV.runPath(runId) + "?step=" + Number(a.first_step), text: "since step " + a.first_step });
+    since.addEventListener("click", function (e) { e.preventDefault(); onFocus(Number(a.first_step)); });
+    const now = RLV.marks && !H.VALUE_NOT_SIGNAL[a.rule] ? RLV.marks.current(health, a) : null;
+    const item = RLV.el("li", { className: a.severity, dataset: { rule: a.rule, severity: a.severity, value: String(a.value) } },
+      RLV.el("span", { className: "chip " + a.severity, text: a.severity }),
+      RLV.el("b", { text: a.rule }), " ", since, " — ", a.message || "");
+    if (now !== null) {
+      item.appendChild(RLV.el("span", { className: "now", dataset: { now: String(now) },
+        text: " · latest " + (a.signal || "") + " " + RLV.fmtNum(now) }));
+    }
+    item.appendChild(document.createTextNode(" "));
+    item.appendChild(RLV.el("span", { className: "advice", text: a.advice || "" }));
+    return item;
+  }
+
+  // A forecast mark as a note; "far" when it lies beyond RLV.marks.FORECAST_AHEAD run lengths.
+  function forecastItem(f, far, last) {
+    return RLV.el("li", { className: "forecast" + (far ? " far" : ""), dataset: { forecast: String(f.step), far: String(far) } },
+      RLV.el("span", { className: "chip " + (far ? "outlook" : "warning"), text: far ? "far-off forecast" : "forecast" }),
+      RLV.el("b", { text: f.signal }), " " + f.label +
+        (far && Number.isFinite(last) ? " (the run is at step " + last + "; it is not falling fast enough to matter soon)" : ""));
+  }
+
+  // The red "Firing" box holds the warning and critical alerts, worst first: exactly what makes the badge
+  // say warning or critical. Info alerts and the forecasts go to the neutral "Notes" box. first/last: the
+  // run's first and latest steps (a forecast far beyond the latest step is said to be far off).
+  H.renderAlerts = function (runId, alerts, onFocus, health, first, last) {
     const all = Array.from(alerts);
     RLV.setBadge(RLV.$("run-status"), H.status(all));
+    const firing = all.filter(H.isFiring);
+    firing.sort(function (a, b) { return (RLV.SEVERITY_RANK[b.severity] || 0) - (RLV.SEVERITY_RANK[a.severity] || 0); });
     const list = RLV.clear(RLV.$("alerts-list"));
-    const firing = all.filter(function (a) { return a.state === "firing"; });
-    const rank = function (a) { return a.severity === "info" ? -1 : RLV.SEVERITY_RANK[a.severity] || 0; };
-    firing.sort(function (a, b) { return rank(b) - rank(a); });
-    for (const a of firing) {
-      const since = RLV.el("a", { href: RLV.runPath(runId) + "?step=" + Number(a.first_step), text: "since step " + a.first_step });
-      since.addEventListener("click", function (e) { e.preventDefault(); onFocus(Number(a.first_step)); });
-      const now = RLV.marks ? RLV.marks.current(health, a) : null;
-      const values = RLV.el("span", { className: "now", dataset: { onset: String(a.value), now: String(now) },
-        text: " (at onset " + RLV.fmtNum(a.value) + (now === null ? "" : ", now " + RLV.fmtNum(now)) + ")" });
-      list.appendChild(RLV.el("li", { className: a.severity, dataset: { rule: a.rule, severity: a.severity } },
-        RLV.el("span", { className: "chip " + a.severity, text: a.severity }),
-        RLV.el("b", { text: a.rule }), " ", since, values, " — ", a.message || "", " ",
-        RLV.el("span", { className: "advice", text: a.advice || "" })));
-    }
-    for (const f of RLV.marks ? RLV.marks.forecasts(health) : []) {
-      list.appendChild(RLV.el("li", { className: "forecast", dataset: { forecast: String(f.step) } },
-        RLV.el("span", { className: "chip critical", text: "forecast" }),
-        RLV.el("b", { text: f.signal }), " " + f.label));
-    }
+    for (const a of firing) list.appendChild(alertItem(runId, a, onFocus, health));
     RLV.$("alerts-strip").hidden = list.children.length === 0;
+    const notes = RLV.clear(RLV.$("notes-list"));
+    for (const a of all) if (a.state === "firing" && a.severity === "info") notes.appendChild(alertItem(runId, a, onFocus, health));
+    for (const f of RLV.marks ? RLV.marks.forecasts(health) : []) {
+      notes.appendChild(forecastItem(f, RLV.marks.isFar(f, first, last), last));
+    }
+    RLV.$("notes-strip").hidden = notes.children.length === 0;
   };
 
   // The run's incidents (findings of one cause grouped): open ones first, each with its cause, severity,
@@ -143,7 +167,8 @@
         RLV.el("a", { href: RLV.runPath(runId) + "/audits?audit=" + encodeURIComponent(a.id), text: "step " + a.step }),
         ": " + text));
     }
-    RLV.$("audits-mini-count").textContent = all.length + " audits" + (bad ? ", " + bad + " mismatched" : "");
-    RLV.$("audits-mini").hidden = all.length === 0;
+    // the box is always there (its line is reserved from the first paint, so nothing below it moves)
+    RLV.$("audits-mini-count").textContent = all.length ? all.length + " audits" + (bad ? ", " + bad + " mismatched" : "") : "none yet";
+    RLV.$("audits-mini").classList.toggle("none", all.length === 0);
   };
 })();

@@ -1,0 +1,141 @@
+"""Every rule's message states one value, and it is the finding's value: the dashboard, the alerts table and
+the webhooks show ``value`` beside the text, so the two must be the same number in the same unit (a smoothed
+level in the text beside a raw point in the value column, or a relative error beside a loss, reads as two
+contradicting numbers). Checked on every firing finding of the synthetic corpus (every built-in rule) and of
+the real-log corpus, and on the latched ceilings, where the latest point may already be back under the line.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+
+import pytest
+from rlvitals.analyzers import HealthMonitor
+
+from bench._detection import MISSING, Diagnoser, corpus_dir, load_corpus
+from bench._synthetic import load_synthetic
+
+NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?%?")
+
+
+def numbers(message: str) -> list[tuple[float, bool]]:
+    """The numbers a message states, as (value, written as a percentage)."""
+    out = []
+    for token in NUMBER.findall(message):
+        percent = token.endswith("%")
+        out.append((float(token.rstrip("%")) / (100.0 if percent else 1.0), percent))
+    return out
+
+
+def states_value(message: str, value: float | None) -> bool:
+    """Whether ``message`` quotes ``value`` (to the 3 significant digits, or whole percent, it is printed at)."""
+    if value is None:
+        return True
+    if not math.isfinite(value):
+        return ("NaN" if math.isnan(value) else "Infinity") in message
+    for n, percent in numbers(message):
+        tolerance = 0.0051 if percent else 0.0051 * abs(value) + 1e-12
+        if abs(n - value) <= tolerance:
+            return True
+    return False
+
+
+def test_the_number_check_itself_can_fail():
+    assert states_value("kl_loss reached 0.52, above the ceiling 0.5", 0.52)
+    assert not states_value("kl_loss 0.488 has been above the ceiling 0.5", 0.52)
+    assert states_value("38% of GRPO groups have zero reward variance", 0.381)
+    assert not states_value("pg_clipfrac (smoothed 0.381) is above the band [0.1, 0.3]", 0.51)
+    assert states_value("reported pg_loss disagrees with recomputation (relative error 0.888)", 0.88834)
+
+
+def _extra_streams() -> dict[str, list[tuple[int, dict[str, float]]]]:
+    """The rules no synthetic scenario fires, each on a small stream of its own."""
+    rng = random.Random(0)
+    return {
+        "grad_norm_spike": [
+            (s, {"actor/grad_norm": 60.0 if 100 <= s <= 110 else 1 + 0.1 * rng.gauss(0, 1)})
+            for s in range(150)
+        ],
+        "response_length_explosion": [
+            (s, {"response_length/mean": 100 + 5 * rng.gauss(0, 1) if s < 60 else 100 + 20 * (s - 60)})
+            for s in range(120)
+        ],
+        "reward_stagnation": [
+            (s, {"critic/score/mean": min(0.5, s / 100) + 0.01 * rng.gauss(0, 1)}) for s in range(600)
+        ],
+    }
+
+
+@pytest.fixture(scope="module")
+def synthetic_findings():
+    found = [(r.id, f) for r in load_synthetic() for f in r.findings if f.state == "firing"]
+    for name, rows in _extra_streams().items():
+        found += [(name, f) for f in _feed(HealthMonitor(), rows) if f.state == "firing"]
+    return found
+
+
+def test_every_rule_fires_somewhere_in_the_synthetic_corpus(synthetic_findings):
+    from rlvitals.analyzers.health.registry import RuleId
+
+    fired = {f.rule for _, f in synthetic_findings}
+    assert fired >= {rule.value for rule in RuleId}, sorted({rule.value for rule in RuleId} - fired)
+
+
+def test_every_synthetic_finding_states_its_own_value(synthetic_findings):
+    wrong = [
+        (run, f.rule, f.value, f.message)
+        for run, f in synthetic_findings
+        if not states_value(f.message, f.value)
+    ]
+    assert not wrong, "\n".join(map(str, wrong[:10]))
+
+
+def test_every_real_log_finding_states_its_own_value():
+    if corpus_dir() is None:
+        pytest.skip(MISSING)
+    checked = 0
+    for run in load_corpus():
+        diagnosis = Diagnoser(run_config=run.history.config).feed(run.history.points)
+        for f in list(diagnosis.findings) + list(diagnosis.firing):
+            if f.state != "firing":
+                continue
+            checked += 1
+            assert states_value(f.message, f.value), (run.id, f.rule, f.value, f.message)
+    assert checked >= 10
+
+
+def _feed(monitor, rows):
+    return [f for step, metrics in rows for f in monitor.observe(step, metrics)]
+
+
+@pytest.mark.parametrize(
+    ("metric", "rule", "high", "latest", "threshold"),
+    [
+        ("actor/kl_loss", "kl_loss_runaway", 0.52, 0.488, 0.5),
+        ("actor/ppo_kl", "ppo_kl_drift", 0.2, 0.045, 0.05),
+        ("actor/pg_clipfrac_lower", "pg_clipfrac_lower_high", 0.04, 0.008, 0.01),
+    ],
+)
+def test_a_latched_ceiling_quotes_the_value_that_crossed(metric, rule, high, latest, threshold):
+    # crossed once, then back under the line (but above the release level) on the step it fires
+    rows = [(s, {metric: high if s == 0 else latest}) for s in range(6)]
+    fired = [f for f in _feed(HealthMonitor(), rows) if f.rule == rule and f.state == "firing"]
+    assert fired, rule
+    f = fired[0]
+    assert f.value == high and states_value(f.message, high), f.message
+    assert f.value > threshold  # the value quoted is consistent with "above"
+    assert f"latest {latest:.3g}" in f.message
+
+
+def test_audit_mismatch_says_its_value_is_a_relative_error():
+    report = {
+        "ok": False,
+        "verdicts": {"pg_loss": {"ok": False, "abs_err": 0.4, "rel_err": 0.25}},
+        "reported": {"pg_loss": 2.0},
+        "recomputed": {"pg_loss": 1.6},
+        "summary": "loss_agg_mode='seq-mean-token-mean' reproduces it.",
+    }
+    (fired,) = HealthMonitor().observe_audit(3, report)
+    assert fired.value == 0.25 and "relative error 0.25" in fired.message
