@@ -77,14 +77,15 @@ def assign_split(entries: Iterable[Mapping[str, Any]], seed: int = SPLIT_SEED) -
     return {rid: ("heldout", "tuning")[i % 2] for i, rid in enumerate(ordered)}
 
 
-def corpus_dir(part: str | None = None) -> Path | None:
-    """The first of ``RLVITALS_CORPUS_DIR``, ``../shared/real_logs`` and ``tests/data/real_logs`` that holds
-    every file of ``part`` (default: the tuning part, the files CI has), or None."""
+def corpus_dir() -> Path | None:
+    """Where the corpus files are: ``RLVITALS_CORPUS_DIR`` when set, else the first of ``../shared/real_logs``
+    and ``tests/data/real_logs`` that holds any file the manifest names; None if neither does. Not every
+    run's file need be there (CI has the first 13 and more/): :func:`load_corpus` can skip the absent."""
     env = os.environ.get("RLVITALS_CORPUS_DIR")
     places = (Path(env),) if env else CORPUS_PLACES
-    files = corpus_files(part or "tuning")
+    files = corpus_files()
     for place in places:
-        if all((place / name).is_file() for name in files):
+        if any((place / name).is_file() for name in files):
             return place
     return None
 
@@ -112,7 +113,7 @@ def load_corpus(
     *,
     only: Iterable[str] | None = None,
     part: str | None = None,
-    skip_absent: bool = False,
+    skip_absent: bool = True,
 ) -> list[CorpusRun]:
     """The runs of ``part`` (``tuning``, ``heldout``, ``more``; None: every part), read from ``directory``
     (default: :func:`corpus_dir`). ``skip_absent``: leave out runs whose file is not there (CI has the
@@ -168,6 +169,19 @@ def alerts_from_findings(findings: Iterable[Any], firing: Iterable[Any] = ()) ->
 
 def _severity(finding: Any) -> str:
     return str(getattr(finding.severity, "value", finding.severity))
+
+
+def notifications_per_incident(run: CorpusRun, alerts: Iterable[Alert]) -> list[int]:
+    """For each labelled incident of ``run``: how many warning-or-worse alerts were raised inside its window
+    ``[onset − tolerance, end]`` (every one counts, storms included: a rule that resolves and re-fires is a
+    second notification)."""
+    alerts = [a for a in alerts if a.counts]
+    labels, counts = run.labels, []
+    for incident in labels.incidents:
+        lo = incident.onset - labels.tolerance
+        hi = run.last_step if incident.end is None else incident.end
+        counts.append(sum(lo <= a.step <= hi for a in alerts))
+    return counts
 
 
 Detector = Callable[[CorpusRun], list[Alert]]

@@ -97,10 +97,15 @@ def build(out: Path, clones: Path, part: str | None = None) -> list[str]:
             print(f"{run['id']}: not rebuilt ({run['rebuild']})")
             continue
         source = run["source"]
+        try:
+            repository = git_dir(clones, source["repository"])
+        except subprocess.CalledProcessError as exc:
+            problems.append(f"{run['id']}: no clone of {source['repository']} ({exc})")
+            continue
         done = subprocess.run(
             [
                 "git",
-                f"--git-dir={git_dir(clones, source['repository'])}",
+                f"--git-dir={repository}",
                 "show",
                 f"{source['commit']}:{source['path']}",
             ],
