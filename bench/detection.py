@@ -13,7 +13,7 @@ RLVITALS_SIDEENV_DIR to share one) — through the live path each documents. Sco
 - false alarms: warning-or-worse alerts on healthy runs (outside their ignore windows), and apart the
   warning-or-worse alerts on unhealthy runs outside every incident and ignore window;
 - notifications per incident: every warning-or-worse alert raised inside the incident's window (storms
-  count: a rule that closes and re-opens is charged each time), median over the part's incidents;
+  count: a rule that closes and re-opens is charged each time), median over the incidents it caught;
 - median detection delay: first warning-or-worse alert's step − labelled onset.
 
 Runs whose file is absent from the corpus folder are left out and counted (CI has the first 13 runs and
@@ -77,7 +77,7 @@ def render_summary(
         head,
         "",
         "| detector | incidents caught | false alarms on healthy runs | other false alerts | "
-        "notifications per incident (median) | median delay (steps) |",
+        "notifications per caught incident (median) | median delay (steps) |",
         "|---|--:|--:|--:|--:|--:|",
     ]
     for name, scores in results.items():
@@ -151,14 +151,14 @@ def _score_corpus(
     started = time.perf_counter()
     alerts = {r.id: our_alerts(r) for r in runs}
     results[OURS] = [score_run(r.labels, alerts[r.id], last_step=r.last_step) for r in runs]
-    notifications[OURS] = [n for r in runs for n in notifications_per_incident(r, alerts[r.id])]
+    notifications[OURS] = [n for r in runs for n in notifications_per_incident(r, alerts[r.id]) if n]
     timings[OURS] = time.perf_counter() - started
     for peer in peers:
         started = time.perf_counter()
         alerts = peer_alerts(peer, runs)
         label = f"{peer} {PEER_VERSIONS[peer]}"
         results[label] = [score_run(r.labels, alerts[r.id], last_step=r.last_step) for r in runs]
-        notifications[label] = [n for r in runs for n in notifications_per_incident(r, alerts[r.id])]
+        notifications[label] = [n for r in runs for n in notifications_per_incident(r, alerts[r.id]) if n]
         timings[label] = time.perf_counter() - started
     return results, notifications, timings
 
