@@ -218,12 +218,33 @@ def _peer_points(run: CorpusRun) -> list[list[Any]]:
 
 
 def peer_alerts(
-    peer: str, runs: Iterable[CorpusRun], *, python: Path | None = None
-) -> dict[str, list[Alert]]:
-    """Run ``peer`` over ``runs`` in its side environment; alerts per run id."""
+    peer: str,
+    runs: Iterable[CorpusRun],
+    *,
+    python: Path | None = None,
+    run_timeout: float | None = None,
+) -> dict[str, list[Alert] | None]:
+    """Run ``peer`` over ``runs`` in its side environment; alerts per run id. With ``run_timeout`` (seconds)
+    each run gets its own driver process and a run the peer does not finish in time maps to None (rldoctor
+    re-diagnoses the whole history at every point, so a 10,000-step log takes it hours)."""
     import subprocess
 
     runs = list(runs)
+    python = python or peer_python()
+    if run_timeout is None:
+        return _peer_call(peer, runs, python, timeout=1800)
+    out: dict[str, list[Alert] | None] = {}
+    for run in runs:
+        try:
+            out.update(_peer_call(peer, [run], python, timeout=run_timeout))
+        except subprocess.TimeoutExpired:
+            out[run.id] = None
+    return out
+
+
+def _peer_call(peer: str, runs: list[CorpusRun], python: Path, *, timeout: float) -> dict[str, list[Alert]]:
+    import subprocess
+
     request = {
         "peer": peer,
         "runs": [
@@ -238,12 +259,12 @@ def peer_alerts(
         ],
     }
     done = subprocess.run(
-        [str(python or peer_python()), str(DRIVER)],
+        [str(python), str(DRIVER)],
         input=json.dumps(request),
         capture_output=True,
         text=True,
         check=False,
-        timeout=1800,
+        timeout=timeout,
     )
     if done.returncode != 0:
         raise RuntimeError(f"{peer} driver failed ({done.returncode}):\n{done.stderr[-4000:]}")

@@ -63,7 +63,13 @@ def _median(values: list[int]) -> str:
 
 
 def render_summary(
-    results: dict[str, list[RunScore]], notifications: dict[str, list[int]], runs, *, part: str, absent: int
+    results: dict[str, list[RunScore]],
+    notifications: dict[str, list[int]],
+    runs,
+    *,
+    part: str,
+    absent: int,
+    timed_out: dict[str, list[str]] | None = None,
 ) -> str:
     incidents = sum(len(r.labels.incidents) for r in runs)
     healthy = sum(r.labels.healthy for r in runs)
@@ -80,12 +86,19 @@ def render_summary(
         "notifications per caught incident (median) | median delay (steps) |",
         "|---|--:|--:|--:|--:|--:|",
     ]
+    timed_out = timed_out or {}
     for name, scores in results.items():
         overall, _ = tally(scores)
+        total = sum(len(s.incidents) for s in scores)
         lines.append(
-            f"| {name} | {overall.caught}/{incidents} | {overall.false_on_healthy} | "
+            f"| {name} | {overall.caught}/{total} | {overall.false_on_healthy} | "
             f"{overall.false_alerts - overall.false_on_healthy} | {_median(notifications[name])} | {_delay(overall)} |"
         )
+    for name, ids in timed_out.items():
+        if ids:
+            lines.append(
+                f"\n{name}: not finished within the per-run limit, left out of its row: {', '.join(ids)}"
+            )
     return "\n".join(lines)
 
 
@@ -129,6 +142,9 @@ def render(results: dict[str, list[RunScore]], runs, *, corpus: str = "real runs
         for i, incident in enumerate(run.labels.incidents):
             cells = []
             for name in names:
+                if run.id not in by_run[name]:
+                    cells.append("not run")
+                    continue
                 result = by_run[name][run.id].incidents[i]
                 cells.append(f"{result.delay:+d}" if result.caught else "miss")
             end = "…" if incident.end is None else incident.end
@@ -143,11 +159,12 @@ def render(results: dict[str, list[RunScore]], runs, *, corpus: str = "real runs
 
 
 def _score_corpus(
-    runs, peers: list[str]
-) -> tuple[dict[str, list[RunScore]], dict[str, list[int]], dict[str, float]]:
+    runs, peers: list[str], run_timeout: float | None = None
+) -> tuple[dict[str, list[RunScore]], dict[str, list[int]], dict[str, float], dict[str, list[str]]]:
     results: dict[str, list[RunScore]] = {}
     notifications: dict[str, list[int]] = {}
     timings: dict[str, float] = {}
+    timed_out: dict[str, list[str]] = {}
     started = time.perf_counter()
     alerts = {r.id: our_alerts(r) for r in runs}
     results[OURS] = [score_run(r.labels, alerts[r.id], last_step=r.last_step) for r in runs]
@@ -155,12 +172,14 @@ def _score_corpus(
     timings[OURS] = time.perf_counter() - started
     for peer in peers:
         started = time.perf_counter()
-        alerts = peer_alerts(peer, runs)
+        alerts = peer_alerts(peer, runs, run_timeout=run_timeout)
         label = f"{peer} {PEER_VERSIONS[peer]}"
-        results[label] = [score_run(r.labels, alerts[r.id], last_step=r.last_step) for r in runs]
-        notifications[label] = [n for r in runs for n in notifications_per_incident(r, alerts[r.id]) if n]
+        scored = [r for r in runs if alerts[r.id] is not None]
+        timed_out[label] = [r.id for r in runs if alerts[r.id] is None]
+        results[label] = [score_run(r.labels, alerts[r.id], last_step=r.last_step) for r in scored]
+        notifications[label] = [n for r in scored for n in notifications_per_incident(r, alerts[r.id]) if n]
         timings[label] = time.perf_counter() - started
-    return results, notifications, timings
+    return results, notifications, timings, timed_out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -178,11 +197,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", help="also write the per-run scores here")
     parser.add_argument(
+        "--peer-run-timeout",
+        type=float,
+        default=900,
+        help="seconds a peer may spend on one run; a run it does not finish is left out of its row, and "
+        "said so (default 900; 0: no limit, all runs in one call)",
+    )
+    parser.add_argument(
         "--synthetic",
         action="store_true",
         help="score the synthetic incident corpus (bench/_synthetic.py) instead, ours only; --runs names scenarios",
     )
     args = parser.parse_args(argv)
+    args.peer_run_timeout = args.peer_run_timeout or None
     only = args.runs.split(",") if args.runs else None
     if args.synthetic:
         from bench._synthetic import load_synthetic
@@ -205,8 +232,8 @@ def main(argv: list[str] | None = None) -> int:
         if not runs:
             print(f"Part {part}: no run of this part here ({absent} absent)\n")
             continue
-        results, notifications, timings = _score_corpus(runs, peers)
-        print(render_summary(results, notifications, runs, part=part, absent=absent))
+        results, notifications, timings, timed_out = _score_corpus(runs, peers, args.peer_run_timeout)
+        print(render_summary(results, notifications, runs, part=part, absent=absent, timed_out=timed_out))
         if args.detail or only:
             print("\n" + render(results, runs, corpus=f"{part} runs"))
         print("\nwall time: " + ", ".join(f"{k} {v:.1f}s" for k, v in timings.items()) + "\n")
