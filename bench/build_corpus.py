@@ -42,7 +42,7 @@ MANIFEST = ROOT / "tests" / "data" / "real_logs" / "manifest.json"
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _TAG = re.compile(r"^\s*\((?P<tag>[^()]*?pid=\d+[^()]*)\)\s?")
 _STEP = re.compile(r"(?:^|\s)step:\d+\s+-\s+")
-_CONFIG_ROW = re.compile(r"\s*(\{'|')")
+_CONFIG_ROW = re.compile(r"\s*(?:['\"{}\[\](),.:\d-]|(?:None|True|False)\s*[,}\]])")
 _HEADER_END = ("libgomp", "[I", "20")  # the first Ray/c10d/logging line ends the header
 
 
@@ -54,7 +54,7 @@ def trim_verl(text: str) -> str:
     while i < len(lines) and not lines[i].startswith(_HEADER_END) and not _TAG.match(_ANSI.sub("", lines[i])):
         out.append(lines[i])
         i += 1
-    config_tag, in_config = None, False
+    config_tag, in_config, depth = None, False, 0
     for line in lines[i:]:
         clean = _ANSI.sub("", line)
         tag = _TAG.match(clean)
@@ -65,7 +65,11 @@ def trim_verl(text: str) -> str:
             if tag is None or tag.group("tag") != config_tag:
                 continue  # another process interleaved with the printed config
             if _CONFIG_ROW.match(body) and not _STEP.search(body):
+                # a row of the pprinted dict (newer verl puts a long value on a row of its own: "None,",
+                # "32,", "}}"), until its braces close or a line of prose starts
                 out.append(line)
+                depth += body.count("{") - body.count("}")
+                in_config = depth > 0
                 continue
             in_config = False
         if _STEP.search(body):

@@ -235,3 +235,35 @@ def test_corpus_builder_trims_a_verl_log_to_what_the_importer_reads(tmp_path):
     assert cut.config == raw.config and cut.config["actor_rollout_ref.actor.ppo_mini_batch_size"] == 64
     strip = [(s, {k: v for k, v in m.items() if not k.startswith("timing/")}) for s, m in raw.points]
     assert cut.points == strip and [s for s, _ in cut.points] == [0, 1]
+
+
+def test_corpus_builder_keeps_a_newer_verl_config_whose_values_wrap_onto_their_own_rows(tmp_path):
+    from rlvitals.client.importers.console import read_verl_console
+
+    from bench.build_corpus import trim_verl
+
+    tag = "\x1b[36m(TaskRunner pid=7)\x1b[0m "
+    log = "\n".join(
+        [
+            "ray init kwargs: {'num_cpus': 8}",
+            "2025-12-16 06:18:46,158\tINFO worker.py:1832 -- Started a local Ray instance.",
+            tag + "TaskRunner hostname: host, PID: 7",
+            tag + "{'actor_rollout_ref': ",
+            tag + "{'actor': {'ppo_mini_batch_size': 2,",
+            tag + "                       'log_prob_micro_batch_size':",
+            tag + "None,",
+            tag + "                       'max_token_len'",
+            tag + ": ",
+            tag + "32,",
+            tag + "           'ppo_epochs': 1}},",
+            tag + " 'data': {'train_batch_size': 2}}",
+            tag + "original dataset len: 7473",
+            tag + "step:1 - timing/gen:2.0 - critic/score/mean:0.25",
+        ]
+    )
+    trimmed = trim_verl(log)
+    assert "original dataset len" not in trimmed and "timing/" not in trimmed and "None," in trimmed
+    (tmp_path / "raw.log").write_text(log)
+    (tmp_path / "trimmed.log").write_text(trimmed)
+    raw, cut = read_verl_console(tmp_path / "raw.log"), read_verl_console(tmp_path / "trimmed.log")
+    assert cut.config == raw.config and cut.config["data.train_batch_size"] == 2
