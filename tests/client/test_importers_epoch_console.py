@@ -39,3 +39,15 @@ def test_a_file_without_epoch_lines_is_refused(tmp_path):
     other.write_text("step:1 - actor/entropy:0.4\n")
     with pytest.raises(ImportFormatError, match="Epoch:"):
         read_history("epoch-console", other)
+
+
+def test_trl_console_keeps_the_dicts_whose_values_print_as_bare_nan_or_inf():
+    # Python prints a non-finite float as a bare name ('grad_norm': nan); those dicts are the ones that
+    # matter most, so they must not be dropped as unparsable (sample written here, Unsloth/TRL layout)
+    sample = SAMPLE.with_name("trl_console_nan_sample.log")
+    history = read_history("trl-console", sample)
+    assert [s for s, _ in history.points] == [1, 2, 3]  # the train_runtime summary left out
+    first, second, third = (m for _, m in history.points)
+    assert math.isnan(first["grad_norm"]) and first["reward"] == -3.25
+    assert second["grad_norm"] == math.inf and third["kl"] == -math.inf and math.isnan(third["reward"])
+    assert third["grad_norm"] == 0.5 and "note" not in third
