@@ -119,10 +119,7 @@ def read_trl_console(path: str | os.PathLike[str], *, logging_steps: int | None 
         start = raw.find("{'")
         if start < 0 or not raw.rstrip().endswith("}"):
             continue
-        try:
-            record = ast.literal_eval(raw[start:].strip())
-        except (ValueError, SyntaxError, MemoryError, RecursionError):
-            continue
+        record = _literal_dict(raw[start:].strip())
         if not isinstance(record, dict) or "train_runtime" in record:
             continue
         metrics = {str(k): parsed for k, v in record.items() if (parsed := _as_number(v)) is not None}
@@ -143,6 +140,20 @@ def read_trl_console(path: str | os.PathLike[str], *, logging_steps: int | None 
             step = bar if bars_usable and bar is not None else count * every
         points.append((step, metrics))
     return History(kind="trl-console", points=merge_points(points))
+
+
+# Python prints a non-finite float as a bare name (``'grad_norm': nan``), which ``literal_eval`` refuses
+_BARE_NON_FINITE = re.compile(r"(:\s*)(-?(?:nan|inf))(?=\s*[,}])")
+
+
+def _literal_dict(text: str) -> Any:
+    """A printed dict, with its bare ``nan``/``inf`` values read as such (quoted, then parsed as numbers)."""
+    for candidate in (text, _BARE_NON_FINITE.sub(r"\1'\2'", text)):
+        try:
+            return ast.literal_eval(candidate)
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            continue
+    return None
 
 
 def _is_eval(metrics: dict[str, float | int]) -> bool:
