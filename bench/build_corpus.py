@@ -8,6 +8,8 @@ trims it as the manifest's ``trimmed`` field says, and writes it under the manif
 - verl console logs: the header (commit, command, the override lines before the first Ray line), the
   printed config (the pprinted dict of the process that printed it) and the ``step:N - …`` lines, with
   their ``timing/*`` entries dropped; Ray/NCCL/vLLM chatter, validation samples and warnings dropped;
+- a file that holds several runs: the line range the manifest's ``lines`` names (1-based, inclusive;
+  null: to the end);
 - every other file as it is; files whose name ends in ``.gz`` are gzipped (mtime 0, so reproducible).
 
     python bench/build_corpus.py OUT_DIR --clones DIR   # DIR/<owner>+<name>/ (bare or not, or a fetched
@@ -119,6 +121,9 @@ def build(out: Path, clones: Path, part: str | None = None) -> list[str]:
             problems.append(f"{run['id']}: {done.stderr.decode(errors='replace').strip()}")
             continue
         data = done.stdout
+        if run.get("lines"):  # a file holding several runs: the manifest names this run's lines
+            first, last = run["lines"]
+            data = b"".join(data.splitlines(keepends=True)[first - 1 : last])
         if run["format"] == "verl-console":
             data = trim_verl(data.decode("utf-8", "replace")).encode()
         target = out / run["file"]
