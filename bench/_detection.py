@@ -34,18 +34,58 @@ class CorpusMissing(FileNotFoundError):
     """None of the corpus places holds every file the manifest names."""
 
 
-def corpus_files() -> list[str]:
-    return [entry["file"] for entry in json.loads(MANIFEST.read_text())["runs"]]
+PARTS = ("tuning", "heldout", "more")
+# The held-out split is drawn once by this seeded rule (bench/build_corpus.py --assign-split writes it into
+# the manifest; the corpus test checks the manifest still matches it). The first 13 runs are the tuning part
+# by decree (the rules were tuned on them before the split existed); more/ is its own third check.
+SPLIT_SEED = 20261206
+
+
+def manifest() -> dict[str, Any]:
+    return json.loads(MANIFEST.read_text())
+
+
+def corpus_files(part: str | None = None) -> list[str]:
+    return [e["file"] for e in manifest()["runs"] if part is None or e.get("split") == part]
+
+
+def stratum(entry: Mapping[str, Any]) -> str:
+    """A run's stratum for the split: its trainer family and its label (healthy, or the kind of its
+    earliest incident other than zero_grad, else zero_grad)."""
+    family = entry["format"].split("-")[0] if entry["format"].startswith(("verl", "trl")) else "trl"
+    incidents = sorted(entry["labels"].get("incidents", ()), key=lambda i: (i["onset"], i["kind"]))
+    if not incidents:
+        return f"{family}/healthy"
+    primary = next((i for i in incidents if i["kind"] != "zero_grad"), incidents[0])
+    return f"{family}/{primary['kind']}"
+
+
+def assign_split(entries: Iterable[Mapping[str, Any]], seed: int = SPLIT_SEED) -> dict[str, str]:
+    """Run id -> "tuning" | "heldout" for the runs not yet in a part: strata in name order, each stratum's
+    runs in the order of sha256(seed:id), assigned alternately (held-out first) across the whole list, so
+    every stratum is split within one run and the parts differ by at most one run."""
+    import hashlib
+
+    strata: dict[str, list[str]] = {}
+    for entry in entries:
+        strata.setdefault(stratum(entry), []).append(entry["id"])
+    ordered = [
+        rid
+        for name in sorted(strata)
+        for rid in sorted(strata[name], key=lambda r: hashlib.sha256(f"{seed}:{r}".encode()).hexdigest())
+    ]
+    return {rid: ("heldout", "tuning")[i % 2] for i, rid in enumerate(ordered)}
 
 
 def corpus_dir() -> Path | None:
-    """The first of ``RLVITALS_CORPUS_DIR``, ``../shared/real_logs`` and ``tests/data/real_logs`` that holds
-    every file the manifest names, or None."""
+    """Where the corpus files are: ``RLVITALS_CORPUS_DIR`` when set, else the first of ``../shared/real_logs``
+    and ``tests/data/real_logs`` that holds any file the manifest names; None if neither does. Not every
+    run's file need be there (CI has the first 13 and more/): :func:`load_corpus` can skip the absent."""
     env = os.environ.get("RLVITALS_CORPUS_DIR")
     places = (Path(env),) if env else CORPUS_PLACES
     files = corpus_files()
     for place in places:
-        if all((place / name).is_file() for name in files):
+        if any((place / name).is_file() for name in files):
             return place
     return None
 
@@ -60,21 +100,37 @@ class CorpusRun:
     entry: Mapping[str, Any] = field(repr=False, default_factory=dict)
 
     @property
+    def part(self) -> str:
+        return str(self.entry.get("split") or "")
+
+    @property
     def last_step(self) -> int:
         return self.history.points[-1][0]
 
 
-def load_corpus(directory: Path | None = None, *, only: Iterable[str] | None = None) -> list[CorpusRun]:
+def load_corpus(
+    directory: Path | None = None,
+    *,
+    only: Iterable[str] | None = None,
+    part: str | None = None,
+    skip_absent: bool = True,
+) -> list[CorpusRun]:
+    """The runs of ``part`` (``tuning``, ``heldout``, ``more``; None: every part), read from ``directory``
+    (default: :func:`corpus_dir`). ``skip_absent``: leave out runs whose file is not there (CI has the
+    first 13 runs and more/, not the newer ones) instead of failing."""
     directory = directory or corpus_dir()
     if directory is None:
         raise CorpusMissing(MISSING)
-    manifest = json.loads(MANIFEST.read_text())
     wanted = set(only) if only else None
     runs = []
-    for entry in manifest["runs"]:
+    for entry in manifest()["runs"]:
         if wanted is not None and entry["id"] not in wanted:
             continue
+        if part is not None and entry.get("split") != part:
+            continue
         path = directory / entry["file"]
+        if skip_absent and not path.is_file():
+            continue
         runs.append(
             CorpusRun(
                 id=entry["id"],
@@ -115,6 +171,19 @@ def _severity(finding: Any) -> str:
     return str(getattr(finding.severity, "value", finding.severity))
 
 
+def notifications_per_incident(run: CorpusRun, alerts: Iterable[Alert]) -> list[int]:
+    """For each labelled incident of ``run``: how many warning-or-worse alerts were raised inside its window
+    ``[onset − tolerance, end]`` (every one counts, storms included: a rule that resolves and re-fires is a
+    second notification)."""
+    alerts = [a for a in alerts if a.counts]
+    labels, counts = run.labels, []
+    for incident in labels.incidents:
+        lo = incident.onset - labels.tolerance
+        hi = run.last_step if incident.end is None else incident.end
+        counts.append(sum(lo <= a.step <= hi for a in alerts))
+    return counts
+
+
 Detector = Callable[[CorpusRun], list[Alert]]
 
 
@@ -149,12 +218,33 @@ def _peer_points(run: CorpusRun) -> list[list[Any]]:
 
 
 def peer_alerts(
-    peer: str, runs: Iterable[CorpusRun], *, python: Path | None = None
-) -> dict[str, list[Alert]]:
-    """Run ``peer`` over ``runs`` in its side environment; alerts per run id."""
+    peer: str,
+    runs: Iterable[CorpusRun],
+    *,
+    python: Path | None = None,
+    run_timeout: float | None = None,
+) -> dict[str, list[Alert] | None]:
+    """Run ``peer`` over ``runs`` in its side environment; alerts per run id. With ``run_timeout`` (seconds)
+    each run gets its own driver process and a run the peer does not finish in time maps to None (rldoctor
+    re-diagnoses the whole history at every point, so a 10,000-step log takes it hours)."""
     import subprocess
 
     runs = list(runs)
+    python = python or peer_python()
+    if run_timeout is None:
+        return _peer_call(peer, runs, python, timeout=1800)
+    out: dict[str, list[Alert] | None] = {}
+    for run in runs:
+        try:
+            out.update(_peer_call(peer, [run], python, timeout=run_timeout))
+        except subprocess.TimeoutExpired:
+            out[run.id] = None
+    return out
+
+
+def _peer_call(peer: str, runs: list[CorpusRun], python: Path, *, timeout: float) -> dict[str, list[Alert]]:
+    import subprocess
+
     request = {
         "peer": peer,
         "runs": [
@@ -169,12 +259,12 @@ def peer_alerts(
         ],
     }
     done = subprocess.run(
-        [str(python or peer_python()), str(DRIVER)],
+        [str(python), str(DRIVER)],
         input=json.dumps(request),
         capture_output=True,
         text=True,
         check=False,
-        timeout=1800,
+        timeout=timeout,
     )
     if done.returncode != 0:
         raise RuntimeError(f"{peer} driver failed ({done.returncode}):\n{done.stderr[-4000:]}")

@@ -8,14 +8,24 @@ trims it as the manifest's ``trimmed`` field says, and writes it under the manif
 - verl console logs: the header (commit, command, the override lines before the first Ray line), the
   printed config (the pprinted dict of the process that printed it) and the ``step:N - …`` lines, with
   their ``timing/*`` entries dropped; Ray/NCCL/vLLM chatter, validation samples and warnings dropped;
+- a file that holds several runs: the line range the manifest's ``lines`` names (1-based, inclusive;
+  null: to the end);
 - every other file as it is; files whose name ends in ``.gz`` are gzipped (mtime 0, so reproducible).
 
-    python bench/build_corpus.py OUT_DIR --clones DIR   # DIR/<owner>+<name>/ (bare or not), else
+    python bench/build_corpus.py OUT_DIR --clones DIR   # DIR/<owner>+<name>/ (bare or not, or a fetched
+                                                        # mirror's <owner>+<name>/repo), else
                                                         # DIR/<owner>/<name>/; missing ones are cloned
                                                         # from GitHub into DIR/<owner>+<name>
+    python bench/build_corpus.py OUT_DIR --clones DIR --part heldout   # one part only
     export RLVITALS_CORPUS_DIR=OUT_DIR                  # where bench/detection.py and the tests look
 
-The clones may be bare mirrors (``git --git-dir``). Exit status 1 if a run's file cannot be extracted.
+The clones may be bare mirrors (``git --git-dir``). CI never runs this (it cannot reach GitHub): it has the
+tuning part's first 13 files and more/ in ../shared/real_logs. The more/ runs that were converted or
+reconstructed from a console log (manifest ``rebuild`` says so) are not rebuilt; their raw source is pinned
+and more/SOURCES.txt says how they were made. Exit status 1 if a run's file cannot be extracted.
+
+    python bench/build_corpus.py --assign-split         # once: give every run without a part its part
+                                                        # (bench/_detection.py assign_split, seeded)
 """
 
 from __future__ import annotations
@@ -34,7 +44,7 @@ MANIFEST = ROOT / "tests" / "data" / "real_logs" / "manifest.json"
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _TAG = re.compile(r"^\s*\((?P<tag>[^()]*?pid=\d+[^()]*)\)\s?")
 _STEP = re.compile(r"(?:^|\s)step:\d+\s+-\s+")
-_CONFIG_ROW = re.compile(r"\s*(\{'|')")
+_CONFIG_ROW = re.compile(r"\s*(?:['\"{}\[\](),.:\d-]|(?:None|True|False)\s*[,}\]])")
 _HEADER_END = ("libgomp", "[I", "20")  # the first Ray/c10d/logging line ends the header
 
 
@@ -46,7 +56,7 @@ def trim_verl(text: str) -> str:
     while i < len(lines) and not lines[i].startswith(_HEADER_END) and not _TAG.match(_ANSI.sub("", lines[i])):
         out.append(lines[i])
         i += 1
-    config_tag, in_config = None, False
+    config_tag, in_config, depth = None, False, 0
     for line in lines[i:]:
         clean = _ANSI.sub("", line)
         tag = _TAG.match(clean)
@@ -57,7 +67,11 @@ def trim_verl(text: str) -> str:
             if tag is None or tag.group("tag") != config_tag:
                 continue  # another process interleaved with the printed config
             if _CONFIG_ROW.match(body) and not _STEP.search(body):
+                # a row of the pprinted dict (newer verl puts a long value on a row of its own: "None,",
+                # "32,", "}}"), until its braces close or a line of prose starts
                 out.append(line)
+                depth += body.count("{") - body.count("}")
+                in_config = depth > 0
                 continue
             in_config = False
         if _STEP.search(body):
@@ -69,7 +83,7 @@ def trim_verl(text: str) -> str:
 
 def git_dir(clones: Path, repository: str) -> Path:
     owner, name = repository.split("/")
-    for candidate in (clones / f"{owner}+{name}", clones / f"{owner}+{name}" / "repo", clones / owner / name):
+    for candidate in (clones / f"{owner}+{name}" / "repo", clones / f"{owner}+{name}", clones / owner / name):
         if (candidate / "HEAD").is_file():
             return candidate
         if (candidate / ".git").exists():
@@ -79,15 +93,25 @@ def git_dir(clones: Path, repository: str) -> Path:
     return target
 
 
-def build(out: Path, clones: Path) -> list[str]:
+def build(out: Path, clones: Path, part: str | None = None) -> list[str]:
     out.mkdir(parents=True, exist_ok=True)
     problems = []
     for run in json.loads(MANIFEST.read_text())["runs"]:
+        if part is not None and run.get("split") != part:
+            continue
+        if run.get("rebuild", "raw") != "raw":
+            print(f"{run['id']}: not rebuilt ({run['rebuild']})")
+            continue
         source = run["source"]
+        try:
+            repository = git_dir(clones, source["repository"])
+        except subprocess.CalledProcessError as exc:
+            problems.append(f"{run['id']}: no clone of {source['repository']} ({exc})")
+            continue
         done = subprocess.run(
             [
                 "git",
-                f"--git-dir={git_dir(clones, source['repository'])}",
+                f"--git-dir={repository}",
                 "show",
                 f"{source['commit']}:{source['path']}",
             ],
@@ -97,9 +121,13 @@ def build(out: Path, clones: Path) -> list[str]:
             problems.append(f"{run['id']}: {done.stderr.decode(errors='replace').strip()}")
             continue
         data = done.stdout
+        if run.get("lines"):  # a file holding several runs: the manifest names this run's lines
+            first, last = run["lines"]
+            data = b"".join(data.splitlines(keepends=True)[first - 1 : last])
         if run["format"] == "verl-console":
             data = trim_verl(data.decode("utf-8", "replace")).encode()
         target = out / run["file"]
+        target.parent.mkdir(parents=True, exist_ok=True)
         if run["file"].endswith(".gz"):
             with gzip.GzipFile(target, "wb", mtime=0) as f:
                 f.write(data)
@@ -109,14 +137,44 @@ def build(out: Path, clones: Path) -> list[str]:
     return problems
 
 
+def assign_splits() -> dict[str, str]:
+    """Write the seeded split (bench/_detection.py ``assign_split``) into the manifest for every run that has
+    no part yet, one draw per ``batch`` (runs added together); runs already in a part keep it. Returns the
+    new assignments."""
+    sys.path.insert(0, str(ROOT))
+    from bench._detection import assign_split
+
+    manifest = json.loads(MANIFEST.read_text())
+    pending = [run for run in manifest["runs"] if not run.get("split")]
+    split: dict[str, str] = {}
+    for batch in sorted({run.get("batch", 0) for run in pending}):
+        split.update(assign_split([run for run in pending if run.get("batch", 0) == batch]))
+    for run in pending:
+        run["split"] = split[run["id"]]
+    MANIFEST.write_text(json.dumps(manifest, indent=1, ensure_ascii=False) + "\n")
+    return split
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("out", type=Path, help="folder to write the corpus files into (outside the repo)")
-    parser.add_argument("--clones", type=Path, required=True, help="folder of git clones of the sources")
+    parser.add_argument(
+        "out", type=Path, nargs="?", help="folder to write the corpus files into (outside the repo)"
+    )
+    parser.add_argument("--clones", type=Path, help="folder of git clones of the sources")
+    parser.add_argument("--part", choices=("tuning", "heldout", "more"), help="build one part only")
+    parser.add_argument(
+        "--assign-split", action="store_true", help="assign parts to the runs without one, then exit"
+    )
     args = parser.parse_args(argv)
-    problems = build(args.out, args.clones)
+    if args.assign_split:
+        for rid, part in sorted(assign_splits().items(), key=lambda kv: (kv[1], kv[0])):
+            print(f"{part:8} {rid}")
+        return 0
+    if args.out is None or args.clones is None:
+        parser.error("OUT_DIR and --clones are required to build")
+    problems = build(args.out, args.clones, args.part)
     for problem in problems:
         print(problem, file=sys.stderr)
     return 1 if problems else 0

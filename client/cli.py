@@ -38,6 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ("verl-console", "a verl console log (step:N - name:value - ...), config and overrides included"),
         ("trl-console", "TRL/HF Trainer console output ({'loss': ...} per logging step)"),
         ("trl-state", "a transformers/TRL trainer_state.json"),
+        ("epoch-console", "a plain loop's 'Epoch:[e/E](i/N), Reward: ..., KL_ref: ...' lines (MiniMind)"),
         ("tensorboard", "a TensorBoard event file or a directory of them (needs rlvitals[import])"),
         ("wandb-csv", "a W&B history or chart export as CSV"),
         ("wandb-parquet", "a W&B history export as parquet (needs rlvitals[import])"),

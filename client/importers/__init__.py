@@ -8,6 +8,8 @@ Sources (``rlvitals import KIND FILE``), one reader each, all returning a :class
 - ``verl-console``: verl's console log (``step:N - name:value - ...``), with the config it printed and
   the Hydra overrides on its command line (:mod:`.console`).
 - ``trl-console``: the ``{'loss': ..., ...}`` dicts TRL / the HF Trainer print per logging step.
+- ``epoch-console``: ``Epoch:[e/E](i/N), Reward: ..., KL_ref: ...`` lines of a plain PyTorch loop
+  (MiniMind's GRPO/PPO trainers), names mapped to the ones the rules read.
 - ``trl-state``: a transformers/TRL ``trainer_state.json`` (:mod:`.files`).
 - ``tensorboard``: TensorBoard event files (the ``rlvitals[import]`` extra).
 - ``wandb-csv`` / ``wandb-parquet``: W&B history exports (parquet needs the ``rlvitals[import]`` extra).
@@ -27,7 +29,7 @@ from typing import Any, TextIO
 
 from rlvitals.analyzers.health.runconfig import flatten_config
 
-from .console import read_trl_console, read_verl_console
+from .console import read_epoch_console, read_trl_console, read_verl_console
 from .files import read_tensorboard, read_trl_state, read_wandb_csv, read_wandb_parquet
 from .history import History, ImportFormatError, MissingExtraError, unmapped_names
 
@@ -40,6 +42,7 @@ __all__ = [
     "History",
     "ImportFormatError",
     "MissingExtraError",
+    "read_epoch_console",
     "read_history",
     "read_tensorboard",
     "read_trl_console",
@@ -62,6 +65,7 @@ READERS: dict[str, Callable[[str | os.PathLike[str]], History]] = {
     "verl-jsonl": _read_verl_jsonl,
     "verl-console": read_verl_console,
     "trl-console": read_trl_console,
+    "epoch-console": read_epoch_console,
     "trl-state": read_trl_state,
     "tensorboard": read_tensorboard,
     "wandb-csv": read_wandb_csv,

@@ -119,10 +119,7 @@ def read_trl_console(path: str | os.PathLike[str], *, logging_steps: int | None 
         start = raw.find("{'")
         if start < 0 or not raw.rstrip().endswith("}"):
             continue
-        try:
-            record = ast.literal_eval(raw[start:].strip())
-        except (ValueError, SyntaxError, MemoryError, RecursionError):
-            continue
+        record = _literal_dict(raw[start:].strip())
         if not isinstance(record, dict) or "train_runtime" in record:
             continue
         metrics = {str(k): parsed for k, v in record.items() if (parsed := _as_number(v)) is not None}
@@ -145,6 +142,20 @@ def read_trl_console(path: str | os.PathLike[str], *, logging_steps: int | None 
     return History(kind="trl-console", points=merge_points(points))
 
 
+# Python prints a non-finite float as a bare name (``'grad_norm': nan``), which ``literal_eval`` refuses
+_BARE_NON_FINITE = re.compile(r"(:\s*)(-?(?:nan|inf))(?=\s*[,}])")
+
+
+def _literal_dict(text: str) -> Any:
+    """A printed dict, with its bare ``nan``/``inf`` values read as such (quoted, then parsed as numbers)."""
+    for candidate in (text, _BARE_NON_FINITE.sub(r"\1'\2'", text)):
+        try:
+            return ast.literal_eval(candidate)
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            continue
+    return None
+
+
 def _is_eval(metrics: dict[str, float | int]) -> bool:
     """An evaluation log: every key ``eval_*`` (the HF Trainer adds ``epoch`` to every log)."""
     keys = [k for k in metrics if k not in ("epoch", "step")]
@@ -158,3 +169,55 @@ def _as_number(value: Any) -> float | int | None:
     if isinstance(value, (int, float)):
         return value
     return number(value) if isinstance(value, str) else None
+
+
+# A plain PyTorch loop's per-step line, as MiniMind's GRPO/PPO trainers print it:
+#   Epoch:[1/1](12/500), Reward: 0.3261, Fmt: 1.00, KL_ref: 0.0012, Actor Loss: 0.0004, Avg Len: 152, LR: 0.000001
+_EPOCH_LINE = re.compile(
+    r"Epoch:\s*\[(?P<epoch>\d+)/(?P<epochs>\d+)\]\s*\((?P<i>\d+)/(?P<n>\d+)\)\s*,?(?P<rest>.*)$"
+)
+_EPOCH_PAIR = re.compile(
+    r"(?P<name>[A-Za-z][\w /.-]*?)\s*:\s*(?P<value>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf|-inf)"
+)
+# the names such loops print -> the names the health rules read (TRL's)
+EPOCH_NAMES = {
+    "reward": "reward",
+    "kl_ref": "kl",
+    "kl": "kl",
+    "actor loss": "loss",
+    "loss": "loss",
+    "policy loss": "loss",
+    "avg response len": "completions/mean_length",
+    "avg len": "completions/mean_length",
+    "learning rate": "learning_rate",
+    "lr": "learning_rate",
+    "grad norm": "grad_norm",
+    "adv std": "advantages/std",
+    "adv mean": "advantages/mean",
+    "fmt": "rewards/format/mean",
+    "correct": "rewards/correct/mean",
+    "entropy": "entropy",
+}
+
+
+def read_epoch_console(path: str | os.PathLike[str]) -> History:
+    """``Epoch:[e/E](i/N), Name: value, ...`` lines of a plain training loop (MiniMind's RL trainers): the
+    step is ``(e − 1)·N + i``; names are mapped to the ones the rules read (:data:`EPOCH_NAMES`), any other
+    is kept lower-cased with ``_`` for spaces. Raises ``ImportFormatError`` when no such line is there."""
+    points: list[Point] = []
+    for line in _ANSI.sub("", read_text(path)).splitlines():
+        match = _EPOCH_LINE.search(line.replace("\r", ""))
+        if match is None:
+            continue
+        step = (int(match.group("epoch")) - 1) * int(match.group("n")) + int(match.group("i"))
+        metrics: dict[str, float | int] = {}
+        for pair in _EPOCH_PAIR.finditer(match.group("rest")):
+            name = pair.group("name").strip().lower()
+            value = number(pair.group("value"))
+            if value is not None:
+                metrics[EPOCH_NAMES.get(name, name.replace(" ", "_"))] = value
+        if metrics:
+            points.append((step, metrics))
+    if not points:
+        raise ImportFormatError(f"{path}: no 'Epoch:[e/E](i/N), name: value, ...' lines")
+    return History(kind="epoch-console", points=merge_points(points))

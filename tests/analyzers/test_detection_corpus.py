@@ -1,46 +1,85 @@
-"""Issue 9's targets, measured on the real-log corpus (labels in tests/data/real_logs/manifest.json, the
-files in ../shared/real_logs/, see docs/detection.md): our health rules raise no
-warning-or-worse alert on a healthy run and catch every labelled incident, scored exactly as
-bench/detection.py scores them (rlvitals.analyzers.health.scoring)."""
+"""The labelled real-log corpus (tests/data/real_logs/manifest.json, docs/detection.md), scored exactly as
+bench/detection.py scores it (rlvitals.analyzers.health.scoring).
+
+The files are public data, never committed here: they are read from ``RLVITALS_CORPUS_DIR`` (default
+../shared/real_logs), and a run whose file is absent is left out (CI has the first 13 runs and more/;
+bench/build_corpus.py rebuilds the rest from their pinned commits). What is asserted is only what the labels
+say, on the tuning part: every labelled incident caught, no warning-or-worse alert on a healthy run or
+outside the labelled windows. The held-out part and more/ are scored and reported, never asserted against:
+a threshold tuned until they pass would make them one more tuning set."""
 
 from __future__ import annotations
 
 import pytest
 from rlvitals.analyzers.health.scoring import Alert, Incident, RunLabels, episodes, score_run, tally
 
-from bench._detection import MISSING, corpus_dir, load_corpus, our_alerts, score
+from bench._detection import (
+    MISSING,
+    PARTS,
+    assign_split,
+    corpus_dir,
+    load_corpus,
+    manifest,
+    notifications_per_incident,
+    our_alerts,
+    score,
+)
 
-# The files are public data kept in the steering repo's shared/ folder, never committed here (see
-# bench/_detection.py); without them these tests cannot measure anything and say so.
 needs_corpus = pytest.mark.skipif(corpus_dir() is None, reason=MISSING)
 
 
 @pytest.fixture(scope="module")
-def scores():
+def tuning():
     if corpus_dir() is None:
         pytest.skip(MISSING)
-    return score(our_alerts, load_corpus())
+    runs = load_corpus(part="tuning")
+    return runs, score(our_alerts, runs)
+
+
+@pytest.fixture(scope="module")
+def scores(tuning):
+    return tuning[1]
+
+
+def test_every_run_is_in_one_part_and_the_held_out_split_is_the_seeded_rule():
+    runs = manifest()["runs"]
+    assert {r["split"] for r in runs} <= set(PARTS)
+    assert len({r["id"] for r in runs}) == len(runs) and len({r["file"] for r in runs}) == len(runs)
+    # the first 13 runs are the tuning part the rules grew up on; more/ is its own part
+    assert all(r["split"] == "tuning" for r in runs[:13])
+    assert all((r["split"] == "more") == r["file"].startswith("more/") for r in runs)
+    # the rest were split once per batch (runs added together) by the seeded, stratified rule: nobody
+    # moved a run between parts since
+    drawn = [r for r in runs[13:] if r["split"] != "more"]
+    for batch in {r["batch"] for r in drawn}:
+        runs_of_batch = [r for r in drawn if r["batch"] == batch]
+        assert {r["id"]: r["split"] for r in runs_of_batch} == assign_split(runs_of_batch), batch
+    held = [r for r in drawn if r["split"] == "heldout"]
+    assert abs(2 * len(held) - len(drawn)) <= len({r["batch"] for r in drawn})
+    for r in runs:
+        labels = RunLabels.from_manifest(r)  # raises on an inconsistent label
+        assert labels.healthy or all(i.why for i in labels.incidents), r["id"]
+        assert r["source"]["commit"] and r["source"]["url"].startswith("https://github.com/"), r["id"]
 
 
 @needs_corpus
-def test_the_corpus_has_real_runs_of_both_kinds():
-    runs = load_corpus()
+def test_the_tuning_part_has_real_runs_of_both_kinds(tuning):
+    runs, _ = tuning
     assert len(runs) >= 12
     assert sum(r.labels.healthy for r in runs) >= 5
     assert sum(len(r.labels.incidents) for r in runs) >= 20
     for run in runs:
-        assert run.entry["source"]["commit"] and run.entry["source"]["url"].startswith("https://github.com/")
         assert len(run.history.points) >= 3, run.id
 
 
 @needs_corpus
-def test_no_warning_or_worse_alert_on_a_healthy_run(scores):
+def test_no_warning_or_worse_alert_on_a_healthy_tuning_run(scores):
     noisy = {s.run_id: [(a.rule, a.step, a.severity) for a in s.false_alerts] for s in scores if s.healthy}
     assert noisy == {r: [] for r in noisy}
 
 
 @needs_corpus
-def test_every_labelled_incident_is_caught(scores):
+def test_every_labelled_incident_of_the_tuning_part_is_caught(scores):
     missed = {s.run_id: [(i.kind, i.onset) for i in s.missed] for s in scores if s.missed}
     assert missed == {}
 
@@ -72,9 +111,27 @@ def test_no_later_than_the_earliest_peer_where_a_peer_was_earlier(scores):
 
 
 @needs_corpus
-def test_no_false_alert_outside_incident_windows_on_unhealthy_runs(scores):
+def test_no_false_alert_outside_incident_windows_on_unhealthy_tuning_runs(scores):
     false = {s.run_id: [(a.rule, a.step) for a in s.false_alerts] for s in scores if not s.healthy}
     assert false == {r: [] for r in false}
+
+
+@needs_corpus
+@pytest.mark.parametrize("part", ["heldout", "more"])
+def test_the_untuned_parts_are_scored_and_reported_not_asserted(part, capsys):
+    runs = load_corpus(part=part)
+    if not runs:
+        pytest.skip(f"no file of the {part} part here (bench/build_corpus.py --part {part})")
+    scored = score(our_alerts, runs)
+    overall, _ = tally(scored)
+    notes = [n for run in runs for n in notifications_per_incident(run, our_alerts(run))]
+    incidents = sum(len(r.labels.incidents) for r in runs)
+    assert overall.caught + overall.missed == incidents == len(notes)
+    with capsys.disabled():
+        print(
+            f"\n[{part}] {len(runs)} runs: {overall.caught}/{incidents} incidents caught, "
+            f"{overall.false_on_healthy} false alarms on healthy runs, median delay {overall.median_delay}"
+        )
 
 
 # the scorer itself, on small hand-made cases
@@ -105,6 +162,44 @@ def test_tally_counts_per_rule_catches_and_delays():
     overall, per_rule = tally([scored])
     assert (overall.caught, overall.missed, overall.median_delay) == (2, 0, 3.5)  # delays 2 and 5
     assert per_rule["x"].caught == 2 and per_rule["x"].delays == [2, 6]
+
+
+def test_notifications_count_every_warning_inside_an_incident_window():
+    from pathlib import Path
+
+    from rlvitals.client.importers import History
+
+    from bench._detection import CorpusRun
+
+    labels = RunLabels("r", healthy=False, incidents=(Incident("a", 10, 20), Incident("b", 50)), tolerance=2)
+    run = CorpusRun(
+        "r", "trl-state", Path("x"), labels, History(kind="trl-state", points=[(0, {}), (100, {})])
+    )
+    alerts = [
+        Alert("x", 8),
+        Alert("x", 12),
+        Alert("y", 20, "critical"),
+        Alert("z", 15, "info"),
+        Alert("x", 60),
+    ]
+    assert notifications_per_incident(run, alerts) == [3, 1]
+
+
+def test_the_split_rule_is_stratified_seeded_and_balanced():
+    def run(rid, kinds=(), fmt="trl-console"):
+        incidents = [{"kind": k, "onset": 5 * n} for n, k in enumerate(kinds)]
+        return {"id": rid, "format": fmt, "labels": {"healthy": not kinds, "incidents": incidents}}
+
+    entries = [run(f"h{i}") for i in range(5)] + [run(f"t{i}", ("zero_grad", "truncation")) for i in range(4)]
+    entries += [run(f"v{i}", fmt="verl-console") for i in range(3)]
+    split = assign_split(entries)
+    assert split == assign_split(list(reversed(entries)))  # order-free
+    assert split != assign_split(entries, seed=1)  # the seed draws it
+    by = {}
+    for e in entries:
+        by.setdefault(e["id"][0], []).append(split[e["id"]])
+    assert all(abs(parts.count("heldout") - parts.count("tuning")) <= 1 for parts in by.values())
+    assert abs(sum(p == "heldout" for p in split.values()) - 6) <= 1
 
 
 def test_corpus_builder_trims_a_verl_log_to_what_the_importer_reads(tmp_path):
@@ -140,3 +235,35 @@ def test_corpus_builder_trims_a_verl_log_to_what_the_importer_reads(tmp_path):
     assert cut.config == raw.config and cut.config["actor_rollout_ref.actor.ppo_mini_batch_size"] == 64
     strip = [(s, {k: v for k, v in m.items() if not k.startswith("timing/")}) for s, m in raw.points]
     assert cut.points == strip and [s for s, _ in cut.points] == [0, 1]
+
+
+def test_corpus_builder_keeps_a_newer_verl_config_whose_values_wrap_onto_their_own_rows(tmp_path):
+    from rlvitals.client.importers.console import read_verl_console
+
+    from bench.build_corpus import trim_verl
+
+    tag = "\x1b[36m(TaskRunner pid=7)\x1b[0m "
+    log = "\n".join(
+        [
+            "ray init kwargs: {'num_cpus': 8}",
+            "2025-12-16 06:18:46,158\tINFO worker.py:1832 -- Started a local Ray instance.",
+            tag + "TaskRunner hostname: host, PID: 7",
+            tag + "{'actor_rollout_ref': ",
+            tag + "{'actor': {'ppo_mini_batch_size': 2,",
+            tag + "                       'log_prob_micro_batch_size':",
+            tag + "None,",
+            tag + "                       'max_token_len'",
+            tag + ": ",
+            tag + "32,",
+            tag + "           'ppo_epochs': 1}},",
+            tag + " 'data': {'train_batch_size': 2}}",
+            tag + "original dataset len: 7473",
+            tag + "step:1 - timing/gen:2.0 - critic/score/mean:0.25",
+        ]
+    )
+    trimmed = trim_verl(log)
+    assert "original dataset len" not in trimmed and "timing/" not in trimmed and "None," in trimmed
+    (tmp_path / "raw.log").write_text(log)
+    (tmp_path / "trimmed.log").write_text(trimmed)
+    raw, cut = read_verl_console(tmp_path / "raw.log"), read_verl_console(tmp_path / "trimmed.log")
+    assert cut.config == raw.config and cut.config["data.train_batch_size"] == 2
