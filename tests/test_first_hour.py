@@ -184,13 +184,13 @@ def test_a_step_that_goes_backwards_is_sent_and_warns_once(tmp_path):
     assert fake.series(run.run_id, "x") == {0: 0.0, 1: 1.0, 2: 2.0, 3: 3.0}  # the first value of each step
 
 
-def test_log_after_finish_raises_runtime_error_as_the_readme_says(tmp_path):
+def test_log_after_finish_raises_runtime_error_as_the_docs_say(tmp_path):
     run = init(url="http://fake", project="p", name="r", spool_dir=tmp_path, transport=FakeServer().transport)
     run.finish(timeout=5)
     with pytest.raises(RuntimeError, match="open run"):
         run.log({"x": 1.0}, step=0)
-    readme = (REPO / "README.md").read_text()
-    assert "`RuntimeError`: `log()` after `finish()`" in readme
+    client_doc = (REPO / "docs" / "client.md").read_text()
+    assert "`RuntimeError`: `log()` after `finish()`" in client_doc
 
 
 # --- the demo --------------------------------------------------------------------------------------
