@@ -29,7 +29,7 @@ from rlvitals.analyzers.health.runconfig import flatten_config
 
 from .console import read_trl_console, read_verl_console
 from .files import read_tensorboard, read_trl_state, read_wandb_csv, read_wandb_parquet
-from .history import History, ImportFormatError, MissingExtraError, unmapped_names
+from .history import History, ImportFormatError, MissingExtraError, read_bytes, unmapped_names
 
 __all__ = [
     "KINDS",
@@ -53,9 +53,13 @@ __all__ = [
 
 
 def _read_verl_jsonl(path: str | os.PathLike[str]) -> History:
-    from rlvitals.client.integrations.verl import read_verl_jsonl
+    from rlvitals.client.integrations.verl import _parse_line, read_verl_jsonl
 
-    return History(kind="verl-jsonl", points=list(read_verl_jsonl(path)))
+    if not str(path).endswith(".gz"):
+        return History(kind="verl-jsonl", points=list(read_verl_jsonl(path)))
+    lines = read_bytes(path).splitlines()  # a *.gz file is decompressed (a bad one: ImportFormatError)
+    points = [_parse_line(raw, f"{path}:{n}") for n, raw in enumerate(lines, start=1) if raw.strip()]
+    return History(kind="verl-jsonl", points=points)
 
 
 READERS: dict[str, Callable[[str | os.PathLike[str]], History]] = {
@@ -191,6 +195,8 @@ def run_import(
         raise ValueError(f"unknown import kind {kind!r}; expected one of {', '.join(KINDS)}")
     if follow and kind != "verl-jsonl":
         raise ValueError("--follow works with verl-jsonl only")
+    if follow and str(path).endswith(".gz"):
+        raise ValueError("--follow tails a growing plain file; a .gz file is read whole without --follow")
     path = Path(path)
     if not (path.is_file() or (kind == "tensorboard" and path.is_dir())):
         raise FileNotFoundError(f"no such file: {path}")
