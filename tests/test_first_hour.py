@@ -240,6 +240,26 @@ def test_sigterm_stops_the_demo_and_its_server(tmp_path):
     assert "stopping the server" in rest, rest
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
+    demo_dir = tmp_path / ".rlvitals" / "demo"
+    assert list(demo_dir.glob("demo-*.db")), list(demo_dir.iterdir())  # the run's data stays
+    assert not list(demo_dir.glob("*.serve.lock")), "the stopped demo left its server's lock behind"
+
+
+def test_the_demo_leaves_a_lock_that_a_live_server_holds(tmp_path):
+    import fcntl
+
+    from rlvitals.client.demo import _remove_serve_lock
+
+    db = tmp_path / "demo.db"
+    lock = tmp_path / "demo.db.serve.lock"
+    with lock.open("a+") as held:  # what a running `rlvitals serve` holds
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        _remove_serve_lock(f"sqlite:///{db}")
+        assert lock.exists()
+    _remove_serve_lock(f"sqlite:///{db}")  # nobody holds it now
+    assert not lock.exists()
+    _remove_serve_lock(f"sqlite:///{db}")  # already gone: nothing to do
+    _remove_serve_lock("postgresql+psycopg://u@h/db")
 
 
 def test_make_run_installs_the_server_extra_not_dev():

@@ -183,6 +183,8 @@ def test_the_import_commands_run_on_the_files_they_name(server, tmp_path):
         argv = shlex.split(command.replace("http://127.0.0.1:8000", server.url))
         out = run(argv, cwd=tmp_path, env=_env(), timeout=180)
         assert out.returncode == 0, (command, out.stdout[-2000:], out.stderr[-2000:])
+        if "--url" in argv:  # the upload says where to look
+            assert re.search(rf"^dashboard: {re.escape(server.url)}/runs/\d+$", out.stdout, re.M), out.stdout
     runs = httpx.get(f"{server.url}/api/v1/runs", timeout=10).json()["data"]
     assert any(r["last_step"] == 29 and r["name"] != "plain-loop" for r in runs), runs  # the upload
 

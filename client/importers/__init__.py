@@ -228,10 +228,13 @@ def run_import(
     print(summary(kind, path, result), file=out)
     if run is not None:
         report = run.finish()
-        where = (
-            f"offline spool {run.spool_dir}" if offline else f"{run.url} as run {run.run_id or run.name!r}"
-        )
-        print(f"sent to {where}: {report}", file=out)
+        if offline:
+            print(f"sent to offline spool {run.spool_dir}: {report} (send it later: rlvitals sync)", file=out)
+        elif run.run_id is not None:
+            print(f"sent to {run.url} as run {run.run_id}: {report}", file=out)
+            print(f"dashboard: {run.url}/runs/{run.run_id}", file=out)
+        else:  # the server never answered: the points wait in the spool for `rlvitals sync`
+            print(f"not sent ({run.url} did not answer): {report} (spooled to {run.spool_dir})", file=out)
     elif not upload:
         print(
             "(diagnosed locally only: pass --url or set RLVITALS_URL to send it, or --offline to spool)",
