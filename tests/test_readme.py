@@ -137,7 +137,7 @@ def _audits(url: str, run_id: int, want: int) -> list[dict]:
     deadline = time.monotonic() + 120
     while True:
         data = httpx.get(f"{url}/api/v1/runs/{run_id}/audits", timeout=10).json()["data"]
-        if len(data) >= want and all(a["status"] not in ("queued", "running") for a in data):
+        if len(data) >= want and all(a["status"] in ("done", "error") for a in data):
             return data
         assert time.monotonic() < deadline, data
         time.sleep(0.5)
