@@ -6,7 +6,7 @@
 # The image's entrypoint is the `rlvitals` command; its default command serves on 0.0.0.0:8000 with the
 # embedded SQLite database in the /var/lib/rlvitals volume. docker-compose.yml runs it on PostgreSQL.
 # The server refuses a non-loopback address while no API key exists: create one first
-# (`rlvitals keys create`, see README.md#first-start-create-an-api-key) or pass --insecure on a trusted network.
+# (`rlvitals keys create`, see docs/deploy.md) or pass --insecure on a trusted network.
 
 FROM python:3.11-slim AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1

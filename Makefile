@@ -1,7 +1,14 @@
-.PHONY: run test bench lint
+.PHONY: run test test-fast bench lint docs docs-build
+FAST_MARKERS = not sideenv and not browser and not docker
 run:  ## run the product: demo trainers against a server on embedded SQLite (installs the server extra only)
 	@RLVITALS_EXTRAS=server bash scripts/bootstrap.sh && .venv/bin/rlvitals demo
-test:  ## the whole test suite, from a fresh machine
+test:  ## the whole test suite, from a fresh machine (about 40 minutes; CI runs this)
 	@bash scripts/test.sh
-lint:
-	@.venv/bin/ruff check . && .venv/bin/ruff format --check .
+test-fast:  ## the edit-test loop: lint, docs and every test but the side environments, Chromium and Docker
+	@RLVITALS_TEST_MARKERS="$(FAST_MARKERS)" bash scripts/test.sh $(ARGS)
+lint:  ## ruff, and the documentation site built strictly (a broken link or a missing page fails)
+	@.venv/bin/ruff check . && .venv/bin/ruff format --check . && $(MAKE) --no-print-directory docs-build
+docs-build:
+	@NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --site-dir build/site
+docs:  ## serve the documentation site at http://127.0.0.1:8001
+	@NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs serve --dev-addr 127.0.0.1:8001

@@ -38,6 +38,10 @@ from pathlib import Path
 
 from rlvitals.client.testing import LatencyProbe
 
+# log() must never block the trainer: its p99 and its worst unpreempted call stay under 1 ms (server up,
+# slow or down). tests/client/test_client_faults.py keeps only a sanity bound; this is the target.
+LOG_TARGET_US = 1000.0
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TRACKIO = Path(
     os.environ.get("RLVITALS_BENCH_TRACKIO_PYTHON", ROOT.parent / "peer-venvs" / "trackio" / "bin" / "python")
@@ -269,6 +273,12 @@ def main() -> int:
         print(f"{row['label']:<18} {row['p50_us']:>8.1f} {row['p99_us']:>8.1f} {row['max_us']:>9.1f} "
               f"{row['max_unpreempted_us']:>9.1f}  {delivered}")  # fmt: skip
     print("max* = worst call the kernel did not preempt (the client's own blocking)")
+    for row in results["scalars"]:
+        if "sent" in row:  # ours: the target the fault tests only sanity-check (they allow 50 ms)
+            met = row["max_unpreempted_us"] < LOG_TARGET_US and row["p99_us"] < LOG_TARGET_US
+            print(
+                f"target: no log() blocks {LOG_TARGET_US / 1000:g} ms ({row['label']}): {'met' if met else 'NOT met'}"
+            )
     b = results["batches"]
     print(f"log_batch 64x4096x6 float32 ({b['batch_mb']:.1f} MB): caller p50 {b['caller_ms_p50']:.2f} ms, "
           f"max {b['caller_ms_max']:.2f} ms; background: serialize {b['serialize_mb_s']:.0f} MB/s, "

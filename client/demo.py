@@ -88,16 +88,38 @@ class DemoServer:
             self.popen.wait()
 
     def stop(self) -> None:
-        if self.popen is None or self.popen.poll() is not None:
+        if self.popen is None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.popen.pid, signal.SIGTERM)
-        try:
-            self.popen.wait(timeout=10)
-        except subprocess.TimeoutExpired:
+        if self.popen.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.popen.pid, signal.SIGKILL)
-            self.popen.wait(timeout=10)
+                os.killpg(self.popen.pid, signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.wait(timeout=10)
+        _remove_serve_lock(self.database_url)
+
+
+def _remove_serve_lock(database_url: str) -> None:
+    """Delete the ``<db>.serve.lock`` our stopped server leaves beside a SQLite file, unless a server holds
+    it (its lock is an ``flock`` on the open file: taking it proves no process serves that database)."""
+    if not database_url.startswith("sqlite:///"):
+        return
+    import fcntl
+
+    path = Path(os.path.abspath(database_url.removeprefix("sqlite:///")) + ".serve.lock")  # as serve names it
+    try:
+        handle = path.open("r+")
+    except OSError:
+        return  # never created, or already gone
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return  # another server serves this file now: its lock stays
+        path.unlink(missing_ok=True)
 
 
 def run_demo(

@@ -19,7 +19,7 @@ LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost
 
 
 class Settings(BaseSettings):
-    """All server settings (documented, one per row, in README.md#settings)."""
+    """All server settings (documented, one per row, in docs/server.md)."""
 
     model_config = SettingsConfigDict(env_prefix="RLVITALS_", extra="forbid", validate_assignment=True)
 

@@ -83,3 +83,18 @@ def serve(tmp_path) -> Iterator:
     yield _start
     for proc in started:
         proc.stop()
+
+
+# --- markers: what `make test-fast` leaves out -------------------------------------------------------
+# `sideenv`: the test trains in a side environment (real verl, TRL, OpenRLHF: tests/support/sideenv.py);
+# `browser`: it drives headless Chromium; `docker`: it builds and starts containers (opt-in). The marks
+# are given here from what a test uses, so a new test gets them without remembering to.
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    from tests.support import sideenv
+
+    for item in items:
+        module = getattr(item, "module", None)
+        if module is not None and getattr(module, "ensure", None) is sideenv.ensure:
+            item.add_marker(pytest.mark.sideenv)
+        if {"browser", "tab"} & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.browser)

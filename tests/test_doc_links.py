@@ -71,7 +71,7 @@ def _check(target: str, base: Path) -> str | None:
 
 
 def _markdown_files() -> list[Path]:
-    return [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+    return [REPO / "README.md", REPO / "CHANGELOG.md", *sorted((REPO / "docs").rglob("*.md"))]
 
 
 def test_every_relative_link_in_the_readme_and_docs_resolves():

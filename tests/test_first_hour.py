@@ -184,13 +184,13 @@ def test_a_step_that_goes_backwards_is_sent_and_warns_once(tmp_path):
     assert fake.series(run.run_id, "x") == {0: 0.0, 1: 1.0, 2: 2.0, 3: 3.0}  # the first value of each step
 
 
-def test_log_after_finish_raises_runtime_error_as_the_readme_says(tmp_path):
+def test_log_after_finish_raises_runtime_error_as_the_docs_say(tmp_path):
     run = init(url="http://fake", project="p", name="r", spool_dir=tmp_path, transport=FakeServer().transport)
     run.finish(timeout=5)
     with pytest.raises(RuntimeError, match="open run"):
         run.log({"x": 1.0}, step=0)
-    readme = (REPO / "README.md").read_text()
-    assert "`RuntimeError`: `log()` after `finish()`" in readme
+    client_doc = (REPO / "docs" / "client.md").read_text()
+    assert "`RuntimeError`: `log()` after `finish()`" in client_doc
 
 
 # --- the demo --------------------------------------------------------------------------------------
@@ -240,6 +240,26 @@ def test_sigterm_stops_the_demo_and_its_server(tmp_path):
     assert "stopping the server" in rest, rest
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
+    demo_dir = tmp_path / ".rlvitals" / "demo"
+    assert list(demo_dir.glob("demo-*.db")), list(demo_dir.iterdir())  # the run's data stays
+    assert not list(demo_dir.glob("*.serve.lock")), "the stopped demo left its server's lock behind"
+
+
+def test_the_demo_leaves_a_lock_that_a_live_server_holds(tmp_path):
+    import fcntl
+
+    from rlvitals.client.demo import _remove_serve_lock
+
+    db = tmp_path / "demo.db"
+    lock = tmp_path / "demo.db.serve.lock"
+    with lock.open("a+") as held:  # what a running `rlvitals serve` holds
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        _remove_serve_lock(f"sqlite:///{db}")
+        assert lock.exists()
+    _remove_serve_lock(f"sqlite:///{db}")  # nobody holds it now
+    assert not lock.exists()
+    _remove_serve_lock(f"sqlite:///{db}")  # already gone: nothing to do
+    _remove_serve_lock("postgresql+psycopg://u@h/db")
 
 
 def test_make_run_installs_the_server_extra_not_dev():

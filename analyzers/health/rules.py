@@ -1,7 +1,7 @@
 """Built-in health rules over the size of each policy update: pg_clipfrac, ppo_kl, pg_clipfrac_lower.
 They register through :func:`register_rule` exactly as a user's rule would.
 
-Healthy ranges (see README.md#the-built-in-rules): ppo_kl a small positive number that stays near its own level;
+Healthy ranges (see docs/health.md): ppo_kl a small positive number that stays near its own level;
 pg_clipfrac in [0.1, 0.3] (0 by construction with one update per batch); pg_clipfrac_lower close to 0.
 The run-long trends (kl_loss, entropy) live in :mod:`.trend_rules`, the event rules (non_finite,
 zero_advantage_groups, audit_mismatch) in :mod:`.event_rules`.

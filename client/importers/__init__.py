@@ -31,7 +31,7 @@ from rlvitals.analyzers.health.runconfig import flatten_config
 
 from .console import read_epoch_console, read_trl_console, read_verl_console
 from .files import read_tensorboard, read_trl_state, read_wandb_csv, read_wandb_parquet
-from .history import History, ImportFormatError, MissingExtraError, unmapped_names
+from .history import History, ImportFormatError, MissingExtraError, read_bytes, unmapped_names
 
 __all__ = [
     "KINDS",
@@ -56,9 +56,13 @@ __all__ = [
 
 
 def _read_verl_jsonl(path: str | os.PathLike[str]) -> History:
-    from rlvitals.client.integrations.verl import read_verl_jsonl
+    from rlvitals.client.integrations.verl import _parse_line, read_verl_jsonl
 
-    return History(kind="verl-jsonl", points=list(read_verl_jsonl(path)))
+    if not str(path).endswith(".gz"):
+        return History(kind="verl-jsonl", points=list(read_verl_jsonl(path)))
+    lines = read_bytes(path).splitlines()  # a *.gz file is decompressed (a bad one: ImportFormatError)
+    points = [_parse_line(raw, f"{path}:{n}") for n, raw in enumerate(lines, start=1) if raw.strip()]
+    return History(kind="verl-jsonl", points=points)
 
 
 READERS: dict[str, Callable[[str | os.PathLike[str]], History]] = {
@@ -238,6 +242,8 @@ def run_import(
         raise ValueError(f"unknown import kind {kind!r}; expected one of {', '.join(KINDS)}")
     if follow and kind != "verl-jsonl":
         raise ValueError("--follow works with verl-jsonl only")
+    if follow and str(path).endswith(".gz"):
+        raise ValueError("--follow tails a growing plain file; a .gz file is read whole without --follow")
     path = Path(path)
     if not (path.is_file() or (kind == "tensorboard" and path.is_dir())):
         raise FileNotFoundError(f"no such file: {path}")
@@ -269,10 +275,13 @@ def run_import(
     print(summary(kind, path, result), file=out)
     if run is not None:
         report = run.finish()
-        where = (
-            f"offline spool {run.spool_dir}" if offline else f"{run.url} as run {run.run_id or run.name!r}"
-        )
-        print(f"sent to {where}: {report}", file=out)
+        if offline:
+            print(f"sent to offline spool {run.spool_dir}: {report} (send it later: rlvitals sync)", file=out)
+        elif run.run_id is not None:
+            print(f"sent to {run.url} as run {run.run_id}: {report}", file=out)
+            print(f"dashboard: {run.url}/runs/{run.run_id}", file=out)
+        else:  # the server never answered: the points wait in the spool for `rlvitals sync`
+            print(f"not sent ({run.url} did not answer): {report} (spooled to {run.spool_dir})", file=out)
     elif not upload:
         print(
             "(diagnosed locally only: pass --url or set RLVITALS_URL to send it, or --offline to spool)",

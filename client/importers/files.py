@@ -13,7 +13,7 @@
   and ``"<run> - <metric>"`` columns; its ``__MIN``/``__MAX`` columns are left out). Parquet needs
   ``pyarrow`` (the ``rlvitals[import]`` extra).
 
-Every ``*.gz`` text file is read through gzip.
+Every ``*.gz`` file, of every kind, is read through gzip (event files and parquet included).
 """
 
 from __future__ import annotations
@@ -88,7 +88,9 @@ def read_tensorboard(path: str | os.PathLike[str]) -> History:
     config: dict[str, Any] = {}
     for file in files:
         try:
-            events = list(EventFileLoader(str(file)).Load())
+            events = _tensorboard_events(EventFileLoader, file)
+        except ImportFormatError:
+            raise
         except Exception as exc:  # the loader raises DataLossError & co. on a corrupt record
             raise ImportFormatError(f"{file}: not a readable TensorBoard event file ({exc})") from exc
         for event in events:
@@ -122,6 +124,18 @@ def _args_config(text: Any) -> dict[str, Any]:
     return flat(args) if isinstance(args, dict) else {}
 
 
+def _tensorboard_events(loader: Any, file: Path) -> list[Any]:
+    """Every event of one file; a ``*.gz`` one is decompressed to a temporary file (the loader reads paths)."""
+    if not file.name.endswith(".gz"):
+        return list(loader(str(file)).Load())
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="rlvitals-tb-") as folder:
+        plain = Path(folder) / file.name[: -len(".gz")]
+        plain.write_bytes(read_bytes(file))
+        return list(loader(str(plain)).Load())
+
+
 def read_wandb_csv(path: str | os.PathLike[str]) -> History:
     """A W&B history or chart export as CSV (see the module docstring)."""
     rows = list(csv.DictReader(io.StringIO(read_text(path))))
@@ -131,13 +145,15 @@ def read_wandb_csv(path: str | os.PathLike[str]) -> History:
 def read_wandb_parquet(path: str | os.PathLike[str]) -> History:
     """A W&B history export as parquet (``pyarrow``, the ``rlvitals[import]`` extra)."""
     try:
+        import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError as exc:
         raise MissingExtraError(
             f"reading parquet needs the 'pyarrow' package: pip install '{EXTRA}'"
         ) from exc
     try:
-        rows = pq.read_table(str(path)).to_pylist()
+        source = pa.BufferReader(read_bytes(path)) if str(path).endswith(".gz") else str(path)
+        rows = pq.read_table(source).to_pylist()
     except Exception as exc:  # pyarrow raises ArrowInvalid & co. on a non-parquet file
         raise ImportFormatError(f"{path}: not a readable parquet file ({exc})") from exc
     return _wandb_rows(path, rows, kind="wandb-parquet")

@@ -22,7 +22,10 @@ _COMMAND_MODULES = (
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from rlvitals import __version__
+
     parser = argparse.ArgumentParser(prog="rlvitals", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"rlvitals {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in _COMMAND_MODULES:

@@ -1,5 +1,5 @@
 """The health-rules docs cover every built-in rule (docs/health-rules.md: its settings, defaults, advice;
-the README: its row in the overview table), the common settings and every alias."""
+docs/health.md as built: its row in the generated overview table), the common settings and every alias."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from rlvitals.analyzers.health import ALIASES, RULES, RuleId
 from rlvitals.analyzers.health.registry import COMMON_DEFAULTS
 
-DOC = Path(__file__).resolve().parents[2] / "README.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "health.md"
 REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "health-rules.md"
 
 
@@ -40,7 +40,9 @@ def test_rule_section_documents_each_setting_and_advice(rule_id):
 
 
 def test_rule_ids_appear_in_the_overview_table():
-    table = DOC.read_text().split("### The built-in rules")[1].split("####")[0]
+    from scripts.docs_hooks import render
+
+    table = render(DOC.read_text()).split("## The built-in rules")[1].split("\n## ")[0]
     for rule in RuleId:
         assert f"| `{rule.value}` |" in table
 
@@ -59,7 +61,7 @@ def test_user_rule_snippet_runs_as_documented():
     from rlvitals.analyzers import HealthMonitor
     from rlvitals.analyzers.health import unregister_rule
 
-    block = DOC.read_text().split("### Your own rules")[1].split("```python")[1].split("```")[0]
+    block = DOC.read_text().split("## Your own rules")[1].split("```python")[1].split("```")[0]
     namespace: dict = {}
     exec(compile(block, str(DOC), "exec"), namespace)
     try:

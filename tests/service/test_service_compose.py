@@ -29,7 +29,7 @@ from tests.support.servers import start_server
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "docker-compose.yml"
 DOCKERFILE = REPO / "Dockerfile"
-DEPLOY_DOC = REPO / "README.md"
+DEPLOY_DOC = REPO / "docs" / "deploy.md"
 
 _VAR = re.compile(r"\$(?:(\$)|\{(\w+)(?:(:?[-?])([^}]*))?\}|(\w+))")
 
@@ -266,7 +266,7 @@ def test_deploy_doc_explains_keys_and_insecure() -> None:
         "Authorization: Bearer",
         "/healthz",
     ):
-        assert needle in text, f"README.md (deploy section) should mention {needle!r}"
+        assert needle in text, f"docs/deploy.md should mention {needle!r}"
 
 
 def test_compose_server_command_starts_on_postgresql(pg_url: str, tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""The service docs cover every setting (with its environment variable) and every API path."""
+"""The server page of the docs site (docs/server.md) covers every setting (with its environment variable),
+every API path and every Prometheus metric."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 from rlvitals.service.app import create_app
 from rlvitals.service.settings import Settings
 
-DOC = Path(__file__).resolve().parents[2] / "README.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "server.md"
 
 
 def test_every_setting_is_documented_with_its_environment_variable():

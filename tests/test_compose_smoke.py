@@ -1,0 +1,139 @@
+"""Opt-in smoke test of docker-compose.yml with a real container engine (docs/deploy.md, "Smoke test").
+
+Runs only when asked: ``RLVITALS_TEST_COMPOSE=1`` and a working engine — Docker with Compose v2
+(``docker compose``), or podman with ``podman-compose`` (``RLVITALS_TEST_COMPOSE_CMD="podman-compose"``
+picks one explicitly). It builds the image from the checkout, then does what docs/deploy.md says:
+starts PostgreSQL, creates an API key with ``compose run --rm rlvitals keys create``, brings the stack up,
+waits for ``/healthz`` to report PostgreSQL, sends a run with three steps and one tensor batch through
+the real client, and reads them back **in PostgreSQL** (``psql`` in the postgres container): the run,
+its points and the batch's audit, which must agree. A unique project name, a free port, and
+``down -v`` at the end leave nothing behind. Building the image takes minutes (CPU torch).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from tests.support.servers import free_port
+
+REPO = Path(__file__).resolve().parents[1]
+OPT_IN = "RLVITALS_TEST_COMPOSE"
+
+
+def compose_command() -> list[str] | None:
+    """The compose CLI to use, or None when no working engine is here."""
+    if os.environ.get("RLVITALS_TEST_COMPOSE_CMD"):
+        return shlex.split(os.environ["RLVITALS_TEST_COMPOSE_CMD"])
+    candidates = []
+    if shutil.which("docker"):
+        candidates.append((["docker", "info"], ["docker", "compose"]))
+    if shutil.which("podman") and shutil.which("podman-compose"):
+        candidates.append((["podman", "info"], ["podman-compose"]))
+    for probe, command in candidates:
+        try:
+            if subprocess.run(probe, capture_output=True, timeout=30).returncode == 0:
+                return command
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+    return None
+
+
+pytestmark = [
+    pytest.mark.docker,
+    pytest.mark.timeout(3600),
+    pytest.mark.skipif(os.environ.get(OPT_IN) != "1", reason=f"opt-in: set {OPT_IN}=1 (docs/deploy.md)"),
+]
+
+
+@pytest.fixture(scope="module")
+def stack():
+    command = compose_command()
+    if command is None:
+        pytest.skip("no working container engine: docker with Compose v2, or podman with podman-compose")
+    project = f"rlvitals-smoke-{uuid.uuid4().hex[:8]}"
+    port = free_port()
+    env = {**os.environ, "RLVITALS_PUBLISH": f"127.0.0.1:{port}", "POSTGRES_PASSWORD": uuid.uuid4().hex}
+    base = [*command, "-p", project, "-f", str(REPO / "docker-compose.yml")]
+
+    def compose(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+        out = subprocess.run(
+            [*base, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+        )
+        assert out.returncode == 0, f"{' '.join(args)}:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+        return out
+
+    try:
+        compose("build", timeout=2400)
+        compose("up", "-d", "postgres", timeout=300)
+        created = compose("run", "--rm", "rlvitals", "keys", "create", "--name", "smoke", timeout=300)
+        (key,) = re.findall(r"^(rlv_\S+)$", created.stdout, flags=re.MULTILINE)
+        compose("up", "-d", timeout=300)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                health = httpx.get(f"{url}/healthz", timeout=3)
+                if health.status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, compose("logs", "--tail", "50").stdout
+            time.sleep(1)
+        yield {"url": url, "key": key, "health": health.json(), "compose": compose}
+    finally:
+        subprocess.run([*base, "down", "-v"], cwd=REPO, env=env, capture_output=True, timeout=300)
+
+
+def _psql(compose, sql: str) -> str:
+    out = compose("exec", "-T", "postgres", "psql", "-U", "rlvitals", "-d", "rlvitals", "-tA", "-c", sql)
+    return out.stdout.strip()
+
+
+def test_a_run_with_a_batch_lands_in_postgresql(stack, tmp_path):
+    import rlvitals
+
+    assert stack["health"] == {"status": "ok", "database": "postgresql"}
+    torch.manual_seed(0)
+    log_prob = torch.randn(4, 8) * 0.1
+    mask = torch.ones(4, 8)
+    advantages = torch.randn(4, 1).expand(4, 8).contiguous()
+    config = {"loss_mode": "vanilla", "loss_agg_mode": "token-mean", "clip_ratio": 0.2}
+    reported = {"pg_loss": float(-(advantages * mask).sum() / mask.sum()), "pg_clipfrac": 0.0, "ppo_kl": 0.0}
+    run = rlvitals.init(
+        url=stack["url"], api_key=stack["key"], project="smoke", name="compose", config=config,
+        spool_dir=tmp_path / "spool", batch_every=1,
+    )  # fmt: skip
+    for step in range(3):
+        run.log({"actor/pg_loss": reported["pg_loss"], "actor/entropy": 1.0}, step=step)
+    run.log_batch(0, log_prob=log_prob, old_log_prob=log_prob, advantages=advantages, response_mask=mask,
+                  config=config, reported=reported)  # fmt: skip
+    report = run.finish(timeout=60)
+    assert report.complete, report
+    compose = stack["compose"]
+    assert _psql(compose, "SELECT name, last_step FROM runs WHERE project = 'smoke'") == "compose|2"
+    assert (
+        _psql(
+            compose, "SELECT count(*) FROM points p JOIN runs r ON r.id = p.run_id WHERE r.project = 'smoke'"
+        )
+        == "6"
+    )
+    deadline = time.monotonic() + 120
+    while (status := _psql(compose, "SELECT status FROM audits")) not in ("done", "error"):
+        assert time.monotonic() < deadline, f"audit still {status!r}"
+        time.sleep(1)
+    assert status == "done"
+    audit = httpx.get(
+        f"{stack['url']}/api/v1/runs/{run.run_id}/audits", headers={"Authorization": f"Bearer {stack['key']}"}
+    ).json()["data"][0]
+    assert all(v["ok"] for v in audit["verdicts"].values()), audit
