@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from . import event_rules as _event_rules  # noqa: F401  (registers the built-in rules)
-from . import mismatch_rules as _mismatch_rules  # noqa: F401
+from . import mismatch_rules as _mismatch_rules  # noqa: F401  (last: registered after the rest)
 from . import outcome_rules as _outcome_rules  # noqa: F401
 from . import rules as _update_rules  # noqa: F401
 from . import stability_rules as _stability_rules  # noqa: F401
