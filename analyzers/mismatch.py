@@ -172,7 +172,12 @@ def mismatch_report(
         row, col = flat // width, flat % width
         p_v = rollout_v.exp()  # the token's rollout probability
         top = torch.topk(abs_v, min(n, n // 100 + 2)).values  # the largest 1% + 2, descending
-        p50 = float(torch.kthvalue(abs_v, (n + 1) // 2).values)
+        half = 0.5 * (
+            n - 1
+        )  # the median as torch.quantile interpolates it (two middle values when n is even)
+        p50 = float(torch.kthvalue(abs_v, math.floor(half) + 1).values)
+        if half % 1:
+            p50 = 0.5 * (p50 + float(torch.kthvalue(abs_v, math.floor(half) + 2).values))
         q = [p50, float(_quantile_from_top(top, n, 0.99))]
         ratio = gap_v.clamp(-20.0, 20.0).exp()
         beyond_low = float((ratio < lower).sum()) / n

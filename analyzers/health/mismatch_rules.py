@@ -10,9 +10,13 @@ server's audits write ``rlvitals/mismatch/*`` from the tokens, which come first)
 4. ``gen_kl`` (NeMo-RL ``gen_kl_error``, open-instruct ``debug/vllm_local_reverse_kl``, OpenRLHF ``vllm_kl``),
    ``|rollout_kl|`` (verl ``rollout_corr/kl``), ``rollout_probs_diff_mean`` (verl ``training/*``).
 
-The source is kept for the run (levels of two sources are not compared). Conditions, any one active:
+The source is kept for the run (levels of two sources are not compared). verl's and TRL's own summaries
+(``rollout_corr/kl``, ``training/rollout_probs_diff_mean``, ``sampling/sampling_logp_difference/mean``)
+have their level judged by ``rollout_mismatch``: on them this rule reports only a rise or a step while
+the level is still below ``rollout_mismatch``'s bound (a rising gap at a still-acceptable level).
+Conditions, any one active:
 
-- **level** (gap units only, sources 1-3): the gap above ``max_gap`` (0.05 ~ ln 1.05: NeMo-RL's CI
+- **level** (gap units only: sources 1 and 3): the gap above ``max_gap`` (0.05 ~ ln 1.05: NeMo-RL's CI
   holds ``token_mult_prob_error < 1.05``); with the audit's own series, also verl's thresholds
   (``rollout_is_mean`` outside [``is_mean_low``, ``is_mean_high``], ESS < ``min_ess``, ``|kl| > max_kl``,
   ``chi2_token > max_chi2``), as verl's ``rollout_corr_helper`` checks them;
@@ -39,20 +43,27 @@ from typing import Any, ClassVar
 
 from .detectors import Ewma
 from .findings import IDLE, Check, Severity
-from .registry import Rule, RuleId, register_rule, require
+from .registry import RULES, Rule, RuleId, register_rule, require
 from .signals import Signal
 
 SERIES = "rlvitals/mismatch/"
 # (signal, in gap units) in priority order
 _SOURCES: tuple[tuple[str, bool], ...] = (
     (Signal.LOGPROB_ABS_DIFF.value, True),
-    (Signal.ROLLOUT_LOGP_DIFF_MEAN.value, True),
+    (Signal.ROLLOUT_LOGP_DIFF_MEAN.value, False),
     (Signal.TOKEN_MULT_PROB_ERROR.value, True),
     (Signal.GEN_KL.value, False),
     (Signal.ROLLOUT_KL.value, False),
     (Signal.ROLLOUT_PROBS_DIFF_MEAN.value, False),
 )
 _MOTION = (Signal.LEARNING_RATE.value, Signal.GRAD_NORM.value, Signal.PPO_KL.value)
+# sources whose level rollout_mismatch already judges (verl's and TRL's own checks): this rule only
+# speaks while they are still at an acceptable level (a rise or a step below rollout_mismatch's bound)
+_DEFER = {
+    Signal.ROLLOUT_KL.value: "max_kl",
+    Signal.ROLLOUT_PROBS_DIFF_MEAN.value: "max_probs_diff_mean",
+    Signal.ROLLOUT_LOGP_DIFF_MEAN.value: "max_logp_diff_mean",
+}
 
 CAUSES = {
     "pipeline_bug": "a pipeline bug: the gap rises while the policy does not move ({still}), so the data "
@@ -85,11 +96,11 @@ class MismatchTrend(Rule):
     defaults: ClassVar[Mapping[str, Any]] = {
         "fast_alpha": 0.3,
         "slow_alpha": 0.05,
-        "rise": 0.5,
+        "rise": 1.0,
         "min_gap": 1e-3,
         "max_gap": 0.05,
-        "step_factor": 3.0,
-        "warmup": 4,
+        "step_factor": 4.0,
+        "warmup": 8,
         "position_growth": 1.5,
         "low_prob_ratio": 3.0,
         "still_ppo_kl": 1e-7,
@@ -165,10 +176,14 @@ class MismatchTrend(Rule):
         warm = self.points > s["warmup"]
         rising = warm and fast > slow * (1.0 + s["rise"]) and fast - slow > s["min_gap"]
         jumped = (
-            prev_fast is not None
+            self.points > 2
+            and prev_fast is not None
             and x > s["step_factor"] * max(prev_fast, s["min_gap"])
             and x - prev_fast > s["min_gap"]
         )
+        bound = _DEFER.get(self.source)
+        if bound is not None and x > RULES[RuleId.ROLLOUT_MISMATCH.value].defaults[bound]:
+            rising = jumped = False  # rollout_mismatch's to report
         verl = self._verl_failing(metrics)
         high = gap_units and x > s["max_gap"]
         floor = gap_units and x > s["min_gap"]
