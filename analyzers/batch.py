@@ -429,8 +429,8 @@ def batch_mismatch(tensors: Mapping[str, Any], algorithm: AlgorithmConfig) -> di
             group_index=tensors.get(rules.GROUP_INDEX),
             is_threshold=None if config is None else config.rollout_is_threshold,
         )
-    except ValueError as exc:  # no valid token
-        return {"skipped": str(exc)}
+    except (ValueError, RuntimeError) as exc:  # no valid token; the loss audit stands without the report
+        return {"skipped": f"{type(exc).__name__}: {exc}"}
 
 
 def _distillation_config(

@@ -69,8 +69,8 @@ CAUSES = {
     "pipeline_bug": "a pipeline bug: the gap rises while the policy does not move ({still}), so the data "
     "changes, not the weights: check how rollout log-probs are paired with tokens (indexing, padding, "
     "packing, a shuffled batch)",
-    "weight_sync": "a stale or failed weight sync: the gap jumped at one step (the sampler got other "
-    "weights, or stopped getting new ones)",
+    "weight_sync": "a stale or failed weight sync: the gap jumped at one step and stayed up (the sampler "
+    "got other weights, or stopped getting new ones)",
     "stale_weights": "stale weights in the sampler: the gap rises as the policy trains (the rollout "
     "engine's weight sync lags or stopped)",
     "cache_or_precision": "a KV cache or numeric precision drift: the gap grows with position in the "
@@ -113,7 +113,7 @@ class MismatchTrend(Rule):
     fire_after = 3
     resolve_after = 10
     severity = Severity.WARNING
-    state_components = ("source", "fast", "slow", "motion", "shape", "points")
+    state_components = ("source", "fast", "slow", "motion", "shape", "points", "jump_step")
     evidence_note = (
         "NeMo-RL#1801 (token_mult_prob_error climbing until the run crashed), allenai/open-instruct#1473 "
         "(the gap kept growing at lr = 0: an indexing bug), verl's rollout_corr_helper thresholds"
@@ -143,6 +143,7 @@ class MismatchTrend(Rule):
         self.motion: dict[str, float] = {}  # latest learning rate, grad norm, ppo_kl
         self.shape: dict[str, float] = {}  # latest audit shape numbers
         self.points = 0
+        self.jump_step: int | None = None  # the step of a jump, kept while the gap stays up
 
     def _level(self, signals: Mapping[str, float]) -> tuple[float, bool] | None:
         for signal, gap_units in _SOURCES:
@@ -187,15 +188,20 @@ class MismatchTrend(Rule):
         verl = self._verl_failing(metrics)
         high = gap_units and x > s["max_gap"]
         floor = gap_units and x > s["min_gap"]
+        if jumped:
+            self.jump_step = step
         if not (rising or jumped or high or verl or floor):
+            self.jump_step = None
             if self.idle:
                 return IDLE
             return Check(active=False, value=x, evidence={"gap": x, "source": self.source},
                          message="rollout and training log-probs agree again")  # fmt: skip
-        cause, still = self._cause(rising or jumped, jumped)
+        cause, still = self._cause(rising or jumped, self.jump_step is not None)
         what = []
         if jumped:
             what.append(f"jumped to {x:.3g} from about {prev_fast:.3g}")
+        elif self.jump_step is not None:
+            what.append(f"jumped at step {self.jump_step} and stays up")
         if rising:
             what.append(f"is rising (recent {fast:.3g} vs {slow:.3g} before)")
         if high:

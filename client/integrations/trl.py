@@ -301,6 +301,7 @@ class RlvitalsGRPOMixin:
             advantages=advantages,
             response_mask=mask,
             ref_log_prob=inputs.get("ref_per_token_logps"),
+            rollout_log_probs=inputs.get("sampling_per_token_logps"),  # vLLM's, with its IS correction on
             entropy=capture.get("entropy"),
             config=config,
             reported=reported,

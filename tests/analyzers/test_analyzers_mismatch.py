@@ -130,3 +130,14 @@ def test_rule_reads_the_other_frameworks_summaries():
     firing = [f for f in found if f.rule == "mismatch_trend" and f.state == "firing"]
     assert firing and {f.signal for f in firing} == {"token_mult_prob_error"}
     assert firing[-1].severity.value == "warning"  # past 1.05 it is no longer the info-level floor
+
+
+def test_an_audit_of_a_batch_without_valid_tokens_says_why_it_has_no_report():
+    from rlvitals.analyzers.algorithm import AlgorithmConfig
+    from rlvitals.analyzers.batch import batch_mismatch
+
+    train, rollout, mask = _batch()
+    tensors = {"old_log_prob": train, "log_prob": train, "rollout_log_probs": rollout}
+    assert "token_mult_prob_error" in batch_mismatch({**tensors, "response_mask": mask}, AlgorithmConfig())
+    skipped = batch_mismatch({**tensors, "response_mask": torch.zeros_like(mask)}, AlgorithmConfig())
+    assert skipped == {"skipped": "ValueError: response_mask must contain at least one valid token (1)"}

@@ -106,3 +106,44 @@ def _check(url: str, client: httpx.Client, tmp_path) -> None:
     assert stale_alert["rule"] == "mismatch_trend"
     assert stale_alert["evidence"]["cause"] in ("weight_sync", "stale_weights")
     assert "weight sync" in stale_alert["message"] and stale_alert["first_step"] >= SYNC_UNTIL
+
+
+@pytest.mark.parametrize(
+    ("config", "bounds"),
+    [
+        # verl: IcePop bounds from algorithm.rollout_correction
+        (
+            {
+                "algorithm": {
+                    "rollout_correction": {"rollout_is": "token", "rollout_is_threshold": "0.8_1.25"}
+                }
+            },
+            [0.8, 1.25],
+        ),
+        # verl in bypass mode: the trainer's side is log_prob
+        ({"algorithm": {"rollout_correction": {"rollout_is": "token", "bypass_mode": True}}}, [0.5, 2.0]),
+        ({"trainer": "trl", "loss_type": "grpo"}, [0.5, 2.0]),  # TRL: verl's default bounds
+    ],
+    ids=["verl-icepop", "verl-bypass", "trl"],
+)
+def test_verl_and_trl_shaped_batches_carry_the_report(api, config, bounds):
+    from tests.service.batchdata import OCTET, make_batch, make_tensors, wait_done
+
+    tensors = make_tensors(batch=4, length=16, seed=3)
+    gen = torch.Generator().manual_seed(5)
+    tensors["rollout_log_probs"] = tensors["old_log_prob"] + 0.3 * torch.randn(4, 16, generator=gen)
+    run_id = api.create_run()
+    response = api.post(
+        f"/api/v1/runs/{run_id}/batches", content=make_batch(2, tensors=tensors, config=config), headers=OCTET
+    )
+    assert response.status_code == 202, response.text
+    audit = wait_done(api, response.json()["id"])
+    report = audit["mismatch"]
+    assert [report["bounds"]["lower"], report["bounds"]["upper"]] == pytest.approx(bounds)
+    trainer = tensors["log_prob" if "bypass" in str(config) else "old_log_prob"]
+    valid = tensors["response_mask"].bool()
+    gaps = (trainer.double() - tensors["rollout_log_probs"].double())[valid]
+    assert report["token_mult_prob_error"] == pytest.approx(float(gaps.abs().exp().mean()))
+    assert len(report["by_position"]) == 8
+    names = api.get(f"/api/v1/runs/{run_id}/metric-names").json()
+    assert "rlvitals/mismatch/token_mult_prob_error" in str(names)
