@@ -43,8 +43,8 @@ RUNS: tuple[tuple[str, dict[str, Any], int], ...] = tuple(
     (f"lr{lr:g}_seed{seed}", {"learning_rate": lr}, seed) for lr in (0.005, 0.01, 0.02) for seed in (0, 1)
 )
 STEPS = 30
-QUICK = (("lr0.01_seed0", {"learning_rate": 0.01}, 0),)
-QUICK_STEPS = 22
+QUICK = (("lr0.02_seed0", {"learning_rate": 0.02}, 0),)
+QUICK_STEPS = 16
 
 
 # ----------------------------------------------------------------------------- inside the TRL side env

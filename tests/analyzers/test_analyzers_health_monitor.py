@@ -339,6 +339,7 @@ def test_state_keeps_only_the_config_keys_rules_read_and_restores_single_update_
     assert saved == {
         "data.train_batch_size": 32,
         "actor_rollout_ref.actor.ppo_mini_batch_size": 32,
+        "actor_rollout_ref.actor.optim.lr": 1e-6,  # entropy_forecast shows it beside η̂
         "rlvitals.rules.entropy_collapse.enabled": False,
     }
     restored = HealthMonitor.from_state(json.loads(json.dumps(monitor.state_dict())))
