@@ -128,3 +128,33 @@ def test_an_agreeing_fast_path_decides_alone(api):
     audit = _audit(api, run_id, make_batch(1, tensors=tensors, reported=honest))
     assert audit["verdict"] == "agree" and audit["decided_by"] == "fast"
     assert "rlvitals_fast_path_defects_total 0" in api.get("/metrics").text.splitlines()
+
+
+def test_a_huge_declared_dimension_is_a_422_on_a_connection_that_stays_up(serve):
+    # a real server (uvicorn): the 422 comes back on the connection, which then serves the next request
+    import http.client
+
+    server = serve()
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    try:
+        conn.request(
+            "POST",
+            "/api/v1/runs",
+            body=json.dumps({"name": "huge"}),
+            headers={"content-type": "application/json"},
+        )
+        created = conn.getresponse()
+        run_id = json.loads(created.read())["id"]
+        sock = conn.sock
+        body = _with_extra(make_batch(1, reported={"pg_loss": 0.1}), "extra", [0, 2**70])
+        conn.request("POST", f"/api/v1/runs/{run_id}/batches", body=body, headers=OCTET)
+        refused = conn.getresponse()
+        error = json.loads(refused.read())["error"]
+        assert refused.status == 422 and "extra" in error["message"], error
+        assert refused.getheader("connection", "").lower() != "close"
+        conn.request("GET", f"/api/v1/runs/{run_id}")
+        after = conn.getresponse()
+        after.read()
+        assert after.status == 200 and conn.sock is sock  # the same connection, not a new one
+    finally:
+        conn.close()
