@@ -280,9 +280,8 @@ def audit_rollout(
         }
     try:
         weights, new_mask, metrics = rollout_correction(trainer, rollout, mask, **config.kwargs())
-    except ZeroDivisionError:  # IcePop zeroed every weight: verl's ESS divides by zero and the trainer stops
-        return {"ok": None, "config": config.to_dict(),
-                "skipped": "every IS weight is outside the IcePop bounds (verl raises ZeroDivisionError)"}  # fmt: skip
+    except ZeroDivisionError as exc:  # every weight 0 (IcePop, or -inf log-probs): verl's ESS divides by zero
+        return {"ok": None, "config": config.to_dict(), "skipped": f"{exc} (verl raises ZeroDivisionError)"}
     if not config.bypass_mode:  # verl's driver logs these beside the correction (decoupled mode)
         metrics.update(rollout_debug_metrics(trainer, rollout, mask))
     verdicts: dict[str, dict[str, Any]] = {}

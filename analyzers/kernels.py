@@ -521,9 +521,9 @@ class TokenBatch:
         seq_rows = config.loss_agg_mode not in _TOKEN_MODES or not entry.uses_agg_mode
         if not self.dense and seq_rows:
             self.densify()  # a seq-mean aggregation (sapo and geo_mean fix their own)
-        if seq_rows and self.dtype == torch.float32 and not self.float32_rows:
-            return self._float32_rows().metrics(config)
         if self.fast and self.finite and builtin:
+            # a loss that draws (clip_cov) draws again on the float32 rows: from the same RNG state
+            rng = torch.get_rng_state() if entry.random and seq_rows else None
             fused = _FUSED.get(entry.fn) if "rollout_is_weights" not in self.tensors else None
             if fused is not None:
                 key = ("fused", _policy_key(config))
@@ -536,9 +536,34 @@ class TokenBatch:
             else:
                 out = self._aux_metrics(config, self.policy_metrics(config), fast=True)
             if out is not None:
+                if seq_rows and self.dtype == torch.float32 and self._rows_cancel(config, entry):
+                    if rng is not None:
+                        torch.set_rng_state(rng)
+                    return self._float32_rows().metrics(config)
                 return out
             self.finite = False  # a non-finite sum: every later config takes the reference path too
         return self._reference_metrics(config)
+
+    def _rows_cancel(self, config: LossConfig, entry) -> bool:
+        """Whether the row sums a seq-mean aggregation of ``config`` adds (the loss's, the entropy's,
+        the KL's) cancel so much that verl's float32 rounding of each row shows in the result: the sum
+        of their magnitudes over ``CANCELLATION`` times the magnitude of their sum. (A row verl holds
+        is within about an ulp of the float64 row here, so the result is then within
+        ``CANCELLATION`` ulps of verl's, well inside the 1e-5 it is held to.)"""
+        if self.float32_rows:
+            return False
+        mode = config.loss_agg_mode if entry.uses_agg_mode else AggMode.SEQ_MEAN_TOKEN_MEAN
+        found = [self._cache.get(("pg_rows", _rows_key(config)))]
+        found += [(self._cache.get("entropy"), None), (self._cache.get(("kl", _kl_base(config))), None)]
+        for rows, fixed in (f for f in found if f is not None and f[0] is not None):
+            by = mode if fixed is None else fixed
+            terms = rows.rows
+            if by is AggMode.SEQ_MEAN_TOKEN_MEAN:
+                terms = tuple(map(operator.truediv, terms, self._lengths))
+            magnitude = math.fsum(map(abs, terms))
+            if magnitude > CANCELLATION * abs(math.fsum(terms)):
+                return True
+        return False
 
     def _float32_rows(self) -> TokenBatch:
         """This batch's twin whose passes are torch ops, for the configs that aggregate row by row.
@@ -547,8 +572,8 @@ class TokenBatch:
         those up; the compiled loops sum rows in float64. Where rows (or a row's tokens) of opposite
         sign cancel, the float32 rounding of each row is a visible part of verl's result (relative
         errors of 1e-4 and more on a loss near 0), and only torch's own float32 row reduction
-        reproduces it. So a float32 batch aggregated by a seq-mean mode takes the torch-op passes with
-        float32 row sums; the token modes (verl: one float32 total over every token, close to the exact
+        reproduces it. So a float32 batch aggregated by a seq-mean mode whose rows cancel
+        (:meth:`_rows_cancel`) takes the torch-op passes with float32 row sums; the token modes (verl: one float32 total over every token, close to the exact
         one) take float64 row sums, compiled or not. Float64 rows round below any tolerance. Built once
         per batch (its own cache)."""
         twin = self._cache.get("float32_rows")
@@ -748,6 +773,16 @@ def _policy_key(config: LossConfig) -> tuple:
         key = (*_rows_key(config), str(config.loss_agg_mode), *config.global_batch_info.values())
         config.__dict__["_policy_key"] = key
     return key
+
+
+# a float32 seq-mean aggregation takes verl's float32 row sums (TokenBatch._float32_rows) where the rows'
+# magnitudes exceed their sum's this many times (TokenBatch._rows_cancel)
+CANCELLATION = 100.0
+
+
+def _kl_base(config: LossConfig) -> str | None:
+    kind = config.kl_loss_type
+    return kind.base if isinstance(kind, KLType) else None
 
 
 # -- one fused pass over row blocks ---------------------------------------------------------------------

@@ -99,9 +99,9 @@ def _masked_mean(values: Tensor, mask: _Mask, axis: int | None = None) -> Tensor
 def _reciprocal(x: float) -> float:
     """verl's ``1.0 / masked_mean(...).item()`` for the effective sample size. Where every IS weight
     is 0 (e.g. a float16 log-prob of -inf) verl 0.9.1 itself raises ZeroDivisionError there: no
-    trainer reports that batch, so it is not recomputable, said in words (ValueError)."""
+    trainer reports that batch: the same error, said in words (an audit: not recomputable)."""
     if x == 0:
-        raise ValueError(
+        raise ZeroDivisionError(
             "verl 0.9.1 divides by zero computing rollout_corr/rollout_is_eff_sample_size (every "
             "importance weight under the mask is 0): a trainer running it raises on this batch"
         )

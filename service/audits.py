@@ -291,27 +291,21 @@ class AuditPool(WorkerThreads):
         started = time.perf_counter()
         report = groups = batch = None
         error: str | None = None
-        try:
-            # validated at upload: only the config is parsed again (objects are not stored)
-            batch = AuditBatch.stored(
-                load_tensors(job["blob"]), config=job["config"] or {}, reported=job["reported"] or {}
-            )
-            run_config = None
-            if {"rollout_log_probs", "token_level_rewards", "teacher_log_probs"} & set(batch.tensors):
-                with self.db.read() as session:  # the run's algorithm config, if the batch has none
-                    run_config = (repo.get_run(session=session, run_id=job["run_id"]) or {}).get("config")
-            audited = audit_batch(batch, run_config=run_config)
-            result, report, groups = jsonable(audited.result), audited.result, audited.groups
+        result, status, tensors = None, "error", None
+        try:  # what fails here is the stored job, not the batch (a blob the storage lost): 'error'
+            tensors = load_tensors(job["blob"])
+        except Exception as exc:
+            log.exception("audit %s: the stored batch cannot be read", job["id"])
+            error = f"{type(exc).__name__}: {exc}"
+        if tensors is not None:
+            try:
+                # validated at upload: only the config is parsed again (objects are not stored)
+                batch = AuditBatch.stored(tensors, config=job["config"] or {}, reported=job["reported"] or {})
+                result, report, groups = self._audit(job, batch, audit_batch)
+            except Exception as exc:  # every accepted batch ends in a verdict, never in 'error'
+                log.exception("audit %s: not recomputable", job["id"])
+                result = not_recomputable(exc)
             status = "done"
-            if result.get("fast_path_defect"):
-                self.telemetry.count_fast_path_defect()
-                log.warning(
-                    "fast-path defect in audit %s (run %s, step %s): the reference path decided; %s",
-                    job["id"], job["run_id"], job["step"], sorted(result["fast_path_defect"]),
-                )  # fmt: skip
-        except Exception as exc:  # every accepted batch ends in a verdict, never in 'error'
-            log.exception("audit %s: not recomputable", job["id"])
-            result, status = not_recomputable(exc), "done"
         self.telemetry.observe_audit(status=status, seconds=time.perf_counter() - started)
         histograms_next = report is not None and self.settings.audit_histograms
         stored = self._store(
@@ -320,6 +314,23 @@ class AuditPool(WorkerThreads):
         )  # fmt: skip
         if stored and histograms_next:
             self._add_histograms(job, batch, result)
+
+    def _audit(self, job: dict[str, Any], batch, audit_batch) -> tuple[dict, dict, Any]:
+        """The batch's audit (JSON-safe result, the report, the group diagnostics); a fast-path
+        defect (the reference path decided against the fast one) is counted and logged."""
+        run_config = None
+        if {"rollout_log_probs", "token_level_rewards", "teacher_log_probs"} & set(batch.tensors):
+            with self.db.read() as session:  # the run's algorithm config, if the batch has none
+                run_config = (repo.get_run(session=session, run_id=job["run_id"]) or {}).get("config")
+        audited = audit_batch(batch, run_config=run_config)
+        result = jsonable(audited.result)
+        if result.get("fast_path_defect"):
+            self.telemetry.count_fast_path_defect()
+            log.warning(
+                "fast-path defect in audit %s (run %s, step %s): the reference path decided; %s",
+                job["id"], job["run_id"], job["step"], sorted(result["fast_path_defect"]),
+            )  # fmt: skip
+        return result, audited.result, audited.groups
 
     def _add_histograms(self, job: dict[str, Any], batch, result: dict) -> None:
         """The dashboard's ratio/advantage histograms, after the result is already visible (so they

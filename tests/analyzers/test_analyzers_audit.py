@@ -315,3 +315,36 @@ def test_batch_with_a_nan_token_is_audited_on_verl_semantics() -> None:
     assert report.verdicts["pg_loss"]["ok"]  # NaN reported, NaN recomputed
     assert math.isnan(report.on_policy_gap)
     assert "Reported entropy_loss equals seq-mean-token-mean; config says token-mean" in report.explanation
+
+
+# -- the reference path arbitrates ---------------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["vanilla", "gspo", "dro"])
+def test_a_fast_path_defect_costs_time_never_a_false_alarm(monkeypatch, mode) -> None:
+    from rlvitals.analyzers import kernels
+    from rlvitals.analyzers.policy_losses import get_policy_loss
+
+    config = LossConfig(loss_mode=mode, dro_beta=0.1 if mode == "dro" else None)
+    tensors = _tensors(seed=11)
+    honest = _rc(config, tensors)
+    fused = kernels._FUSED[get_policy_loss(mode).fn]
+
+    def off(batch, cfg):  # a wrong number from the fast pass, as a real defect would give
+        out = fused(batch, cfg)
+        return None if out is None else {**out, "pg_loss": out["pg_loss"] + 0.25}
+
+    monkeypatch.setitem(kernels._FUSED, get_policy_loss(mode).fn, off)
+    report = audit(config, tensors, honest)
+    assert report.ok and report.verdict == "agree" and report.decided_by == "reference"
+    assert set(report.fast_path_defect) == {"pg_loss", "policy_loss"}
+    assert report.fast_path_defect["pg_loss"]["fast"] == pytest.approx(honest["pg_loss"] + 0.25)
+    wrong = audit(config, tensors, {**honest, "pg_loss": honest["pg_loss"] + 0.25})
+    # its policy_loss disagrees with the fast one too, so the reference decides, and the defect loses
+    assert wrong.verdict == "mismatch" and wrong.decided_by == "reference"
+
+
+def test_an_agreeing_fast_path_is_not_recomputed() -> None:
+    tensors = _tensors(seed=12)
+    report = audit(BASE, tensors, _rc(BASE, tensors))
+    assert report.verdict == "agree" and report.decided_by == "fast" and report.fast_path_defect == {}
+    d = report.to_dict()
+    assert (d["verdict"], d["decided_by"], d["fast_path_defect"]) == ("agree", "fast", {})

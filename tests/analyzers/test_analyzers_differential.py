@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from tests.analyzers.differential import cases, disagreements
 
 
-@settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@settings(max_examples=400, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(cases())
 def test_fast_and_reference_paths_agree_over_the_settings_space(case) -> None:
     config, tensors = case

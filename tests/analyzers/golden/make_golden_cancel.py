@@ -13,8 +13,8 @@ of similar length (the rows' sums cancel), or per-token advantages of either sig
 cancel). There, how verl rounds (each row summed into a float32 tensor, then those rows added) is a
 visible part of its result, so a recomputation that sums in another precision disagrees by 1e-4 and
 more. The grid: every loss mode x every agg mode x float32/float64 x the two kinds of cancellation,
-clip 0.2/0.28 and ``loss_scale_factor`` 16 (the GSPO setting that first showed it); 3 cases of each
-are held out of nothing: all are checked. Outputs: ``verl_0_9_1_cancel.{safetensors,json}``.
+clip 0.2/0.28 and ``loss_scale_factor`` 16 (the GSPO setting that first showed it), 240 cases, all
+checked on every kernel path. Outputs: ``verl_0_9_1_cancel.{safetensors,json}``.
 """
 
 from __future__ import annotations
