@@ -354,9 +354,16 @@
     const firing = Array.from(state.alerts.values()).some(function (a) { return a.state === "firing"; });
     healthTimer = setTimeout(refreshHealth, firing ? 5000 : 30000);
   }
+  let markedMismatches = 0;
   function renderAudits() {
     H.renderAudits(runId, state.audits.values());
-    redecorateAll(); // a mismatch is marked on its metric's chart
+    // a mismatch is marked on its metric's chart: redecorate when the set of mismatches grew
+    let bad = 0;
+    for (const a of state.audits.values()) if (RLV.auditOk(a) === false) bad += 1;
+    if (bad !== markedMismatches) {
+      markedMismatches = bad;
+      redecorateAll();
+    }
   }
 
   function focusOn(step) {
