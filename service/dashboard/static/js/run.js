@@ -234,10 +234,16 @@
     if (!p.drawn) return;
     const l = layoutFor(p);
     const y = l.yaxis;
-    Plotly.relayout(p.div, {
-      shapes: l.shapes, annotations: l.annotations, "yaxis.range": y.range, "yaxis.autorange": !!y.autorange,
-      "yaxis.tickmode": y.tickmode || "auto", "yaxis.tickvals": y.tickvals || null, "yaxis.ticktext": y.ticktext || null,
-    });
+    const update = { shapes: l.shapes, annotations: l.annotations };
+    const now = p.div.layout.yaxis || {};
+    const same = function (a, b) { return JSON.stringify(a || null) === JSON.stringify(b || null); };
+    if (!same(now.range, y.range) || !same(now.tickvals, y.tickvals)) { // the axis only when it changed
+      Object.assign(update, {
+        "yaxis.range": y.range, "yaxis.autorange": !!y.autorange, "yaxis.tickmode": y.tickmode || "auto",
+        "yaxis.tickvals": y.tickvals || null, "yaxis.ticktext": y.ticktext || null,
+      });
+    }
+    Plotly.relayout(p.div, update);
   }
   function redecorateAll() { for (const p of state.panels.values()) redecorate(p); }
 
