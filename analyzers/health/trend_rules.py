@@ -292,7 +292,12 @@ class EntropyCollapse(Rule):
             share = f"{x:.3g} on the latest point (the median of the last {s['window']} is still {level:.3g})"
             outlook = f", below the floor {s['floor']:g}"
         elif when is not None:
-            outlook = f"; at the current rate ({slope * 100:+.1%} per 100 steps) it reaches the floor {s['floor']:g} at step ~{when}"
+            # slope is d(log entropy)/d(step): said as a halving time (a "-161.6% per 100 steps" reads as
+            # a second, impossible value beside the level)
+            outlook = (
+                f"; at the current rate (halving every {math.log(2) / -slope:.3g} steps) it reaches the floor "
+                f"{s['floor']:g} at step ~{when}"
+            )
         else:
             outlook = "; it is not falling any further right now"
         latest_only = point_below_floor and not below_info and not below_floor

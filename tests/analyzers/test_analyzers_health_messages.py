@@ -139,3 +139,12 @@ def test_audit_mismatch_says_its_value_is_a_relative_error():
     }
     (fired,) = HealthMonitor().observe_audit(3, report)
     assert fired.value == 0.25 and "relative error 0.25" in fired.message
+
+
+def test_the_entropy_forecast_says_its_rate_as_a_halving_time():
+    # exponential decay at -0.004 per step: halves every ln 2 / 0.004 = 173 steps (said before as
+    # "-40.0% per 100 steps", a percentage beside the level that was a rate of a logarithm)
+    rows = [(s, {"actor/entropy": 0.8 * math.exp(-0.004 * s)}) for s in range(350)]
+    fired = [f for f in _feed(HealthMonitor(), rows) if f.rule == "entropy_collapse" and f.state == "firing"]
+    assert fired and "halving every 173 steps" in fired[0].message, fired
+    assert "per 100 steps" not in fired[0].message

@@ -81,6 +81,18 @@ def test_a_healthy_run_shows_no_firing_box_for_info_findings_or_a_far_forecast(t
     tab.assert_clean()
 
 
+def test_the_runs_list_counts_info_alerts_as_notes_not_firing_chips(tab, healthy_run):
+    tab.open("/", ready="window.RLV && RLV.timing.rendered")
+    row = tab.js(
+        """id => { const tr = document.querySelector(`#runs-body tr[data-run-id="${id}"]`);
+                   return {chips: tr.querySelectorAll('.chip').length,
+                           notes: (tr.querySelector('.notes-count') || {}).textContent || null}; }""",
+        str(healthy_run),
+    )
+    assert row == {"chips": 0, "notes": "1 note"}
+    tab.assert_clean()
+
+
 def test_a_warning_fires_in_the_red_box_and_sets_the_badge(api, tab):
     run = api.create_run("kl-crossing", project="findings")
     # kl_loss crosses its 0.5 ceiling once, then sits at 0.488: latched until it drops below 0.4

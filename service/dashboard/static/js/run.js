@@ -235,10 +235,16 @@
     if (!p.drawn) return;
     const l = layoutFor(p);
     const y = l.yaxis;
-    Plotly.relayout(p.div, {
-      shapes: l.shapes, annotations: l.annotations, "yaxis.range": y.range, "yaxis.autorange": !!y.autorange,
-      "yaxis.tickmode": y.tickmode || "auto", "yaxis.tickvals": y.tickvals || null, "yaxis.ticktext": y.ticktext || null,
-    });
+    const update = { shapes: l.shapes, annotations: l.annotations };
+    const now = p.div.layout.yaxis || {};
+    const same = function (a, b) { return JSON.stringify(a || null) === JSON.stringify(b || null); };
+    if (!same(now.range, y.range) || !same(now.tickvals, y.tickvals)) { // the axis only when it changed
+      Object.assign(update, {
+        "yaxis.range": y.range, "yaxis.autorange": !!y.autorange, "yaxis.tickmode": y.tickmode || "auto",
+        "yaxis.tickvals": y.tickvals || null, "yaxis.ticktext": y.ticktext || null,
+      });
+    }
+    Plotly.relayout(p.div, update);
   }
   function redecorateAll() { for (const p of state.panels.values()) redecorate(p); }
 
@@ -355,9 +361,16 @@
     const firing = Array.from(state.alerts.values()).some(function (a) { return a.state === "firing"; });
     healthTimer = setTimeout(refreshHealth, firing ? 5000 : 30000);
   }
+  let markedMismatches = 0;
   function renderAudits() {
     H.renderAudits(runId, state.audits.values());
-    redecorateAll(); // a mismatch is marked on its metric's chart
+    // a mismatch is marked on its metric's chart: redecorate when the set of mismatches grew
+    let bad = 0;
+    for (const a of state.audits.values()) if (RLV.auditOk(a) === false) bad += 1;
+    if (bad !== markedMismatches) {
+      markedMismatches = bad;
+      redecorateAll();
+    }
   }
 
   function focusOn(step) {

@@ -16,6 +16,8 @@
       .map(function (a) { return typeof a === "string" ? { rule: a, severity: run.status } : a; });
   }
 
+  function notInfo(a) { return a.severity !== "info"; }
+
   function matches(run, project, q) {
     if (project && run.project !== project) return false;
     if (!q) return true;
@@ -30,7 +32,7 @@
     shown.sort(function (a, b) {
       const d = (RLV.SEVERITY_RANK[b.status] || 0) - (RLV.SEVERITY_RANK[a.status] || 0);
       if (d) return d;
-      const f = firingOf(b).length - firingOf(a).length;
+      const f = firingOf(b).filter(notInfo).length - firingOf(a).filter(notInfo).length;
       if (f) return f;
       return (b.updated_at || 0) - (a.updated_at || 0) || String(b.id).localeCompare(String(a.id), undefined, { numeric: true });
     });
@@ -39,9 +41,16 @@
       const href = RLV.runPath(run.id);
       const tags = RLV.el("td", {});
       for (const t of run.tags || []) tags.appendChild(RLV.el("span", { className: "tag", text: t }));
+      // warning and critical alerts as chips; info ones (which leave the run healthy) only counted, muted
       const alerts = RLV.el("td", {});
-      for (const a of firingOf(run)) {
+      const all = firingOf(run);
+      for (const a of all.filter(notInfo)) {
         alerts.appendChild(RLV.el("span", { className: "chip " + (a.severity || "warning"), text: a.rule, title: a.message || "" }));
+      }
+      const notes = all.length - all.filter(notInfo).length;
+      if (notes) {
+        alerts.appendChild(RLV.el("span", { className: "muted notes-count", text: notes + (notes === 1 ? " note" : " notes"),
+          title: all.filter(function (a) { return !notInfo(a); }).map(function (a) { return a.rule; }).join(", ") }));
       }
       const row = RLV.el("tr", { className: "clickable", dataset: { runId: String(run.id), status: run.status || "" } },
         RLV.el("td", {}, RLV.badge(run.status)),
