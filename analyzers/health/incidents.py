@@ -339,6 +339,10 @@ class IncidentTracker:
                 )
         return updates
 
+    def critical_open(self) -> bool:
+        """Whether an open incident is critical (cheap: no copy)."""
+        return any(i.state == "open" and i.severity == "critical" for i in self.incidents.values())
+
     def open_incidents(self) -> list[dict[str, Any]]:
         return [i.to_dict() for i in self.incidents.values() if i.state == "open"]
 
