@@ -27,7 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rlvitals.analyzers.health.incidents import CAUSES, RESOLVED, family_of, notification_for, notified_after
+from rlvitals.analyzers.health.incidents import CAUSES, RESOLVED, family_of
+from rlvitals.analyzers.health.notify import notification_for, notified_after
 from rlvitals.analyzers.health.scoring import Incident, RunLabels
 from rlvitals.client.importers import Diagnoser, History, read_history
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from rlvitals.analyzers.health.incidents import notification_for, notified_after
+from rlvitals.analyzers.health.notify import notification_for, notified_after
 from rlvitals.service.encoding import jsonable
 from rlvitals.service.errors import NotFound
 from rlvitals.service.settings import Settings
