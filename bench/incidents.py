@@ -27,7 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rlvitals.analyzers.health.incidents import CAUSES, RESOLVED, family_of, notification_for, notified_after
+from rlvitals.analyzers.health.incidents import CAUSES, RESOLVED, family_of
+from rlvitals.analyzers.health.notify import notification_for, notified_after
 from rlvitals.analyzers.health.scoring import Incident, RunLabels
 from rlvitals.client.importers import Diagnoser, History, read_history
 
@@ -108,6 +109,22 @@ class RunCount:
             counts.append(sum(s.step <= hi and s.span[1] >= lo and family in s.families for s in sent))
         return counts
 
+    def delays(self, which: str) -> list[int]:
+        """Per labelled incident caught: the step of the first page about it minus its labelled onset."""
+        out = []
+        for incident in self.labels.incidents:
+            lo = incident.onset - self.labels.tolerance
+            hi = self.last_step if incident.end is None else incident.end
+            family = LABEL_FAMILY.get(incident.kind, incident.kind)
+            steps = [
+                s.step
+                for s in getattr(self, which)
+                if s.page and s.step <= hi and s.span[1] >= lo and family in s.families
+            ]
+            if steps:
+                out.append(min(steps) - incident.onset)
+        return out
+
     def on_healthy(self, which: str) -> int:
         if not self.labels.healthy:
             return 0
@@ -185,6 +202,9 @@ def render(counts: list[RunCount], title: str) -> str:
         f"- median pages per incident: alerts {_median(ap)} → incidents {_median(ip)}; "
         f"mean {statistics.mean(ap or [0]):.2f} → {statistics.mean(ip or [0]):.2f}; max {max(ap or [0])} → {max(ip or [0])}",
         f"- median messages per incident (resolves too): alerts {_median(aa)} → incidents {_median(ia)}",
+        "- median delay of the first page (step − labelled onset): alerts "
+        f"{_median([d for c in counts for d in c.delays('alerts')])} → incidents "
+        f"{_median([d for c in counts for d in c.delays('incidents')])}",
         f"- warning-or-worse notifications on healthy runs: alerts {healthy_alerts} → incidents {healthy_incidents}",
     ]
     return "\n".join(lines)

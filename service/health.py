@@ -100,7 +100,7 @@ class Observation:
     firing: list
     last_step: int | None
     incident_updates: list = field(default_factory=list)
-    open_incidents: list = field(default_factory=list)  # the incidents open now (plain dicts)
+    critical_open: bool = False  # an incident of the run is open and critical now
 
 
 class HealthEngine:
@@ -250,7 +250,7 @@ class HealthEngine:
             firing=list(cached.monitor.firing()),
             last_step=cached.cursor["step"],
             incident_updates=cached.monitor.take_incident_updates(),
-            open_incidents=cached.monitor.incidents.open_incidents(),
+            critical_open=cached.monitor.incidents.critical_open(),
         )
 
     # --- what the dashboard draws --------------------------------------------------------------------

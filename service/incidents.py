@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from rlvitals.analyzers.health.incidents import notification_for, notified_after
+from rlvitals.analyzers.health.notify import notification_for, notified_after
 from rlvitals.service.encoding import jsonable
 from rlvitals.service.errors import NotFound
 from rlvitals.service.settings import Settings
@@ -199,17 +199,29 @@ def _cost(row: Mapping[str, Any], last_time: float | None, gpus: float | None) -
     }
 
 
-def list_incidents(ctx, *, run_id: int, state: str | None, limit: int, offset: int) -> dict[str, Any]:
+def list_incidents(ctx, *, run_id: int | None, state: str | None, limit: int, offset: int) -> dict[str, Any]:
+    """A run's incidents (every run's with ``run_id=None``), newest first, with their cost so far."""
     with ctx.db.read() as session:
-        run = repo.get_run(session=session, run_id=run_id)
-        if run is None:
-            raise NotFound(f"run {run_id} does not exist")
+        runs: dict[int, Any] = {}
+        if run_id is not None:
+            runs[run_id] = repo.get_run(session=session, run_id=run_id)
+            if runs[run_id] is None:
+                raise NotFound(f"run {run_id} does not exist")
         rows, count = repo.list_incidents(
             session=session, run_id=run_id, state=state, limit=limit, offset=offset
         )
-        last_time = repo.last_wall_time(session=session, run_id=run_id) if rows else None
-    gpus = _gpus(run, ctx.settings)
-    return {"data": [incident_public(r, cost=_cost(r, last_time, gpus)) for r in rows], "count": count}
+        last_times: dict[int, float | None] = {}
+        for row in rows:
+            rid = row["run_id"]
+            if rid not in runs:
+                runs[rid] = repo.get_run(session=session, run_id=rid)
+            if rid not in last_times:
+                last_times[rid] = repo.last_wall_time(session=session, run_id=rid)
+    data = [
+        incident_public(r, cost=_cost(r, last_times[r["run_id"]], _gpus(runs[r["run_id"]], ctx.settings)))
+        for r in rows
+    ]
+    return {"data": data, "count": count}
 
 
 def get_incident(ctx, *, incident_id: int) -> dict[str, Any]:
@@ -239,12 +251,10 @@ def get_incident(ctx, *, incident_id: int) -> dict[str, Any]:
     return public
 
 
-def critical_of(
-    *, session: Session, run_id: int, open_incidents: Iterable[Mapping[str, Any]]
-) -> list[dict] | None:
-    """The open critical incidents among the monitor's open ones (no query when there are none), for the
-    metrics-write answer."""
-    if not any(i["severity"] == "critical" for i in open_incidents):
+def critical_of(*, session: Session, run_id: int, critical_open: bool) -> list[dict] | None:
+    """The run's open critical incidents for the metrics-write answer (no query unless the monitor says
+    one is open)."""
+    if not critical_open:
         return None
     return open_critical(session=session, run_id=run_id) or None
 

@@ -280,7 +280,7 @@ def _store(ctx: Services, session, p: _Prepared, now: float) -> _Stored | None:
             now=now,
             settings=ctx.settings,
         )
-    critical = critical_of(session=session, run_id=run_id, open_incidents=observation.open_incidents)
+    critical = critical_of(session=session, run_id=run_id, critical_open=observation.critical_open)
     events: list[Event] = []
     if ctx.bus.wants(run_id):
         if p.rows:

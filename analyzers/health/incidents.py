@@ -29,7 +29,7 @@ findings into incidents:
 Each change is an :class:`IncidentUpdate` (``opened``, ``escalated``, ``updated``, ``reopened``,
 ``resolved``) carrying a snapshot of the incident. Whether an update is worth a notification is
 :func:`notification`'s call (one when it opens at or above the notify level, one per escalation, one when
-it resolves or reopens), so the service, ``rlvitals import`` and the benchmark count alike.
+it resolves or reopens; :mod:`.notify`), so the service, ``rlvitals import`` and the benchmark count alike.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from .findings import FIRING, Finding, Severity, decode_floats, encode_floats
+from .findings import FIRING, Finding, decode_floats, encode_floats
 
 OPENED = "opened"
 ESCALATED = "escalated"
@@ -247,49 +247,6 @@ class IncidentUpdate:
         return str(self.incident["severity"])
 
 
-def notification(
-    kind: str, severity: str, *, notified: str | None, confirmed: bool = True, min_severity: str = "warning"
-) -> str | None:
-    """The event to send for an incident update, or ``None``: ``opened`` the first time the incident is
-    confirmed (critical, or open ``hold_steps``) at or above ``min_severity`` (whatever the update),
-    ``escalated`` when it rises above what was last sent, ``reopened`` when a notified incident comes
-    back, ``resolved`` when a notified one resolves. ``notified``: the highest severity already sent for
-    this incident (``None``: nothing sent)."""
-    if kind == RESOLVED:
-        return RESOLVED if notified is not None else None
-    if _RANK.get(severity, 1) < _RANK[min_severity] or not confirmed:
-        return None
-    if notified is None:
-        return OPENED
-    if kind == REOPENED:
-        return REOPENED
-    if _RANK.get(severity, 1) > _RANK.get(notified, 1):
-        return ESCALATED
-    return None
-
-
-def notification_for(
-    update: IncidentUpdate, *, notified: str | None, min_severity: str = "warning"
-) -> str | None:
-    """:func:`notification` for one :class:`IncidentUpdate`."""
-    return notification(
-        update.kind,
-        update.severity,
-        notified=notified,
-        confirmed=bool(update.incident.get("confirmed", True)),
-        min_severity=min_severity,
-    )
-
-
-def notified_after(event: str | None, severity: str, notified: str | None) -> str | None:
-    """The highest severity sent once ``event`` (from :func:`notification`) went out."""
-    if event is None or event == RESOLVED:
-        return notified
-    if notified is None or _RANK.get(severity, 1) > _RANK.get(notified, 1):
-        return severity
-    return notified
-
-
 class IncidentTracker:
     """Folds one run's findings into incidents (see the module docstring). Not thread-safe."""
 
@@ -338,6 +295,10 @@ class IncidentTracker:
                     )
                 )
         return updates
+
+    def critical_open(self) -> bool:
+        """Whether an open incident is critical (cheap: no copy)."""
+        return any(i.state == "open" and i.severity == "critical" for i in self.incidents.values())
 
     def open_incidents(self) -> list[dict[str, Any]]:
         return [i.to_dict() for i in self.incidents.values() if i.state == "open"]
@@ -629,7 +590,3 @@ class IncidentTracker:
                 best, incident.primary = key, rule
         incident.cause = str(incident.members[incident.primary].get("cause", incident.cause))
         incident.severity = {0: "info", 1: "warning", 2: "critical"}[worst]
-
-
-def severity_value(severity: Severity | str) -> str:
-    return str(getattr(severity, "value", severity))

@@ -30,6 +30,18 @@ async def run_incidents(
     )
 
 
+@router.get("/incidents", response_model=IncidentsPublic)
+async def all_incidents(
+    services: ServicesDep, state: State = None, limit: Limit = 1000, offset: Offset = 0
+) -> JSONResponse:
+    """Incidents of every run, newest first; ``?state=open`` for what is wrong right now."""
+    return JSONResponse(
+        await run_in_threadpool(
+            list_incidents, services, run_id=None, state=state, limit=limit, offset=offset
+        )
+    )
+
+
 @router.get("/incidents/{incident_id}", response_model=IncidentDetailPublic)
 async def incident(incident_id: IncidentId, services: ServicesDep) -> JSONResponse:
     """One incident: its cause, severity, evidence (every finding with its value and step), the GPU-hours

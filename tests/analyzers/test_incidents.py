@@ -9,12 +9,8 @@ import random
 import pytest
 from rlvitals.analyzers import HealthMonitor
 from rlvitals.analyzers.health.findings import Finding, Severity
-from rlvitals.analyzers.health.incidents import (
-    IncidentSettings,
-    IncidentTracker,
-    notification_for,
-    notified_after,
-)
+from rlvitals.analyzers.health.incidents import IncidentSettings, IncidentTracker
+from rlvitals.analyzers.health.notify import notification_for, notified_after
 
 
 def _notifications(updates) -> list[tuple[int, str, str]]:

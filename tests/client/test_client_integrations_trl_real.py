@@ -181,6 +181,10 @@ def test_a_run_that_collapses_on_purpose_is_halted_within_one_step_of_its_critic
     assert incident["severity"] == "critical" and incident["cause"] == halted["cause"]
     # the step whose metrics made the incident critical; the trainer stops at the next step boundary
     critical_at = min(f["step"] for f in incident["findings"] if f["severity"] == "critical")
+    print(
+        f"\nhalt: incident {incident['id']} ({incident['cause']}) critical at step {critical_at}; training "
+        f"stopped at step {result['global_step']} of {result['max_steps']} after {result['seconds']:.1f} s"
+    )
     assert result["global_step"] < result["max_steps"]
     assert critical_at <= result["global_step"] <= critical_at + 1, (critical_at, result)
     assert any(str(halted["id"]) in line and halted["cause"] in line for line in result["log"]), result["log"]

@@ -94,6 +94,8 @@ def test_a_critical_incident_rides_on_the_write_answer_and_resolves_after_quiet_
     answer = api.log(run_id, [{"step": s, "metrics": {"actor/pg_loss": 0.1}} for s in range(20, 40)]).json()
     assert "critical_incidents" not in answer
     assert api.get(f"/api/v1/runs/{run_id}/incidents?state=open").json()["count"] == 0
+    everywhere = api.get("/api/v1/incidents?state=resolved").json()["data"]
+    assert [i["id"] for i in everywhere] == [critical["id"]]
     generic = [r["body"]["event"] for r in hook.wait_for(4) if r["path"] == "/generic"]
     assert generic == ["incident.opened", "incident.resolved"]
 
