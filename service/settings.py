@@ -82,7 +82,8 @@ class Settings(BaseSettings):
         2,
         ge=1,
         description="Batch uploads one client (its API key; without keys, its address) may have being "
-        "received at once per process, so one party cannot hold every upload slot; more -> 429.",
+        "received at once to one run per process (and at most max_concurrent_uploads - 1 across its runs), "
+        "so one party cannot hold every upload slot; more -> 429.",
     )
     upload_min_rate: int = Field(
         256 * 1024,

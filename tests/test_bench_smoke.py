@@ -95,3 +95,8 @@ def test_detection_bench_scores_the_synthetic_corpus_without_the_real_one(tmp_pa
 def test_health_rules_bench_prints_its_table():
     out = _run("bench/health_rules.py", "--ref", "HEAD", "--steps", "300", "--repeats", "1")
     assert "| worktree |" in out and "µs / step" in out
+
+
+def test_tenants_bench_prints_its_table():
+    out = _run("bench/tenants.py", "--seconds", "1", "--trainers", "1", "--phases", "none,slow-uploads")
+    assert "| none |" in out and "| slow-uploads |" in out and "peak RSS MB" in out

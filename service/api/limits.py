@@ -2,8 +2,8 @@
 (``BodyLimitMiddleware``; batch uploads are exempt, their route enforces ``max_batch_bytes``), and
 ``UploadGate`` admits at most ``max_concurrent_uploads`` batch uploads holding at most
 ``max_upload_bytes_in_flight`` declared bytes at once, and at most ``max_uploads_per_client`` of
-them from one client (its API key, or without keys its address), so one party cannot hold every slot
-(429 + Retry-After beyond).
+them from one client (its API key, or without keys its address) to one run and all slots but one
+across its runs, so one party cannot hold every slot (429 + Retry-After beyond).
 
 ``ParseGate`` caps the request bodies being received and parsed at once, JSON and uploads together
 (``max_parsing_bytes``): a JSON body counts ``JSON_WEIGHT`` times its declared size (parsing one into
@@ -82,22 +82,28 @@ class BodyLimitMiddleware:
 
 
 class UploadGate:
-    """Counts the batch uploads being received (one event loop: no lock needed)."""
+    """Counts the batch uploads being received (one event loop: no lock needed). A party (an API key,
+    or without one an address) may hold at most ``per_client`` uploads to one run, and at most all
+    slots but one across its runs, so another party always finds one."""
 
     def __init__(self, *, max_uploads: int, max_bytes: int, per_client: int | None = None):
         self.max_uploads, self.max_bytes = max_uploads, max_bytes
         self.per_client = per_client or max_uploads
+        self.per_party = max(1, max_uploads - 1)
         self.uploads = self.bytes = 0
-        self.by_client: dict[str, int] = {}
+        self.held: dict[tuple[str, object], int] = {}
 
     @contextmanager
-    def admit(self, nbytes: int, client: str = ""):
-        mine = self.by_client.get(client, 0)
-        if mine >= self.per_client:
+    def admit(self, nbytes: int, client: str = "", run: object = None):
+        mine = self.held.get((client, run), 0)
+        party = sum(n for (who, _), n in self.held.items() if who == client)
+        if mine >= self.per_client or party >= self.per_party:
+            limit = self.per_client if mine >= self.per_client else self.per_party
             raise Busy(
-                f"this client has {mine} batch uploads being received; the limit per client is "
-                f"{self.per_client} (max_uploads_per_client): retry shortly",
-                detail={"uploads": mine, "limit": self.per_client},
+                f"this client has {party} batch uploads being received ({mine} to this run); the limit is "
+                f"{self.per_client} per run (max_uploads_per_client) and {self.per_party} in all "
+                "(max_concurrent_uploads - 1): retry shortly",
+                detail={"uploads": party, "run_uploads": mine, "limit": limit},
             )
         if self.uploads >= self.max_uploads:
             raise Busy(
@@ -113,17 +119,17 @@ class UploadGate:
             )
         self.uploads += 1
         self.bytes += nbytes
-        self.by_client[client] = mine + 1
+        self.held[(client, run)] = mine + 1
         try:
             yield
         finally:
             self.uploads -= 1
             self.bytes -= nbytes
-            left = self.by_client[client] - 1
+            left = self.held[(client, run)] - 1
             if left:
-                self.by_client[client] = left
+                self.held[(client, run)] = left
             else:
-                del self.by_client[client]
+                del self.held[(client, run)]
 
 
 JSON_WEIGHT = 8  # a JSON body's parse peak over its size (measured: 26.7 MB -> ~210 MB)
