@@ -28,10 +28,24 @@ class _TooLarge(HTTPException):
         super().__init__(413, f"body exceeds the limit of {limit} bytes")
 
 
+RUNS_PATH = "/api/v1/runs"
+
+
+def run_body_limit(max_run_config_bytes: int) -> int:
+    """The body ``POST /api/v1/runs`` may have: room for its config twice over (a client's JSON may be
+    indented or escaped differently from the compact form the config limit counts) plus name and tags."""
+    return 2 * max_run_config_bytes + 256 * 1024
+
+
 class BodyLimitMiddleware:
-    def __init__(self, app, *, limit: int):
+    """413 for a JSON body over ``limit``; ``POST /api/v1/runs`` bodies over ``run_limit`` get the
+    config size refusal (422) without being read or parsed."""
+
+    def __init__(self, app, *, limit: int, run_limit: int | None = None, run_config_limit: int | None = None):
         self.app = app
         self.limit = limit
+        self.run_limit = run_limit
+        self.run_config_limit = run_config_limit
 
     async def __call__(self, scope, receive, send):
         if (
@@ -42,6 +56,8 @@ class BodyLimitMiddleware:
             await self.app(scope, receive, send)
             return
         limit = self.limit
+        if self.run_limit is not None and scope["path"] == RUNS_PATH:
+            limit = min(limit, self.run_limit)
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
                 if value.isdigit() and int(value) > limit:
@@ -75,6 +91,16 @@ class BodyLimitMiddleware:
 
     async def _reject(self, scope, receive, send, size):
         what = f"body of {size} bytes" if size is not None else "body"
+        if self.run_limit is not None and scope["path"] == RUNS_PATH and (size is None or size <= self.limit):
+            response = error_response(
+                422,
+                "invalid_input",
+                f"{what} is too large for a run: its config may hold at most {self.run_config_limit} bytes of "
+                "JSON (max_run_config_bytes); keep the trainer's settings there, not its data",
+                {"field": "config", "limit": self.run_config_limit},
+            )
+            await response(scope, receive, send)
+            return
         response = error_response(
             413, "payload_too_large", f"{what} exceeds the limit of {self.limit} bytes", {"limit": self.limit}
         )
