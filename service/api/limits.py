@@ -10,7 +10,8 @@ across its runs, so one party cannot hold every slot (429 + Retry-After beyond).
 Python objects costs about that much memory; without a Content-Length, ``max_request_bytes``), an
 upload its declared size (spooled to disk, then mapped while validated). Beyond it: 429 + Retry-After
 in the one error shape. A request is always admitted when nothing else is held, so the largest
-allowed body is never refused for ever.
+allowed body is never refused for ever, and so is a small one (``SMALL_BODY`` weighted bytes: a
+trainer's per-step write never waits behind a large upload).
 """
 
 from __future__ import annotations
@@ -159,6 +160,7 @@ class UploadGate:
 
 
 JSON_WEIGHT = 8  # a JSON body's parse peak over its size (measured: 26.7 MB -> ~210 MB)
+SMALL_BODY = 1024 * 1024  # weighted bytes always admitted (a trainer's per-step write: ~1-100 KB)
 
 
 class ParseGate:
@@ -169,7 +171,7 @@ class ParseGate:
         self.held = 0
 
     def try_hold(self, nbytes: int) -> bool:
-        if self.held and self.held + nbytes > self.limit:
+        if nbytes > SMALL_BODY and self.held and self.held + nbytes > self.limit:
             return False
         self.held += nbytes
         return True
