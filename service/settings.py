@@ -79,7 +79,7 @@ class Settings(BaseSettings):
         "process; an upload that would pass it -> 429 + Retry-After.",
     )
     max_uploads_per_client: int = Field(
-        2,
+        3,
         ge=1,
         description="Batch uploads one client (its API key; without keys, its address) may have being "
         "received at once to one run per process (and at most max_concurrent_uploads - 1 across its runs), "
