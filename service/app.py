@@ -28,7 +28,7 @@ from rlvitals.service.api import (
 )
 from rlvitals.service.api.access import AccessPolicy
 from rlvitals.service.api.fastlane import App
-from rlvitals.service.api.limits import BodyLimitMiddleware, ParseGate, UploadGate
+from rlvitals.service.api.limits import BodyLimitMiddleware, ParseGate, UploadGate, run_body_limit
 from rlvitals.service.audits import AuditPool
 from rlvitals.service.auth import Authenticator
 from rlvitals.service.cache import SeriesCache
@@ -161,7 +161,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.parsing = ParseGate(limit=settings.max_parsing_bytes)
     install_error_handlers(app)
-    app.add_middleware(BodyLimitMiddleware, limit=settings.max_request_bytes)
+    app.add_middleware(
+        BodyLimitMiddleware,
+        limit=settings.max_request_bytes,
+        run_limit=run_body_limit(settings.max_run_config_bytes),
+        run_config_limit=settings.max_run_config_bytes,
+    )
     modules = (
         routes_system,
         routes_runs,

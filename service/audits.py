@@ -37,7 +37,7 @@ from rlvitals.service.settings import Settings
 from rlvitals.service.storage import repository as repo
 from rlvitals.service.storage.database import Database
 from rlvitals.service.telemetry import Telemetry
-from rlvitals.service.workers import WorkerThreads
+from rlvitals.service.workers import WorkerThreads, release_memory
 
 log = logging.getLogger("rlvitals.service.audits")
 
@@ -274,6 +274,8 @@ class AuditPool(WorkerThreads):
                 continue
             self._wake.set()  # there may be more: let a sibling look too
             self.process(job, worker)
+            job = None  # the batch's bytes go now, not with the next claim
+            release_memory()
 
     def _claim(self, worker: str) -> dict[str, Any] | None:
         now = time.time()

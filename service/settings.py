@@ -79,10 +79,11 @@ class Settings(BaseSettings):
         "process; an upload that would pass it -> 429 + Retry-After.",
     )
     max_uploads_per_client: int = Field(
-        2,
+        3,
         ge=1,
         description="Batch uploads one client (its API key; without keys, its address) may have being "
-        "received at once per process, so one party cannot hold every upload slot; more -> 429.",
+        "received at once to one run per process (and at most max_concurrent_uploads - 1 across its runs), "
+        "so one party cannot hold every upload slot; more -> 429.",
     )
     upload_min_rate: int = Field(
         256 * 1024,
@@ -91,11 +92,12 @@ class Settings(BaseSettings):
         "body_timeout seconds: a body is cut off (408) once it is behind body_timeout + received/rate.",
     )
     max_parsing_bytes: int = Field(
-        512 * 1024 * 1024,
+        256 * 1024 * 1024,
         ge=1024,
         description="Weighted bytes of request bodies being received and parsed at once per process: a "
         "JSON body counts 8x its size (what parsing it costs in memory), a batch upload its size; a "
-        "request that would pass it -> 429 + Retry-After (one is always admitted when none is in flight).",
+        "request that would pass it -> 429 + Retry-After (one is always admitted when none is in flight, "
+        "and so is a body under 128 KiB).",
     )
     max_audit_tokens: int = Field(
         16 * 1024 * 1024,

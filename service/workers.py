@@ -6,6 +6,8 @@ A subclass sets ``thread_name``, implements ``_run`` (loop until ``self._stop`` 
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import threading
 
 
@@ -42,3 +44,22 @@ class WorkerThreads:
 
     def wake(self, _kind: str | None = None) -> None:
         self._wake.set()
+
+
+_LIBC = None
+
+
+def release_memory() -> None:
+    """Hand the C heap's free pages back to the system (glibc ``malloc_trim``): a batch's audit frees
+    hundreds of MB of tensors in pieces glibc keeps for reuse, in the arena of the thread that freed
+    them; without this a worker holds that memory long after the audit. No-op elsewhere."""
+    global _LIBC
+    if _LIBC is None:
+        name = ctypes.util.find_library("c")
+        try:
+            _LIBC = ctypes.CDLL(name) if name else False
+        except OSError:
+            _LIBC = False
+    trim = getattr(_LIBC, "malloc_trim", None) if _LIBC else None
+    if trim is not None:
+        trim(0)

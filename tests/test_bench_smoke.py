@@ -100,3 +100,8 @@ def test_health_rules_bench_prints_its_table():
 def test_mismatch_bench_prints_its_table():
     out = _run("bench/mismatch.py", "--repeats", "1", "--shape", "8x256")
     assert "| (8, 256) | mismatch_report (all of it) |" in out
+
+
+def test_tenants_bench_prints_its_table():
+    out = _run("bench/tenants.py", "--seconds", "1", "--trainers", "1", "--phases", "none,slow-uploads")
+    assert "| none |" in out and "| slow-uploads |" in out and "peak RSS MB" in out

@@ -2,15 +2,16 @@
 (``BodyLimitMiddleware``; batch uploads are exempt, their route enforces ``max_batch_bytes``), and
 ``UploadGate`` admits at most ``max_concurrent_uploads`` batch uploads holding at most
 ``max_upload_bytes_in_flight`` declared bytes at once, and at most ``max_uploads_per_client`` of
-them from one client (its API key, or without keys its address), so one party cannot hold every slot
-(429 + Retry-After beyond).
+them from one client (its API key, or without keys its address) to one run and all slots but one
+across its runs, so one party cannot hold every slot (429 + Retry-After beyond).
 
 ``ParseGate`` caps the request bodies being received and parsed at once, JSON and uploads together
 (``max_parsing_bytes``): a JSON body counts ``JSON_WEIGHT`` times its declared size (parsing one into
 Python objects costs about that much memory; without a Content-Length, ``max_request_bytes``), an
 upload its declared size (spooled to disk, then mapped while validated). Beyond it: 429 + Retry-After
 in the one error shape. A request is always admitted when nothing else is held, so the largest
-allowed body is never refused for ever.
+allowed body is never refused for ever, and so is a small one (``SMALL_BODY`` weighted bytes: a
+trainer's per-step write never waits behind a large upload).
 """
 
 from __future__ import annotations
@@ -28,10 +29,24 @@ class _TooLarge(HTTPException):
         super().__init__(413, f"body exceeds the limit of {limit} bytes")
 
 
+RUNS_PATH = "/api/v1/runs"
+
+
+def run_body_limit(max_run_config_bytes: int) -> int:
+    """The body ``POST /api/v1/runs`` may have: room for its config twice over (a client's JSON may be
+    indented or escaped differently from the compact form the config limit counts) plus name and tags."""
+    return 2 * max_run_config_bytes + 256 * 1024
+
+
 class BodyLimitMiddleware:
-    def __init__(self, app, *, limit: int):
+    """413 for a JSON body over ``limit``; ``POST /api/v1/runs`` bodies over ``run_limit`` get the
+    config size refusal (422) without being read or parsed."""
+
+    def __init__(self, app, *, limit: int, run_limit: int | None = None, run_config_limit: int | None = None):
         self.app = app
         self.limit = limit
+        self.run_limit = run_limit
+        self.run_config_limit = run_config_limit
 
     async def __call__(self, scope, receive, send):
         if (
@@ -42,6 +57,8 @@ class BodyLimitMiddleware:
             await self.app(scope, receive, send)
             return
         limit = self.limit
+        if self.run_limit is not None and scope["path"] == RUNS_PATH:
+            limit = min(limit, self.run_limit)
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
                 if value.isdigit() and int(value) > limit:
@@ -75,6 +92,16 @@ class BodyLimitMiddleware:
 
     async def _reject(self, scope, receive, send, size):
         what = f"body of {size} bytes" if size is not None else "body"
+        if self.run_limit is not None and scope["path"] == RUNS_PATH and (size is None or size <= self.limit):
+            response = error_response(
+                422,
+                "invalid_input",
+                f"{what} is too large for a run: its config may hold at most {self.run_config_limit} bytes of "
+                "JSON (max_run_config_bytes); keep the trainer's settings there, not its data",
+                {"field": "config", "limit": self.run_config_limit},
+            )
+            await response(scope, receive, send)
+            return
         response = error_response(
             413, "payload_too_large", f"{what} exceeds the limit of {self.limit} bytes", {"limit": self.limit}
         )
@@ -82,22 +109,28 @@ class BodyLimitMiddleware:
 
 
 class UploadGate:
-    """Counts the batch uploads being received (one event loop: no lock needed)."""
+    """Counts the batch uploads being received (one event loop: no lock needed). A party (an API key,
+    or without one an address) may hold at most ``per_client`` uploads to one run, and at most all
+    slots but one across its runs, so another party always finds one."""
 
     def __init__(self, *, max_uploads: int, max_bytes: int, per_client: int | None = None):
         self.max_uploads, self.max_bytes = max_uploads, max_bytes
         self.per_client = per_client or max_uploads
+        self.per_party = max(1, max_uploads - 1)
         self.uploads = self.bytes = 0
-        self.by_client: dict[str, int] = {}
+        self.held: dict[tuple[str, object], int] = {}
 
     @contextmanager
-    def admit(self, nbytes: int, client: str = ""):
-        mine = self.by_client.get(client, 0)
-        if mine >= self.per_client:
+    def admit(self, nbytes: int, client: str = "", run: object = None):
+        mine = self.held.get((client, run), 0)
+        party = sum(n for (who, _), n in self.held.items() if who == client)
+        if mine >= self.per_client or party >= self.per_party:
+            limit = self.per_client if mine >= self.per_client else self.per_party
             raise Busy(
-                f"this client has {mine} batch uploads being received; the limit per client is "
-                f"{self.per_client} (max_uploads_per_client): retry shortly",
-                detail={"uploads": mine, "limit": self.per_client},
+                f"this client has {party} batch uploads being received ({mine} to this run); the limit is "
+                f"{self.per_client} per run (max_uploads_per_client) and {self.per_party} in all "
+                "(max_concurrent_uploads - 1): retry shortly",
+                detail={"uploads": party, "run_uploads": mine, "limit": limit},
             )
         if self.uploads >= self.max_uploads:
             raise Busy(
@@ -113,20 +146,21 @@ class UploadGate:
             )
         self.uploads += 1
         self.bytes += nbytes
-        self.by_client[client] = mine + 1
+        self.held[(client, run)] = mine + 1
         try:
             yield
         finally:
             self.uploads -= 1
             self.bytes -= nbytes
-            left = self.by_client[client] - 1
+            left = self.held[(client, run)] - 1
             if left:
-                self.by_client[client] = left
+                self.held[(client, run)] = left
             else:
-                del self.by_client[client]
+                del self.held[(client, run)]
 
 
 JSON_WEIGHT = 8  # a JSON body's parse peak over its size (measured: 26.7 MB -> ~210 MB)
+SMALL_BODY = 1024 * 1024  # weighted bytes always admitted (a trainer's per-step write: ~1-100 KB)
 
 
 class ParseGate:
@@ -137,7 +171,7 @@ class ParseGate:
         self.held = 0
 
     def try_hold(self, nbytes: int) -> bool:
-        if self.held and self.held + nbytes > self.limit:
+        if nbytes > SMALL_BODY and self.held and self.held + nbytes > self.limit:
             return False
         self.held += nbytes
         return True

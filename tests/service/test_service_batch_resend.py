@@ -104,7 +104,12 @@ def test_the_longest_record_id_is_accepted(api):
 
 def test_concurrent_identical_uploads_store_one_row(app_client, database_url):
     """Two replicas on one database, 8 threads sending the same upload at once: one row, one id."""
-    replicas = [app_client(database_url, audit_workers=0), app_client(database_url, audit_workers=0)]
+    slots = {
+        "audit_workers": 0,
+        "max_concurrent_uploads": 8,
+        "max_uploads_per_client": 8,
+    }  # one client, 4 at once
+    replicas = [app_client(database_url, **slots), app_client(database_url, **slots)]
     run_id = replicas[0].create_run()
     for replica in replicas:  # FastAPI builds routes on first use, muting a pydantic warning with the
         # process-wide warnings.catch_warnings: two apps in one process doing that at once can unmute it

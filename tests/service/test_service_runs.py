@@ -84,3 +84,11 @@ def test_the_runs_list_leaves_configs_out_unless_asked(api):
     rest = api.get("/api/v1/runs", params={"limit": 2, "offset": 2, "include": "config"}).json()
     assert [run["config"]["n"] for run in rest["data"]] == [0] and rest["count"] == 3
     assert api.get("/api/v1/runs", params={"include": "everything"}).status_code == 422
+
+
+def test_a_huge_config_is_refused_before_its_body_is_parsed(api):
+    body = b'{"name": "huge", "config": {"blob": "' + b"y" * (3 * 1024 * 1024) + b'"}}'
+    response = api.post("/api/v1/runs", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 422, response.text
+    assert "max_run_config_bytes" in response.json()["error"]["message"]
+    assert api.get("/api/v1/runs").json()["count"] == 0

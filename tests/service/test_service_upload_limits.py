@@ -41,17 +41,21 @@ def test_a_dripping_upload_is_cut_off_by_the_whole_body_deadline(app_client, sql
 
 def test_one_client_cannot_hold_every_upload_slot(app_client, sqlite_url):
     api = app_client(sqlite_url, max_concurrent_uploads=4, max_uploads_per_client=2, upload_min_rate=1)
-    run_id = api.create_run()
+    run_id, other_run = api.create_run("a"), api.create_run("b")
     held = [_start(api, run_id, "hog", seconds=3.0) for _ in range(2)]
     time.sleep(0.5)
-    third = _start(api, run_id, "hog", seconds=0.1).result(timeout=30)
+    third = _start(api, run_id, "hog", seconds=0.1).result(timeout=30)  # a third to the same run
     assert third.status_code == 429 and third.headers["retry-after"]
     assert "max_uploads_per_client" in third.json()["error"]["message"]
+    held.append(_start(api, other_run, "hog", seconds=3.0))  # its third slot, on another run
+    time.sleep(0.5)
+    fourth = _start(api, other_run, "hog", seconds=0.1).result(timeout=30)  # the last slot: not for it
+    assert fourth.status_code == 429 and fourth.json()["error"]["detail"]["limit"] == 3
     other = api.post(
         BATCHES.format(run_id), content=b"not safetensors", headers={**OCTET, "authorization": "Bearer b"}
     )
     assert other.status_code == 422, other.text  # admitted: refused for its content, not for a slot
-    assert [f.result(timeout=30).status_code for f in held] == [400, 400]  # short of their length
+    assert [f.result(timeout=30).status_code for f in held] == [400, 400, 400]  # short of their length
 
 
 def test_bodies_parsed_at_once_are_capped_json_and_uploads_together(app_client, sqlite_url):
