@@ -117,7 +117,7 @@ def render(results: dict[str, list[RunScore]], runs, *, corpus: str = "real runs
         overall, rules = tally(scores)
         per_rule[name] = rules
         lines.append(
-            f"| {name} | {overall.caught}/{incidents} | {overall.missed} | {_delay(overall)} | "
+            f"| {name} | {overall.caught}/{overall.caught + overall.missed} | {overall.missed} | {_delay(overall)} | "
             f"{overall.true_alerts} | {overall.false_alerts} | {overall.false_on_healthy} | {overall.info_alerts} |"
         )
     lines += [
