@@ -236,3 +236,10 @@ def test_the_verl_command_names_a_module_that_exists_here():
     assert module == verl.__name__ and verl.LOSS_MODE == "rlvitals"
     (launch,) = [c for c in cmds if c.startswith("python -m verl.trainer.main_ppo")]
     assert f"actor_rollout_ref.actor.policy_loss.loss_mode={verl.LOSS_MODE}" in launch
+    assert """trainer.logger='["console","file"]'""" in launch  # the file logger the import tails
+    (follow,) = [c for c in cmds if c.startswith("rlvitals import")]
+    from rlvitals.cli import build_parser
+
+    args = build_parser().parse_args(shlex.split(follow)[1:])  # it tails forever: parsed, not run
+    (logger_path,) = [c.split("=", 1)[1] for c in cmds if c.startswith("export VERL_FILE_LOGGER_PATH=")]
+    assert args.follow and args.file == logger_path and args.name == "exp-42" and args.project == "grpo"
