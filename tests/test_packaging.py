@@ -23,6 +23,8 @@ import tomllib
 from tests.support.servers import free_port
 
 REPO = Path(__file__).resolve().parents[1]
+# the build compiles the token passes and each fresh venv installs torch: minutes on a loaded 2-core machine
+pytestmark = pytest.mark.timeout(2400)
 
 
 def test_parts_import_under_the_rlvitals_namespace():
@@ -123,8 +125,10 @@ def _smoke(bin_dir: Path, tmp_path: Path) -> dict[str, str]:
     version = subprocess.run([rlvitals, "--version"], capture_output=True, text=True, env=env, timeout=120)
     assert version.returncode == 0 and version.stdout.startswith("rlvitals "), version
     port = free_port()
-    serve = subprocess.Popen([rlvitals, "serve", "--port", str(port)], cwd=tmp_path, env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    log = tmp_path / "serve.log"
+    with log.open("w") as sink:
+        serve = subprocess.Popen([rlvitals, "serve", "--port", str(port)], cwd=tmp_path, env=env,
+                                 stdout=sink, stderr=subprocess.STDOUT)  # fmt: skip
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -134,7 +138,7 @@ def _smoke(bin_dir: Path, tmp_path: Path) -> dict[str, str]:
                     break
             except httpx.HTTPError:
                 pass
-            assert serve.poll() is None, serve.stderr.read()[-3000:]
+            assert serve.poll() is None, log.read_text()[-3000:]
             assert time.monotonic() < deadline, "rlvitals serve never answered /healthz"
             time.sleep(0.5)
         gz = tmp_path / "exp.jsonl.gz"

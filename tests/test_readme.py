@@ -87,6 +87,21 @@ def test_the_make_targets_exist():
         assert "scripts/" in out.stdout, out.stdout
 
 
+def test_make_test_fast_leaves_out_the_side_environments_browser_and_docker():
+    assert "make test-fast" in README
+    out = run(["make", "-n", "test-fast"], cwd=REPO, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert (
+        'RLVITALS_TEST_MARKERS="not sideenv and not browser and not docker" bash scripts/test.sh'
+        in out.stdout
+    )
+    script = (REPO / "scripts" / "test.sh").read_text()
+    assert 'pytest -m "$RLVITALS_TEST_MARKERS"' in script and "mkdocs build --strict" in script
+    markers = (REPO / "pyproject.toml").read_text()
+    for marker in ("sideenv:", "browser:", "docker:"):
+        assert marker in markers, marker  # registered: an unknown mark would only warn
+
+
 def test_the_install_lines_resolve_and_the_commands_run(tmp_path):
     cmds = commands("Install")
     pips = [c for c in cmds if c.startswith("pip install")]
@@ -221,3 +236,10 @@ def test_the_verl_command_names_a_module_that_exists_here():
     assert module == verl.__name__ and verl.LOSS_MODE == "rlvitals"
     (launch,) = [c for c in cmds if c.startswith("python -m verl.trainer.main_ppo")]
     assert f"actor_rollout_ref.actor.policy_loss.loss_mode={verl.LOSS_MODE}" in launch
+    assert """trainer.logger='["console","file"]'""" in launch  # the file logger the import tails
+    (follow,) = [c for c in cmds if c.startswith("rlvitals import")]
+    from rlvitals.cli import build_parser
+
+    args = build_parser().parse_args(shlex.split(follow)[1:])  # it tails forever: parsed, not run
+    (logger_path,) = [c.split("=", 1)[1] for c in cmds if c.startswith("export VERL_FILE_LOGGER_PATH=")]
+    assert args.follow and args.file == logger_path and args.name == "exp-42" and args.project == "grpo"
