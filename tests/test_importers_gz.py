@@ -78,6 +78,18 @@ def _wandb_parquet(folder: Path) -> Path:
     return path
 
 
+def _epoch_console(folder: Path) -> Path:
+    path = folder / "train.log"
+    n = len(STEPS)
+    path.write_text(
+        "".join(
+            f"Epoch:[1/1]({s}/{n}), Reward: {1.0 / s:.4f}, KL_ref: 0.0010, Actor Loss: 0.0100\n"
+            for s in STEPS
+        )
+    )
+    return path
+
+
 MAKERS = {
     "verl-jsonl": _verl_jsonl,
     "verl-console": _verl_console,
@@ -86,6 +98,7 @@ MAKERS = {
     "tensorboard": _tensorboard,
     "wandb-csv": _wandb_csv,
     "wandb-parquet": _wandb_parquet,
+    "epoch-console": _epoch_console,
 }
 
 

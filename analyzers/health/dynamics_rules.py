@@ -408,7 +408,8 @@ class RewardComponentsDiverge(Rule):
             value=_mean(self.recent[down]),
             signal=f"rewards/{down}",
             evidence=evidence,
-            message=f"reward component {up!r} rose {moves[up]:+.0%} while {down!r} fell {moves[down]:+.0%} "
+            message=f"reward component {down!r} fell to {_mean(self.recent[down]):.3g} ({moves[down]:+.0%}) while "
+            f"{up!r} rose {moves[up]:+.0%} "
             f"(early vs last {s['window']} points): the policy is trading one reward for another",
         )
 

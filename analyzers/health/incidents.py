@@ -55,6 +55,10 @@ CAUSES: dict[str, str] = {
     "truncation_high": "truncation",
     "entropy_collapse": "collapse",
     "response_length_collapse": "collapse",
+    # the look-ahead and no-baseline rules join the problem they foresee or judge
+    "entropy_forecast": "collapse",
+    "reward_no_signal": "zero_advantage",
+    "mismatch_trend": "rollout_mismatch",
 }
 # causes that are one problem when they overlap in time (an open incident of the family takes the finding)
 FAMILIES: dict[str, str] = {
@@ -70,13 +74,14 @@ FAMILIES: dict[str, str] = {
     "no_gradient": "collapse",
     # the update itself unstable
     "grad_norm_spike": "instability",
+    "grad_norm_extreme": "instability",
     "kl_loss_runaway": "instability",
     "ppo_kl_drift": "instability",
     "pg_clipfrac_range": "instability",
     "pg_clipfrac_lower_high": "instability",
 }
 # rules that judge whether the share of tied groups is a problem (an explained zero gradient pages with them)
-ZERO_ADVANTAGE_JUDGES = frozenset({"zero_advantage_groups", "reward_std_collapse"})
+ZERO_ADVANTAGE_JUDGES = frozenset({"zero_advantage_groups", "reward_std_collapse", "reward_no_signal"})
 
 TITLES: dict[str, str] = {
     "zero_advantage": "no learning signal: rewards tie within groups (zero advantage)",

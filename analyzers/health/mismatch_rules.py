@@ -209,7 +209,7 @@ class MismatchTrend(Rule):
         if verl:
             what.append("is outside verl's healthy ranges: " + ", ".join(verl))
         if not what:
-            what.append(f"is {x:.3g}, steady, within the healthy level ({s['max_gap']:g})")
+            what.append(f"steady, within the healthy level ({s['max_gap']:g})")
         if cause == "pipeline_bug":
             severity = Severity.CRITICAL
         elif rising or jumped or high or verl:
@@ -238,7 +238,7 @@ class MismatchTrend(Rule):
                 "shape": dict(self.shape),
                 "motion": dict(self.motion),
             },
-            message=f"the rollout-vs-training log-prob gap ({self.source}) {'; '.join(what)}. "
+            message=f"the rollout-vs-training log-prob gap ({self.source}) is {x:.3g}: {'; '.join(what)}. "
             f"Likely cause: {text}.",
         )
 

@@ -115,7 +115,7 @@ class RewardNoSignal(Rule):
             what = f"the reward's spread (reward_std) has been exactly 0 on all {self.spread_points} points: every group ties"
         return Check(
             active=True,
-            value=x,
+            value=self.first_value if constant else 0.0,  # the value, or the spread, the message states
             severity=Severity.CRITICAL if lasted >= s["critical_steps"] else Severity.WARNING,
             evidence={
                 "mode": "constant" if constant else "no_spread",
@@ -267,7 +267,7 @@ class GradNormExtreme(Rule):
         if self.side == "early":
             return Check(
                 active=True,
-                value=x,
+                value=early,  # the number the message leads with
                 evidence=evidence,
                 severity=Severity.WARNING,
                 message=f"the run started with gradient norms of {early:.3g} (median of its first "
@@ -276,7 +276,7 @@ class GradNormExtreme(Rule):
             )
         return Check(
             active=True,
-            value=x,
+            value=level,  # the median the message quotes, not the latest point
             evidence=evidence,
             severity=Severity.CRITICAL if level >= self.critical else Severity.WARNING,
             message=f"gradient norm {level:.3g} (median of the last {len(self.level.values)} points) is {against}",

@@ -65,7 +65,54 @@ def _extra_streams() -> dict[str, list[tuple[int, dict[str, float]]]]:
         "reward_stagnation": [
             (s, {"critic/score/mean": min(0.5, s / 100) + 0.01 * rng.gauss(0, 1)}) for s in range(600)
         ],
+        "reward_no_signal": [(s, {"critic/score/mean": 0.0}) for s in range(40)],
+        "grad_norm_extreme": [(s, {"actor/grad_norm": 5000.0 + 100 * rng.gauss(0, 1)}) for s in range(10)],
+        "reward_components_diverge": [
+            (
+                s,
+                {
+                    "rewards/format/mean": 0.2 + 0.6 * s / 60 + 0.01 * rng.gauss(0, 1),
+                    "rewards/correct/mean": 0.8 - 0.6 * s / 60 + 0.01 * rng.gauss(0, 1),
+                },
+            )
+            for s in range(60)
+        ],
+        "entropy_reward_fit": [
+            (
+                s,
+                {
+                    "actor/entropy": (h := 2.0 - 1.5 * s / 120),
+                    "critic/score/mean": 1.0 - 0.1 * math.exp(h) + 0.005 * rng.gauss(0, 1),
+                },
+            )
+            for s in range(120)
+        ],
+        "mismatch_trend": [
+            (
+                s,
+                {
+                    "train_rollout_logprob_abs_diff": 0.002
+                    + (0.01 * (s - 30) if s > 30 else 0.0)
+                    + 0.0002 * rng.gauss(0, 1)
+                },
+            )
+            for s in range(60)
+        ],
     }
+
+
+def _forecast_findings() -> list:
+    """entropy_forecast reads audits: a run whose entropy falls as ΔH = −η·Cov(log π, A) predicts."""
+    rng = random.Random(0)
+    monitor, found, h = HealthMonitor(), [], 1.0
+    for step in range(140):
+        cov = 0.02 + rng.gauss(0, 0.002)
+        found += monitor.observe_audit(
+            step, {"ok": True, "entropy_dynamics": {"cov": cov, "entropy": h, "tokens": 512}}
+        )
+        found += monitor.observe(step, {"entropy": max(h, 1e-4), "reward": 0.5 + 0.01 * rng.gauss(0, 1)})
+        h = max(1e-4, h - 0.5 * cov + rng.gauss(0, 0.002))
+    return [f for f in found if f.state == "firing"]
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +120,7 @@ def synthetic_findings():
     found = [(r.id, f) for r in load_synthetic() for f in r.findings if f.state == "firing"]
     for name, rows in _extra_streams().items():
         found += [(name, f) for f in _feed(HealthMonitor(), rows) if f.state == "firing"]
+    found += [("entropy_forecast", f) for f in _forecast_findings()]
     return found
 
 

@@ -80,7 +80,11 @@ def test_zero_gradient_on_tied_batches_is_an_info_zero_advantage_incident():
         tied = 101 <= step < 113 or 201 <= step < 211  # a batch (odd step) and its repeat
         metrics = {"grad_norm": 0.0 if tied else 0.1, "loss": 0.0, "entropy": 0.4}
         if step % 2:
-            metrics |= {"reward": 0.0 if tied else 0.5, "reward_std": 0.0 if tied else 0.3}
+            # a healthy reward moves a little from batch to batch (a constant one is reward_no_signal's)
+            metrics |= {
+                "reward": 0.0 if tied else 0.5 + 0.01 * (step % 7),
+                "reward_std": 0.0 if tied else 0.3,
+            }
         points.append((step, metrics))
     _, findings, updates = _replay(points)
     assert any(f.rule == "grad_norm_zero" and f.severity.rank >= 1 for f in findings)

@@ -17,7 +17,7 @@ def test_import_prints_incidents_with_their_evidence(tmp_path):
                 "step": step,
                 "loss": 0.1,
                 "grad_norm": 0.3,
-                "reward": 0.1 if late else 0.6,
+                "reward": (0.1 if late else 0.6) + 0.01 * (step % 5),  # a real reward moves
                 "reward_std": 0.3,
                 "entropy": 2.0 if late else 0.5,
                 "completions/clipped_ratio": 1.0 if late else 0.0,

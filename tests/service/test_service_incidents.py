@@ -126,7 +126,10 @@ def test_zero_gradients_on_tied_batches_are_an_info_incident_that_pages_nobody(
         tied = 101 <= step < 113
         metrics = {"grad_norm": 0.0 if tied else 0.1, "entropy": 0.4}
         if step % 2:
-            metrics |= {"reward": 0.0 if tied else 0.5, "reward_std": 0.0 if tied else 0.3}
+            metrics |= {
+                "reward": 0.0 if tied else 0.5 + 0.01 * (step % 7),
+                "reward_std": 0.0 if tied else 0.3,
+            }
         steps.append({"step": step, "metrics": metrics})
     _log_all(api, run_id, steps)
     alerts = api.get(f"/api/v1/runs/{run_id}/alerts").json()["data"]
