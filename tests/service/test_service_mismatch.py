@@ -106,6 +106,14 @@ def _check(url: str, client: httpx.Client, tmp_path) -> None:
     assert stale_alert["rule"] == "mismatch_trend"
     assert stale_alert["evidence"]["cause"] in ("weight_sync", "stale_weights")
     assert "weight sync" in stale_alert["message"] and stale_alert["first_step"] >= SYNC_UNTIL
+    # and one incident each, of the rollout-mismatch cause; none for the matched run
+    incidents = {
+        kind: client.get(f"/api/v1/runs/{run_id}/incidents").json()["data"] for kind, run_id in ids.items()
+    }
+    assert incidents["matched"] == []
+    for kind in ("bf16", "stale"):
+        [incident] = incidents[kind]
+        assert incident["cause"] == "rollout_mismatch" and incident["primary_rule"] == "mismatch_trend", incident
 
 
 @pytest.mark.parametrize(
