@@ -113,7 +113,9 @@ def _check(url: str, client: httpx.Client, tmp_path) -> None:
     assert incidents["matched"] == []
     for kind in ("bf16", "stale"):
         [incident] = incidents[kind]
-        assert incident["cause"] == "rollout_mismatch" and incident["primary_rule"] == "mismatch_trend", incident
+        assert incident["cause"] == "rollout_mismatch" and incident["primary_rule"] == "mismatch_trend", (
+            incident
+        )
 
 
 @pytest.mark.parametrize(
