@@ -164,7 +164,7 @@ def test_the_plain_loop_runs_as_written_and_its_audits_agree(server, tmp_path):
     script.write_text(code)
     out = run([sys.executable, str(script)], cwd=tmp_path, env=_env(RLVITALS_URL=server.url), timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    runs = httpx.get(f"{server.url}/api/v1/runs", timeout=10).json()["data"]
+    runs = httpx.get(f"{server.url}/api/v1/runs", params={"include": "config"}, timeout=10).json()["data"]
     (info,) = [r for r in runs if r["name"] == "plain-loop"]
     assert info["last_step"] == 29 and info["config"]["loss_agg_mode"] == "token-mean"
     assert f"{server.url}/runs/{info['id']}/audits" in out.stdout

@@ -105,7 +105,9 @@ def recipe_server(trl_python, tmp_path_factory):
         out = work / "recipe.json"
         run_script(trl_python, "recipe", str(out), env={"RLVITALS_URL": server.url})
         with httpx.Client(base_url=server.url, timeout=10) as api:
-            runs = {r["name"]: r for r in api.get("/api/v1/runs").json()["data"]}
+            runs = {
+                r["name"]: r for r in api.get("/api/v1/runs", params={"include": "config"}).json()["data"]
+            }
             audits = {name: _wait_audits(api, r["id"]) if name != "callback-only" else
                       api.get(f"/api/v1/runs/{r['id']}/audits").json()["data"] for name, r in runs.items()}  # fmt: skip
         yield runs, audits, json.loads(out.read_text())
