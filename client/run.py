@@ -193,6 +193,7 @@ class Run:
         self._finish_lock = threading.Lock()
         self._report: FinishReport | None = None
         self._halt: dict | None = None
+        self._halt_logged = 0  # steps logged with halt_on: should_stop() waits for their answer
         self._pid = os.getpid()
 
     def _new_api(self) -> HttpApi:
@@ -271,6 +272,7 @@ class Run:
         if self._worker is None:
             self._ensure_worker()
         if self.settings.halt_on:
+            self._halt_logged += 1
             self._wake.set()  # send now: the answer says whether a critical incident opened
 
     def should_stop(self) -> bool:
@@ -283,6 +285,18 @@ class Run:
         worker = self._worker
         if not self.settings.halt_on or worker is None:
             return False
+        # the answer to the steps logged so far, waited for at most halt_wait seconds: a sender running
+        # behind (a loaded machine) would otherwise stop the run steps after its critical incident
+        deadline = time.monotonic() + self.settings.halt_wait
+        while worker.answered < self._halt_logged and worker.healthy and not worker.critical:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:  # not answered in time (spooled, slow): wait only for newer steps next time
+                self._halt_logged = worker.answered
+                break
+            worker.answer.clear()
+            if worker.answered >= self._halt_logged:
+                break
+            worker.answer.wait(min(remaining, 0.05))
         for incident in worker.critical:
             if self.settings.halts_on(incident):
                 self._halt = incident

@@ -86,6 +86,8 @@ class Worker:
         self.online = online and api is not None
         self.healthy = self.online and run_id is not None
         self.critical: list[dict] = []  # open critical incidents of the run, per the last metrics write
+        self.answered = 0  # steps the server has answered for from memory (halt_on waits on it)
+        self.answer = threading.Event()  # set after every answered metrics write
         self._lock = threading.Lock()
         self._mem_steps: deque[tuple[bytes, int]] = deque()  # (JSON line, points)
         self._mem_points = 0
@@ -366,6 +368,9 @@ class Worker:
             return True
         self.healthy = True
         self.critical = self.api.critical_incidents  # one assignment: the trainer's thread reads it
+        if path is None:
+            self.answered += len(steps)
+        self.answer.set()
         self.stats.points_sent += points
         if path is not None:
             self.spool.sealed.popleft()

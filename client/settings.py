@@ -81,6 +81,8 @@ class ClientSettings:
     - ``halt_on``: opt in to stopping on a critical incident: ``("critical",)`` for any, or the causes /
       rules whose critical incidents stop the run (``("non_finite", "collapse")``); ``run.should_stop()``
       turns true at the first step boundary after the server reports one (docs/incidents.md).
+    - ``halt_wait``: with ``halt_on``, the most seconds ``should_stop()`` waits for the server's answer to
+      the steps logged so far (a sender running behind would stop the run steps late); 0: never wait.
     - ``gil_switch_interval``: while a run is open, ``sys.setswitchinterval`` is lowered to this (if it is
       higher; CPython's default is 5 ms) so the client's background threads can never keep the trainer's
       thread waiting for the GIL longer than that. ``None`` leaves the interpreter alone.
@@ -101,6 +103,7 @@ class ClientSettings:
     gil_switch_interval: float | None = 0.0005
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     halt_on: tuple[str, ...] = ()
+    halt_wait: float = 2.0
 
     def halts_on(self, incident: dict) -> bool:
         """Whether this open critical incident (the server's short form) should stop the run."""
@@ -115,6 +118,8 @@ class ClientSettings:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.init_timeout < 0:
             raise ValueError(f"init_timeout must be >= 0, got {self.init_timeout}")
+        if not self.halt_wait >= 0:
+            raise ValueError(f"halt_wait must be >= 0, got {self.halt_wait}")
         for name in ("max_steps_per_request", "max_memory_points", "batch_every"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {getattr(self, name)!r}")

@@ -42,6 +42,22 @@ def test_a_plain_loop_stops_at_the_step_after_a_critical_incident(serve, tmp_pat
     assert any(str(reason["id"]) in r.getMessage() and "non_finite" in r.getMessage() for r in caplog.records)
 
 
+def test_a_loop_faster_than_its_sender_still_stops_right_after_the_critical_step(serve, tmp_path):
+    # no time between steps: the answer to a step would arrive steps later; should_stop() waits for it
+    # (at most halt_wait), so the run stops where a slow loop does
+    server = serve()
+    run = rlvitals.init(url=server.url, project="p", name="halt-fast", spool_dir=tmp_path, halt_on="critical")
+    stopped_at = None
+    for step in range(200):
+        if run.should_stop():
+            stopped_at = step
+            break
+        run.log({"actor/pg_loss": float("nan") if step >= 5 else 0.1}, step=step)
+    run.finish(timeout=10)
+    assert stopped_at is not None and 5 < stopped_at <= 10, stopped_at
+    assert run.halt_reason["onset_step"] == 5
+
+
 def test_without_halt_on_a_run_never_stops(serve, tmp_path):
     server = serve()
     run = rlvitals.init(url=server.url, project="p", name="no-halt", spool_dir=tmp_path)
