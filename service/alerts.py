@@ -17,7 +17,7 @@ from typing import Any
 from rlvitals.service.encoding import jsonable
 from rlvitals.service.settings import Settings
 from rlvitals.service.storage import repository as repo
-from rlvitals.service.webhooks import notification_budget, slack_escape
+from rlvitals.service.webhooks import notification_budget, queue_deliveries, slack_escape
 from sqlalchemy.engine import Connection as Session
 
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
@@ -165,23 +165,13 @@ def _queue_webhooks(
     if suppressed is None:  # over the rule's rate limit: counted in the next one that goes out
         return
     generic, slack = webhook_payloads(alert, run, suppressed=suppressed)
-    rows = [(url, "generic", generic) for url in settings.webhook_urls]
-    rows += [(url, "slack", slack) for url in settings.slack_webhook_urls]
-    repo.add_deliveries(
+    queue_deliveries(
         session=session,
-        rows=[
-            {
-                "alert_id": alert["id"],
-                "url": url,
-                "kind": kind,
-                "payload": payload,
-                "status": "pending",
-                "attempts": 0,
-                "next_attempt_at": now,
-                "created_at": now,
-            }
-            for url, kind, payload in rows
-        ],
+        settings=settings,
+        owner={"alert_id": alert["id"]},
+        generic=generic,
+        slack=slack,
+        now=now,
     )
 
 

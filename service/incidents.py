@@ -22,7 +22,7 @@ from rlvitals.service.encoding import jsonable
 from rlvitals.service.errors import NotFound
 from rlvitals.service.settings import Settings
 from rlvitals.service.storage import repository as repo
-from rlvitals.service.webhooks import slack_escape
+from rlvitals.service.webhooks import queue_deliveries, slack_escape
 from sqlalchemy.engine import Connection as Session
 
 
@@ -154,23 +154,13 @@ def _queue(
     if not (settings.webhook_urls or settings.slack_webhook_urls):
         return
     generic, slack = webhook_payloads(incident, event, run)
-    rows = [(url, "generic", generic) for url in settings.webhook_urls]
-    rows += [(url, "slack", slack) for url in settings.slack_webhook_urls]
-    repo.add_deliveries(
+    queue_deliveries(
         session=session,
-        rows=[
-            {
-                "incident_id": incident["id"],
-                "url": url,
-                "kind": kind,
-                "payload": payload,
-                "status": "pending",
-                "attempts": 0,
-                "next_attempt_at": now,
-                "created_at": now,
-            }
-            for url, kind, payload in rows
-        ],
+        settings=settings,
+        owner={"incident_id": incident["id"]},
+        generic=generic,
+        slack=slack,
+        now=now,
     )
 
 

@@ -58,6 +58,31 @@ def backoff_delay(attempts: int, *, base: float, cap: float) -> float:
     return min(cap, base * (2 ** max(0, attempts - 1)))
 
 
+def queue_deliveries(
+    *, session, settings: Settings, owner: dict[str, int], generic: Any, slack: Any, now: float
+) -> None:
+    """One pending delivery per configured URL (generic JSON or Slack text) of what ``owner`` names
+    (``{"alert_id": ...}`` or ``{"incident_id": ...}``), in the caller's transaction."""
+    rows = [(url, "generic", generic) for url in settings.webhook_urls]
+    rows += [(url, "slack", slack) for url in settings.slack_webhook_urls]
+    repo.add_deliveries(
+        session=session,
+        rows=[
+            {
+                **owner,
+                "url": url,
+                "kind": kind,
+                "payload": payload,
+                "status": "pending",
+                "attempts": 0,
+                "next_attempt_at": now,
+                "created_at": now,
+            }
+            for url, kind, payload in rows
+        ],
+    )
+
+
 def slack_escape(text: object) -> str:
     """Slack's message escaping (api.slack.com/reference/surfaces/formatting#escaping): &, <, >."""
     return str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
