@@ -109,6 +109,26 @@ def detect_rank() -> int:
     return 0
 
 
+def agree_across_ranks(stop: bool, incident_id: int = 0) -> tuple[bool, int]:
+    """``(stop, incident_id)`` agreed by every process of the job: stop if any rank says so, with the
+    largest incident id any rank knows. One 2-element all-reduce under an initialised
+    ``torch.distributed`` process group of several processes (every rank must call it at the same step
+    boundary, as it must every collective); otherwise the arguments unchanged, and torch is never
+    imported here (the client stays light)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return stop, incident_id
+    import torch
+
+    backend = str(dist.get_backend()).lower()
+    # NCCL reduces CUDA tensors only; gloo (and a "cpu:gloo,cuda:nccl" group) reduces CPU tensors
+    on_gpu = "gloo" not in backend and torch.cuda.is_available()
+    device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+    flags = torch.tensor([int(bool(stop)), int(incident_id)], dtype=torch.int64, device=device)
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    return bool(flags[0].item()), int(flags[1].item())
+
+
 def _default_name() -> str:
     # torchrun gives every rank the same TORCHELASTIC_RUN_ID: the ranks of one job share a run.
     shared = os.environ.get("RLVITALS_RUN_NAME") or os.environ.get("TORCHELASTIC_RUN_ID")
@@ -275,11 +295,36 @@ class Run:
             self._halt_logged += 1
             self._wake.set()  # send now: the answer says whether a critical incident opened
 
-    def should_stop(self) -> bool:
+    def should_stop(self, *, all_ranks: bool = True) -> bool:
         """True once the server reported an open critical incident this run opted to halt on
         (``ClientSettings.halt_on``; default: never). Reads what the last metrics write answered: no
-        request, no wait, never raises. The first time, it logs the incident's id, cause and primary
-        rule (logger ``rlvitals``); ``halt_reason`` keeps it."""
+        request, never raises. The first time, it logs the incident's id, cause and primary rule
+        (logger ``rlvitals``); ``halt_reason`` keeps it.
+
+        Under ``torch.distributed`` with several processes (and ``halt_on`` set), every rank gets the
+        same answer at the same step boundary (:func:`agree_across_ranks`): only the rank that sends
+        scalars hears of incidents, and ranks that stopped apart would hang the next collective. So
+        call it on every rank, at the same point of the loop; ``all_ranks=False`` answers for this
+        process alone (then agree across ranks yourself)."""
+        stop = self._should_stop_here()
+        if not (all_ranks and self.settings.halt_on):
+            return stop
+        try:
+            agreed, incident_id = agree_across_ranks(stop, int((self._halt or {}).get("id") or 0))
+        except Exception as exc:  # a broken process group: this process's own answer, said once
+            self._problems.warn("halt_ranks", f"rlvitals: could not agree on stopping across ranks: {exc!r}")
+            return stop
+        if agreed and self._halt is None:
+            self._halt = {"id": incident_id or None, "from_another_rank": True}
+            _log.warning(
+                "rlvitals: stopping run %r at the step boundary: another rank's run reported critical "
+                "incident id %s",
+                self.name,
+                incident_id or "?",
+            )
+        return agreed
+
+    def _should_stop_here(self) -> bool:
         if self._halt is not None:
             return True
         worker = self._worker

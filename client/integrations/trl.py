@@ -11,7 +11,8 @@
   With ``halt_on=("critical",)`` (or causes / rules), ``on_step_end`` stops training at the first step
   boundary after the server reports a critical incident (``control.should_training_stop``; with
   ``save_on_halt=True`` a checkpoint first, ``control.should_save``); the incident's id and cause go to
-  the ``rlvitals`` logger.
+  the ``rlvitals`` logger. Under ``accelerate launch`` every process stops (and saves) at the same step
+  boundary: the processes agree on it with one small all-reduce per step (``Run.should_stop``).
 - ``RlvitalsGRPOMixin`` — ``class Trainer(RlvitalsGRPOMixin, GRPOTrainer)``. It joins the trainer's
   ``RlvitalsCallback`` (or adds one), so callback and mixin share one run however they are combined
   (``rlvitals_run=`` on either side). Around ``_compute_loss`` it asks the shared :class:`AuditSampler`
@@ -53,6 +54,7 @@ from rlvitals.client.integrations._common import (
     RunRef,
     scalars,
 )
+from rlvitals.client.run import agree_across_ranks
 
 __all__ = [  # noqa: F822 - RlvitalsCallback is built on first access (module __getattr__)
     "NotAudited",
@@ -138,10 +140,20 @@ class TrlLogBridge:
         """At each step boundary: stop training (``control.should_training_stop``, after a checkpoint with
         ``save_on_halt``) once the run reports a critical incident it opted to halt on (``halt_on=``)."""
         run = self.run_ref.current
-        if run is None or self.halted is not None or not hasattr(run, "should_stop"):
+        if self.halted is not None:
+            return
+        if run is None or not hasattr(run, "should_stop"):
+            # a process with no run (no run name shared by the job's processes: only the main one
+            # records) still takes part in the ranks' agreement, or the others would wait for it
+            if self._halting():
+                stop, incident_id = agree_across_ranks(False)
+                if stop:
+                    self.halted = {"id": incident_id or None, "from_another_rank": True}
+                    control.should_training_stop = True
+                    control.should_save = self.save_on_halt or control.should_save  # saving is collective too
             return
         try:
-            stop = run.should_stop()
+            stop = run.should_stop()  # agreed by every process of the job (``Run.should_stop``)
         except Exception:  # the client never crashes the trainer
             return
         if stop:
@@ -149,6 +161,11 @@ class TrlLogBridge:
             control.should_training_stop = True
             if self.save_on_halt:
                 control.should_save = True
+
+    def _halting(self) -> bool:
+        options = self.run_ref.options
+        settings = options.get("settings")
+        return bool(options.get("halt_on") or getattr(settings, "halt_on", ()))
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._owns_run and self.run_ref.current is not None:

@@ -25,34 +25,40 @@ SCRIPT = Path(__file__).resolve().parents[1] / "support" / "trl_tiny.py"
 pytestmark = pytest.mark.timeout(1800)
 
 
+def _launch(mode: str, work: Path, url: str) -> dict[int, dict]:
+    """``accelerate launch --num_processes 2`` of ``trl_tiny.py MODE`` (CPU, gloo) against ``url``;
+    each rank's JSON."""
+    python = ensure("trl", TRL)
+    prefix = work / mode
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(rlvitals_path()),
+        "RLVITALS_URL": url,
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+    }
+    env.pop("RLVITALS_RUN_NAME", None)
+    cmd = [
+        str(python.parent / "accelerate"), "launch", "--num_processes", "2", "--num_machines", "1",
+        "--multi_gpu", "--mixed_precision", "no", "--dynamo_backend", "no",
+        "--main_process_port", str(free_port()), str(SCRIPT), mode, str(prefix),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1500, cwd=work)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return {r: json.loads(Path(f"{prefix}.rank{r}.json").read_text()) for r in (0, 1)}
+
+
 @pytest.fixture(scope="module")
 def ddp_job(tmp_path_factory):
     """Run the job once against a real server; yield (server url, each rank's returned losses)."""
     from tests.support.servers import start_server
 
     work = tmp_path_factory.mktemp("ddp")
-    python = ensure("trl", TRL)
     server = start_server(database_url=f"sqlite:///{work / 'ddp.db'}", workdir=work)
     try:
-        prefix = work / "out"
-        env = {
-            **os.environ,
-            "PYTHONPATH": str(rlvitals_path()),
-            "RLVITALS_URL": server.url,
-            "HF_HUB_OFFLINE": "1",
-            "HF_DATASETS_OFFLINE": "1",
-            "TRANSFORMERS_OFFLINE": "1",
-            "OMP_NUM_THREADS": "1",
-        }
-        cmd = [
-            str(python.parent / "accelerate"), "launch", "--num_processes", "2", "--num_machines", "1",
-            "--multi_gpu", "--mixed_precision", "no", "--dynamo_backend", "no",
-            "--main_process_port", str(free_port()), str(SCRIPT), "ddp", str(prefix),
-        ]  # fmt: skip
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1500, cwd=work)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-        ranks = {r: json.loads(Path(f"{prefix}.rank{r}.json").read_text()) for r in (0, 1)}
-        yield server.url, ranks
+        yield server.url, _launch("ddp", work, server.url)
     finally:
         server.stop()
 
@@ -98,3 +104,27 @@ def test_one_run_per_job_and_every_ranks_batches_audit_exact(ddp_job, variant):
     first = {a["rank"]: a["reported"]["loss"] for a in audits if a["step"] == 1 and a["micro_batch"] == 0}
     assert first[0] != first[1]
     assert "loss" in series or "train/loss" in series or any(k.endswith("loss") for k in series)
+
+
+def test_a_job_that_collapses_on_purpose_stops_on_every_process_at_the_same_step(tmp_path):
+    """Only rank 0 records the run (no run name shared by the processes) and hears of the critical
+    incident; both processes stop, and save, at the same step boundary, within one step of it."""
+    from tests.support.servers import start_server
+
+    server = start_server(database_url=f"sqlite:///{tmp_path / 'halt.db'}", workdir=tmp_path)
+    try:
+        ranks = _launch("ddp-halt", tmp_path, server.url)
+        with httpx.Client(base_url=server.url, timeout=10) as api:
+            (run,) = api.get("/api/v1/runs").json()["data"]
+            incidents = api.get(f"/api/v1/runs/{run['id']}/incidents").json()["data"]
+    finally:
+        server.stop()
+    main, other = ranks[0], ranks[1]
+    assert main["run"] == run["name"] and other["run"] is None  # rank 1 recorded nothing itself
+    incident = next(i for i in incidents if i["id"] == main["halted"]["id"])
+    assert incident["severity"] == "critical" and incident["cause"] == main["halted"]["cause"]
+    critical_at = min(f["step"] for f in incident["findings"] if f["severity"] == "critical")
+    assert main["global_step"] == other["global_step"] < main["max_steps"]
+    assert critical_at <= main["global_step"] <= critical_at + 1, (critical_at, main)
+    assert other["halted"] == {"id": incident["id"], "from_another_rank": True}
+    assert main["checkpoints"] == other["checkpoints"] == [f"checkpoint-{main['global_step']}"]

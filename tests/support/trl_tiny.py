@@ -12,6 +12,7 @@ Runs inside the TRL side environment (``tests/support/sideenv.py``) with this ch
     accelerate launch --multi_gpu --num_processes 2 trl_tiny.py ddp OUT_PREFIX   (use_cpu: gloo)
                                                      one data-parallel job against $RLVITALS_URL
     python trl_tiny.py halt    OUT.json              a run that collapses on purpose, halted ($RLVITALS_URL)
+    accelerate launch ... trl_tiny.py ddp-halt OUT_PREFIX    the same on two processes: both stop together
 
 Each mode writes its findings as JSON; the pytest side asserts on them (and on what the server stored).
 """
@@ -506,6 +507,47 @@ def halt(out_path: str) -> None:
     Path(out_path).write_text(json.dumps(result))
 
 
+def ddp_halt(out_prefix: str) -> None:
+    """One process of an ``accelerate launch --num_processes 2`` job that collapses on purpose (as
+    ``halt``), with ``halt_on=("critical",)`` and ``save_on_halt``, and no run name shared by the
+    processes: rank 0 records the run, rank 1 records none yet must stop with it. Each rank writes
+    where it stopped to ``OUT_PREFIX.rank<r>.json``."""
+    import logging
+
+    import torch.distributed as dist
+    from rlvitals.client.integrations.trl import RlvitalsCallback
+    from trl import GRPOTrainer
+
+    rank = int(os.environ["RANK"])
+    records: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record.getMessage())
+
+    logging.getLogger("rlvitals").addHandler(Keep())
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["RLVITALS_SPOOL_DIR"] = f"{tmp}/spool-{rank}"
+        callback = RlvitalsCallback(halt_on=("critical",), save_on_halt=True)
+        overrides = {"learning_rate": 1e4, "max_steps": 40, "num_iterations": 1, "run_name": None}
+        out_dir = f"{tmp}/out"  # every rank writes the (collective) checkpoint to the same place
+        if rank == 0:
+            Path(out_dir).mkdir()
+        dist.barrier() if dist.is_initialized() else None
+        trainer = make_trainer(GRPOTrainer, overrides, out_dir, callbacks=[callback])
+        assert trainer.accelerator.num_processes == 2
+        trainer.train()
+        result = {
+            "global_step": trainer.state.global_step,
+            "max_steps": trainer.args.max_steps,
+            "halted": callback.halted,
+            "run": None if callback.run_ref.current is None else callback.run_ref.current.name,
+            "log": records,
+            "checkpoints": sorted(p.name for p in Path(out_dir).glob("checkpoint-*")),
+        }
+    Path(f"{out_prefix}.rank{rank}.json").write_text(json.dumps(result))
+
+
 if __name__ == "__main__":
     warnings.simplefilter("default")
     mode = sys.argv[1]
@@ -521,5 +563,7 @@ if __name__ == "__main__":
         overhead(sys.argv[2], int(sys.argv[3]))
     elif mode == "halt":
         halt(sys.argv[2])
+    elif mode == "ddp-halt":
+        ddp_halt(sys.argv[2])
     else:
         raise SystemExit(f"unknown mode {mode!r}")
