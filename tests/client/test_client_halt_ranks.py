@@ -7,31 +7,21 @@ the same step (a rank that went on alone would wait forever in the step's all-re
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support.ranks import run_two_ranks
 from tests.support.servers import free_port
 
 SCRIPT = Path(__file__).resolve().parents[1] / "support" / "halt_ranks.py"
 
 
 def _job(url: str, tmp_path: Path, mode: str) -> dict[int, dict]:
-    port = free_port()
-    outs = {r: tmp_path / f"{mode}-rank{r}.json" for r in (0, 1)}
-    procs = [
-        subprocess.Popen([sys.executable, str(SCRIPT), str(r), str(port), url, str(outs[r]), mode])
-        for r in (0, 1)
-    ]
-    try:
-        for proc in procs:
-            assert proc.wait(timeout=120) == 0
-    finally:
-        for proc in procs:
-            proc.kill()
-    return {r: json.loads(outs[r].read_text()) for r in (0, 1)}
+    out = str(tmp_path / f"{mode}-rank{{rank}}.json")
+    run_two_ranks([sys.executable, str(SCRIPT), "{rank}", str(free_port()), url, out, mode], {}, timeout=120)
+    return {r: json.loads((tmp_path / f"{mode}-rank{r}.json").read_text()) for r in (0, 1)}
 
 
 @pytest.mark.timeout(300)

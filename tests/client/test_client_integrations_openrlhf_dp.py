@@ -9,12 +9,11 @@ rank; the same batch audited as one process disagrees."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 
 import pytest
 
 from tests.client.test_client_integrations_openrlhf import OPENRLHF, SCRIPT, _decode, server_audit
+from tests.support.ranks import run_two_ranks
 from tests.support.sideenv import ensure, rlvitals_path
 
 pytestmark = pytest.mark.timeout(1200)
@@ -24,26 +23,13 @@ pytestmark = pytest.mark.timeout(1200)
 def ranks(tmp_path_factory) -> dict[int, dict]:
     python = ensure("openrlhf", OPENRLHF)
     work = tmp_path_factory.mktemp("openrlhf-dp2")
-    base = {
-        **os.environ,
+    env = {
         "PYTHONPATH": str(rlvitals_path()),
         "RLVITALS_OPENRLHF_DP": "2",
         "RLVITALS_OPENRLHF_DP_INIT": f"file://{work / 'rendezvous'}",
         "OMP_NUM_THREADS": "1",
     }
-    procs = [
-        subprocess.Popen(
-            [str(python), str(SCRIPT), str(work / f"rank{r}")],
-            env={**base, "RANK": str(r)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in (0, 1)
-    ]
-    outputs = [p.communicate(timeout=900) for p in procs]
-    for proc, (out, err) in zip(procs, outputs, strict=True):
-        assert proc.returncode == 0, (out[-3000:], err[-6000:])
+    run_two_ranks([str(python), str(SCRIPT), str(work / "rank{rank}")], env)
     return {r: json.loads((work / f"rank{r}" / "dp2.json").read_text()) for r in (0, 1)}
 
 

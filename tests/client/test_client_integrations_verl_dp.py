@@ -10,12 +10,11 @@ nothing in either rank's training; an audit told ``dp_size=1`` disagrees (the no
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 
 import pytest
 
 from tests.client.test_client_integrations_verl import SCRIPT, _decode, _recomputed, server_audit
+from tests.support.ranks import run_two_ranks
 from tests.support.sideenv import VERL, ensure, rlvitals_path
 
 pytestmark = pytest.mark.timeout(1200)
@@ -27,27 +26,14 @@ MODES = ("token-mean", "seq-mean-token-sum")
 def ranks(tmp_path_factory) -> dict[int, dict]:
     python = ensure("verl", VERL)
     work = tmp_path_factory.mktemp("verl-dp2")
-    base = {
-        **os.environ,
+    env = {
         "PYTHONPATH": str(rlvitals_path()),
         "VERL_USE_EXTERNAL_MODULES": "rlvitals.client.integrations.verl",
         "RLVITALS_VERL_DP": "2",
         "RLVITALS_VERL_DP_INIT": f"file://{work / 'rendezvous'}",
         "OMP_NUM_THREADS": "1",
     }
-    procs = [
-        subprocess.Popen(
-            [str(python), str(SCRIPT), str(work / f"rank{r}"), "dp2"],
-            env={**base, "RANK": str(r)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in (0, 1)
-    ]
-    outputs = [p.communicate(timeout=900) for p in procs]
-    for proc, (out, err) in zip(procs, outputs, strict=True):
-        assert proc.returncode == 0, (out[-3000:], err[-6000:])
+    run_two_ranks([str(python), str(SCRIPT), str(work / "rank{rank}"), "dp2"], env)
     return {r: json.loads((work / f"rank{r}" / "dp2.json").read_text()) for r in (0, 1)}
 
 
