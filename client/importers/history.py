@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import math
 import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,12 +40,33 @@ class History:
     points: list[Point] = field(default_factory=list)
     config: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        self.points = [(step, unscaled(metrics)) for step, metrics in self.points]
+
     @property
     def metric_names(self) -> set[str]:
         return {name for _, metrics in self.points for name in metrics}
 
     def unmapped(self) -> list[str]:
         return unmapped_names(self.metric_names)
+
+
+# older verl consoles print some values in a unit named after them: ``actor/lr(1e-4):0.010`` is a learning
+# rate of 0.010 x 1e-4 = 1e-06
+_SCALED = re.compile(r"^(?P<name>.*\S)\s*\((?P<unit>1e[+-]?\d+)\)$")
+
+
+def unscaled(metrics: dict[str, float | int]) -> dict[str, float | int]:
+    """``metrics`` with every ``name(1e-4)`` entry as ``name`` in plain units (value x 1e-4)."""
+    if not any(name.endswith(")") for name in metrics):
+        return metrics
+    out: dict[str, float | int] = {}
+    for name, value in metrics.items():
+        match = _SCALED.match(name)
+        if match:
+            name, value = match.group("name"), value * float(match.group("unit"))
+        out[name] = value
+    return out
 
 
 def merge_points(points: Iterable[Point]) -> list[Point]:

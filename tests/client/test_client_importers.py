@@ -203,6 +203,16 @@ def test_verl_console_reads_the_reference_log_with_its_config():
     assert "critic/kl" not in history.unmapped()  # the alias tables know verl's in-reward KL
 
 
+@real_files
+def test_values_printed_in_a_unit_named_after_them_are_read_in_plain_units():
+    # this verl version prints "actor/lr(1e-4):0.010": a learning rate of 1e-06
+    history = read_history("verl-console", REAL / "verl_gemma-2-2b_ppo_gsm8k.log.gz")
+    first = history.points[0][1]
+    assert first["actor/lr"] == pytest.approx(1e-6) and first["critic/lr"] == pytest.approx(1e-5)
+    assert not any("(" in name for name in history.metric_names)
+    assert not any("(" in name for name in history.unmapped())
+
+
 def test_verl_console_edge_cases(tmp_path):
     log = tmp_path / "run.log"
     log.write_text(
