@@ -23,17 +23,27 @@ class GradNormSpike(Rule):
     """A gradient norm ``ratio`` × above the median of the previous ``window`` points (at least
     ``min_points`` of them). One spike is the event — the optimizer step it fed already moved the weights —
     so it fires on one point; critical at ``critical_ratio`` ×. Points inside a spike do not enter the
-    median, so a burst of spikes stays measured against the calm level."""
+    median, so a burst of spikes stays measured against the calm level; nor do points whose whole batch
+    tied on reward (``reward_std`` 0): their gradient is the KL term's alone, a level of its own that
+    would drag the median of a GRPO run with small groups far below its learning steps'.
+
+    A smaller spike, ``moved_ratio`` ×, fires too when the policy visibly moved with it: the KL (to the
+    reference, or between the old and new policy) on the same point at ``kl_ratio`` × its median over the
+    same window and ``kl_step_ratio`` × the points just before. A pre-clip spike that the clipping absorbed leaves the KL where it was; one that
+    moved the weights does not."""
 
     signal = Signal.GRAD_NORM.value
     inputs = (signal,)
-    state_components = ("calm",)
+    state_components = ("calm", "kl")
     summary = "gradient norm spiking far above its recent median"
     defaults: ClassVar[Mapping[str, Any]] = {
         "window": 50,
         "min_points": 10,
         "ratio": 50.0,
         "critical_ratio": 500.0,
+        "moved_ratio": 15.0,
+        "kl_ratio": 5.0,
+        "kl_step_ratio": 2.0,
     }
     fire_after = 1
     resolve_after = 20
@@ -56,10 +66,35 @@ class GradNormSpike(Rule):
             "need 2 <= min_points <= window, window >= 3",
         )
         require(1.0 < s["ratio"] <= s["critical_ratio"], cls.id, "need 1 < ratio <= critical_ratio")
+        require(1.0 < s["moved_ratio"] <= s["ratio"], cls.id, "need 1 < moved_ratio <= ratio")
+        require(
+            s["kl_ratio"] > 1.0 and s["kl_step_ratio"] > 1.0, cls.id, "kl_ratio, kl_step_ratio must be > 1"
+        )
 
     def __init__(self, settings: Mapping[str, Any], run_config: Mapping[str, Any]) -> None:
         super().__init__(settings, run_config)
         self.calm = Window(size=settings["window"])
+        self.kl = Window(size=settings["window"])
+
+    def _kl_jump(self, signals: Mapping[str, float]) -> tuple[float, float] | None:
+        """The KL on this point and its median over the window, when it jumped: ``kl_ratio`` × that median
+        and ``kl_step_ratio`` × the highest of the three points before (a KL that grows from zero step by
+        step, as every run's does early on, passes the first test, never the second). The point enters
+        the window only when it did not jump."""
+        kl = signals.get(Signal.KL_LOSS.value, signals.get(Signal.PPO_KL.value))
+        if kl is None:
+            return None
+        s, median = self.settings, self.kl.median
+        just_before = max(self.kl.values[-3:], default=0.0)
+        if (
+            len(self.kl.values) >= s["min_points"]
+            and median > 0
+            and kl >= s["kl_ratio"] * median
+            and kl >= s["kl_step_ratio"] * just_before
+        ):
+            return kl, median
+        self.kl.update(kl)
+        return None
 
     def chart_marks(self) -> list[dict[str, Any]]:
         if len(self.calm.values) < self.settings["min_points"]:
@@ -71,13 +106,16 @@ class GradNormSpike(Rule):
         if x is None:
             return None
         s = self.settings
+        kl_jump = self._kl_jump(signals)
         if len(self.calm.values) < s["min_points"]:
-            self.calm.update(x)
+            if signals.get(Signal.REWARD_STD.value) != 0.0:
+                self.calm.update(x)
             return None
         median = self.calm.median
         relative = x / median if median > 0 else 0.0  # no calm level (all-zero gradients): no opinion
-        active = relative >= s["ratio"]
-        if not active:
+        moved = kl_jump is not None and relative >= s["moved_ratio"]
+        active = relative >= s["ratio"] or moved
+        if not active and signals.get(Signal.REWARD_STD.value) != 0.0:
             self.calm.update(x)
             if self.idle:
                 return IDLE
@@ -86,12 +124,20 @@ class GradNormSpike(Rule):
             return Check(
                 active=False, value=x, evidence=evidence, message="gradient norm is back near its median"
             )
+        message = f"grad_norm {x:.3g} is {relative:.0f}× its recent median {median:.3g}"
+        if moved and kl_jump is not None:
+            evidence |= {"kl": kl_jump[0], "kl_median": kl_jump[1], "moved_ratio": s["moved_ratio"]}
+            if relative < s["ratio"]:
+                message += (
+                    f", and the KL jumped to {kl_jump[0]:.3g} (median {kl_jump[1]:.3g}): the step "
+                    "moved the policy"
+                )
         return Check(
             active=True,
             value=x,
             evidence=evidence,
             severity=Severity.CRITICAL if relative >= s["critical_ratio"] else Severity.WARNING,
-            message=f"grad_norm {x:.3g} is {relative:.0f}× its recent median {median:.3g}",
+            message=message,
         )
 
 
