@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from .detectors import MAD_TO_SIGMA, Ewma, Hysteresis, Window, _median, fell_below
-from .findings import IDLE, Check, Severity
+from .findings import CORROBORATED_BY, IDLE, Check, Severity
 from .registry import Rule, RuleId, register_rule, require
 from .signals import Signal
 
@@ -306,7 +306,7 @@ class TruncationHigh(Rule):
             return Check(
                 active=True,
                 value=x,
-                evidence={**evidence, "reward": reward, "recent_reward": recent},
+                evidence={**evidence, "reward": reward, "recent_reward": recent, CORROBORATED_BY: "reward"},
                 severity=Severity.CRITICAL if x >= s["critical"] else Severity.WARNING,
                 message=(
                     f"{x:.0%} of responses are cut at the max length while the reward fell to {reward:.3g} "

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from .detectors import Hysteresis, Window
-from .findings import IDLE, Check, Severity
+from .findings import CORROBORATED_BY, IDLE, Check, Severity
 from .registry import Rule, RuleId, register_rule, require
 from .signals import Signal
 
@@ -126,7 +126,12 @@ class GradNormSpike(Rule):
             )
         message = f"grad_norm {x:.3g} is {relative:.0f}× its recent median {median:.3g}"
         if moved and kl_jump is not None:
-            evidence |= {"kl": kl_jump[0], "kl_median": kl_jump[1], "moved_ratio": s["moved_ratio"]}
+            evidence |= {
+                "kl": kl_jump[0],
+                "kl_median": kl_jump[1],
+                "moved_ratio": s["moved_ratio"],
+                CORROBORATED_BY: "kl",
+            }
             if relative < s["ratio"]:
                 message += (
                     f", and the KL jumped to {kl_jump[0]:.3g} (median {kl_jump[1]:.3g}): the step "

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from .detectors import Ewma, Hysteresis, Window, fell_below, rose_above
-from .findings import IDLE, Check, Severity
+from .findings import CORROBORATED_BY, IDLE, Check, Severity
 from .registry import Rule, RuleId, register_rule, require
 from .signals import Signal
 
@@ -379,19 +379,22 @@ class EntropyExplosion(Rule):
         self.reward = Window(size=settings["recent_window"])
         self.length = Window(size=settings["recent_window"])
 
-    def _symptom(self, signals: Mapping[str, float]) -> str | None:
-        """A sign of degeneration on this point (reward fallen, answers grown), read before the point
-        enters the recent windows; None if neither."""
+    def _symptom(self, signals: Mapping[str, float]) -> tuple[str, str] | None:
+        """A sign of degeneration on this point, read before the point enters the recent windows: the
+        signal and what it did (the reward fell, the answers grew); None if neither."""
         s = self.settings
         reward, length = signals.get(Signal.REWARD.value), signals.get(Signal.RESPONSE_LENGTH.value)
         said = None
         if reward is not None:
             if fell_below(self.reward, reward, s["reward_drop"]):
-                said = f"the reward fell to {reward:.3g} from {self.reward.median:.3g}"
+                said = (Signal.REWARD.value, f"the reward fell to {reward:.3g} from {self.reward.median:.3g}")
             self.reward.update(reward)
         if length is not None:
             if said is None and rose_above(self.length, length, s["length_ratio"]):
-                said = f"the responses grew to {length:.0f} tokens from {self.length.median:.0f}"
+                said = (
+                    Signal.RESPONSE_LENGTH.value,
+                    f"the responses grew to {length:.0f} tokens from {self.length.median:.0f}",
+                )
             self.length.update(length)
         return said
 
@@ -436,10 +439,11 @@ class EntropyExplosion(Rule):
                     "early_level": early,
                     "relative": x / early,
                     "ratio": s["ratio"],
-                    "symptom": symptom,
+                    "symptom": symptom[1],
+                    CORROBORATED_BY: symptom[0],
                 },
                 severity=Severity.CRITICAL if x >= s["critical_ratio"] * early else Severity.WARNING,
-                message=f"entropy {x:.3g} is {x / early:.1f}× its early level {early:.3g} while {symptom}",
+                message=f"entropy {x:.3g} is {x / early:.1f}× its early level {early:.3g} while {symptom[1]}",
             )
         if not active and self.idle:
             return IDLE
