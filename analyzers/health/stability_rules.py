@@ -150,11 +150,16 @@ class GradNormSpike(Rule):
 class GradNormZero(Rule):
     """Gradients that are exactly zero (≤ ``tol``) on at least ``share`` of the last ``window`` points:
     the loss has no signal (every advantage 0, or every token masked), so the optimizer steps are empty.
-    Critical when the share reaches ``critical_share``."""
+    Critical when the share reaches ``critical_share``.
+
+    A zero on a step whose batch tied on reward (``reward_std`` 0, or every group zero-std, on that point
+    or the one before: the batch a repeated update reuses) is what GRPO does with it, not a fault: when at
+    least ``explained_share`` of the zeros are such, the episode is ``info`` (the share of tied groups is
+    ``zero_advantage_groups``' to judge)."""
 
     signal = Signal.GRAD_NORM.value
     inputs = (signal,)
-    state_components = ("zeros", "latch")
+    state_components = ("zeros", "latch", "tied")
     summary = "gradient norm exactly 0 on most recent steps (nothing is being learnt)"
     defaults: ClassVar[Mapping[str, Any]] = {
         "window": 10,
@@ -162,6 +167,7 @@ class GradNormZero(Rule):
         "release": 0.2,
         "critical_share": 0.9,
         "tol": 1e-12,
+        "explained_share": 0.8,
     }
     fire_after = 5
     resolve_after = 20
@@ -181,26 +187,57 @@ class GradNormZero(Rule):
             "need release <= share <= critical_share",
         )
         require(s["tol"] >= 0.0, cls.id, "tol must be >= 0")
+        require(0.0 < s["explained_share"] <= 1.0, cls.id, "explained_share must be in (0, 1]")
 
     def __init__(self, settings: Mapping[str, Any], run_config: Mapping[str, Any]) -> None:
         super().__init__(settings, run_config)
-        self.zeros: list[int] = []
+        self.zeros: list[int] = []  # per point: 0 a gradient, 1 a zero, 2 a zero on a batch that tied
         self.latch = Hysteresis(on=settings["share"], off=settings["release"])
+        self.tied = False  # the previous point's batch tied on reward
+
+    def _tied(self, signals: Mapping[str, float]) -> bool:
+        """Whether this point's batch tied on reward, or the previous one's did."""
+        reward_std, zero_std = signals.get(Signal.REWARD_STD.value), signals.get(Signal.ZERO_STD_FRAC.value)
+        tol = self.settings["tol"]
+        now = (reward_std is not None and abs(reward_std) <= tol) or (
+            zero_std is not None and zero_std >= 1.0
+        )
+        tied, self.tied = now or self.tied, now
+        return tied
 
     def observe(self, step: int, signals: Mapping[str, float], metrics: Mapping[str, float]) -> Check | None:
         x = signals.get(self.signal)
         if x is None:
             return None
         s = self.settings
-        self.zeros.append(1 if abs(x) <= s["tol"] else 0)
+        tied = self._tied(signals)
+        self.zeros.append((2 if tied else 1) if abs(x) <= s["tol"] else 0)
         del self.zeros[: max(0, len(self.zeros) - s["window"])]
-        share = sum(self.zeros) / len(self.zeros)
+        zeros = sum(z > 0 for z in self.zeros)
+        share = zeros / len(self.zeros)
         active = self.latch.update(share) and len(self.zeros) >= min(3, s["window"])
         if not active and self.idle:
             return IDLE
-        evidence = {"zero_share": share, "window": len(self.zeros), "share": s["share"]}
+        explained = sum(z == 2 for z in self.zeros) / zeros if zeros else 0.0
+        evidence = {
+            "zero_share": share,
+            "window": len(self.zeros),
+            "share": s["share"],
+            "tied_share": explained,
+        }
         if not active:
             return Check(active=False, value=x, evidence=evidence, message="gradients are non-zero again")
+        if explained >= s["explained_share"]:
+            return Check(
+                active=True,
+                value=share,
+                evidence=evidence,
+                severity=Severity.INFO,
+                message=(
+                    f"grad_norm is 0 on {share:.0%} of the last {len(self.zeros)} points, {explained:.0%} of them "
+                    "on batches whose rewards tied: what GRPO does with them (zero_advantage_groups judges the share)"
+                ),
+            )
         return Check(
             active=True,
             value=share,  # the share of zero points the message quotes (not this point's grad_norm)

@@ -109,6 +109,7 @@ ADDED_SINCE = {
     "truncation_high": {"reward": {"values": []}},
     "entropy_explosion": {"reward": {"values": []}, "length": {"values": []}},
     "grad_norm_spike": {"kl": {"values": []}},
+    "grad_norm_zero": {"tied": False},
 }
 REFILLED = {
     "truncation_high": ("reward",),

@@ -57,7 +57,8 @@ def test_the_more_runs_get_one_page_per_incident_and_none_on_healthy_runs():
     assert got["missed"] == [] and got["on_healthy"] == {}
     assert got["median_pages"] <= 1.5, got
     remasking = next(c for c in counts if c.run_id == "remasking-dllm")
-    assert remasking.on_healthy("alerts") > 0  # the storm the incidents absorb
+    # grad_norm 0 on the steps whose batch tied on reward: the rule itself says info, nothing pages
+    assert remasking.on_healthy("alerts") == 0
     assert {r["cause"] for r in remasking.incident_records if r["members"].get("grad_norm_zero")} == {
         "zero_advantage"
     }
