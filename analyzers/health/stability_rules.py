@@ -29,8 +29,8 @@ class GradNormSpike(Rule):
 
     A smaller spike, ``moved_ratio`` ×, fires too when the policy visibly moved with it: the KL (to the
     reference, or between the old and new policy) on the same point at ``kl_ratio`` × its median over the
-    same window and ``kl_step_ratio`` × the points just before. A pre-clip spike that the clipping absorbed leaves the KL where it was; one that
-    moved the weights does not."""
+    same window and ``kl_step_ratio`` × the points just before. A pre-clip spike that the clipping
+    absorbed leaves the KL where it was; one that moved the weights does not."""
 
     signal = Signal.GRAD_NORM.value
     inputs = (signal,)
@@ -115,8 +115,9 @@ class GradNormSpike(Rule):
         relative = x / median if median > 0 else 0.0  # no calm level (all-zero gradients): no opinion
         moved = kl_jump is not None and relative >= s["moved_ratio"]
         active = relative >= s["ratio"] or moved
-        if not active and signals.get(Signal.REWARD_STD.value) != 0.0:
-            self.calm.update(x)
+        if not active:
+            if signals.get(Signal.REWARD_STD.value) != 0.0:
+                self.calm.update(x)
             if self.idle:
                 return IDLE
         evidence = {"median": median, "relative": relative, "ratio": s["ratio"]}
