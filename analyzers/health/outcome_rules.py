@@ -18,6 +18,9 @@ from .findings import CORROBORATED_BY, IDLE, Check, Severity
 from .registry import Rule, RuleId, register_rule, require
 from .signals import Signal
 
+# canonical names read on every point, resolved once (an Enum member's .value is a property lookup)
+_REWARD = Signal.REWARD.value
+
 
 def _load(target: Any, state: Mapping[str, Any] | None) -> None:
     if state:
@@ -289,7 +292,7 @@ class TruncationHigh(Rule):
         s = self.settings
         level = self.level.update(x)
         active = self.latch.update(level)
-        reward = signals.get(Signal.REWARD.value)
+        reward = signals.get(_REWARD)
         recent = self.reward.median
         costly = (
             reward is not None and x > s["threshold"] and fell_below(self.reward, reward, s["reward_drop"])

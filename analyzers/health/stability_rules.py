@@ -12,6 +12,12 @@ from .findings import CORROBORATED_BY, IDLE, Check, Severity
 from .registry import Rule, RuleId, register_rule, require
 from .signals import Signal
 
+# canonical names read on every point, resolved once (an Enum member's .value is a property lookup)
+_KL_LOSS = Signal.KL_LOSS.value
+_PPO_KL = Signal.PPO_KL.value
+_REWARD_STD = Signal.REWARD_STD.value
+_ZERO_STD_FRAC = Signal.ZERO_STD_FRAC.value
+
 
 def _load(target: Any, state: Mapping[str, Any] | None) -> None:
     if state:
@@ -81,16 +87,15 @@ class GradNormSpike(Rule):
         and ``kl_step_ratio`` × the highest of the three points before (a KL that grows from zero step by
         step, as every run's does early on, passes the first test, never the second). The point enters
         the window only when it did not jump."""
-        kl = signals.get(Signal.KL_LOSS.value, signals.get(Signal.PPO_KL.value))
+        kl = signals.get(_KL_LOSS, signals.get(_PPO_KL))
         if kl is None:
             return None
         s, median = self.settings, self.kl.median
-        just_before = max(self.kl.values[-3:], default=0.0)
         if (
-            len(self.kl.values) >= s["min_points"]
-            and median > 0
+            median > 0
             and kl >= s["kl_ratio"] * median
-            and kl >= s["kl_step_ratio"] * just_before
+            and len(self.kl.values) >= s["min_points"]
+            and kl >= s["kl_step_ratio"] * max(self.kl.values[-3:])
         ):
             return kl, median
         self.kl.update(kl)
@@ -108,7 +113,7 @@ class GradNormSpike(Rule):
         s = self.settings
         kl_jump = self._kl_jump(signals)
         if len(self.calm.values) < s["min_points"]:
-            if signals.get(Signal.REWARD_STD.value) != 0.0:
+            if signals.get(_REWARD_STD) != 0.0:
                 self.calm.update(x)
             return None
         median = self.calm.median
@@ -116,7 +121,7 @@ class GradNormSpike(Rule):
         moved = kl_jump is not None and relative >= s["moved_ratio"]
         active = relative >= s["ratio"] or moved
         if not active:
-            if signals.get(Signal.REWARD_STD.value) != 0.0:
+            if signals.get(_REWARD_STD) != 0.0:
                 self.calm.update(x)
             if self.idle:
                 return IDLE
@@ -198,7 +203,7 @@ class GradNormZero(Rule):
 
     def _tied(self, signals: Mapping[str, float]) -> bool:
         """Whether this point's batch tied on reward, or the previous one's did."""
-        reward_std, zero_std = signals.get(Signal.REWARD_STD.value), signals.get(Signal.ZERO_STD_FRAC.value)
+        reward_std, zero_std = signals.get(_REWARD_STD), signals.get(_ZERO_STD_FRAC)
         tol = self.settings["tol"]
         now = (reward_std is not None and abs(reward_std) <= tol) or (
             zero_std is not None and zero_std >= 1.0

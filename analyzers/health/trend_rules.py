@@ -16,6 +16,10 @@ from .findings import CORROBORATED_BY, IDLE, Check, Severity
 from .registry import Rule, RuleId, register_rule, require
 from .signals import Signal
 
+# canonical names read on every point, resolved once (an Enum member's .value is a property lookup)
+_REWARD = Signal.REWARD.value
+_RESPONSE_LENGTH = Signal.RESPONSE_LENGTH.value
+
 
 @register_rule(RuleId.KL_LOSS_RUNAWAY)
 class KlLossRunaway(Rule):
@@ -379,20 +383,21 @@ class EntropyExplosion(Rule):
         self.reward = Window(size=settings["recent_window"])
         self.length = Window(size=settings["recent_window"])
 
-    def _symptom(self, signals: Mapping[str, float]) -> tuple[str, str] | None:
+    def _symptom(self, signals: Mapping[str, float], *, judge: bool) -> tuple[str, str] | None:
         """A sign of degeneration on this point, read before the point enters the recent windows: the
-        signal and what it did (the reward fell, the answers grew); None if neither."""
+        signal and what it did (the reward fell, the answers grew); None if neither (always None unless
+        ``judge``: the windows are only kept up to date)."""
         s = self.settings
-        reward, length = signals.get(Signal.REWARD.value), signals.get(Signal.RESPONSE_LENGTH.value)
+        reward, length = signals.get(_REWARD), signals.get(_RESPONSE_LENGTH)
         said = None
         if reward is not None:
-            if fell_below(self.reward, reward, s["reward_drop"]):
-                said = (Signal.REWARD.value, f"the reward fell to {reward:.3g} from {self.reward.median:.3g}")
+            if judge and fell_below(self.reward, reward, s["reward_drop"]):
+                said = (_REWARD, f"the reward fell to {reward:.3g} from {self.reward.median:.3g}")
             self.reward.update(reward)
         if length is not None:
-            if said is None and rose_above(self.length, length, s["length_ratio"]):
+            if judge and said is None and rose_above(self.length, length, s["length_ratio"]):
                 said = (
-                    Signal.RESPONSE_LENGTH.value,
+                    _RESPONSE_LENGTH,
                     f"the responses grew to {length:.0f} tokens from {self.length.median:.0f}",
                 )
             self.length.update(length)
@@ -415,8 +420,8 @@ class EntropyExplosion(Rule):
         if x is None:
             return None
         s = self.settings
-        symptom = self._symptom(signals)
         if not self.seed.full:
+            self._symptom(signals, judge=False)
             self.seed.update(x)
             self.level.update(x)
             return None
@@ -424,14 +429,11 @@ class EntropyExplosion(Rule):
         early = self.seed.median
         relative = level / early if early > 0 else math.inf
         active = self.latch.update(relative) and level - early >= s["min_rise"]
-        corroborated = (
-            not active
-            and symptom is not None
-            and early > 0
-            and x >= s["ratio"] * early
-            and x - early >= s["corroborated_rise"]
+        candidate = (
+            not active and early > 0 and x >= s["ratio"] * early and x - early >= s["corroborated_rise"]
         )
-        if corroborated:
+        symptom = self._symptom(signals, judge=candidate)
+        if symptom is not None:
             return Check(
                 active=True,
                 value=x,
