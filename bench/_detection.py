@@ -146,8 +146,19 @@ def load_corpus(
 
 def our_alerts(run: CorpusRun, settings: Mapping[str, Mapping[str, Any]] | None = None) -> list[Alert]:
     """Every firing transition of our rules on ``run`` (its severity as escalated by the episode's end)."""
+    return our_run(run, settings)[0]
+
+
+def our_run(
+    run: CorpusRun, settings: Mapping[str, Mapping[str, Any]] | None = None
+) -> tuple[list[Alert], list[Page]]:
+    """Our rules on ``run``, as ``rlvitals import`` runs them: the scored alerts (:func:`alerts_from_findings`)
+    and the incident notifications a user would get (:func:`incident_pages`)."""
     diagnosis = Diagnoser(run_config=run.history.config, settings=settings).feed(run.history.points)
-    return alerts_from_findings(diagnosis.findings, diagnosis.firing)
+    return (
+        alerts_from_findings(diagnosis.findings, diagnosis.firing),
+        incident_pages(diagnosis.incident_updates, last_step=run.last_step),
+    )
 
 
 def alerts_from_findings(findings: Iterable[Any], firing: Iterable[Any] = ()) -> list[Alert]:
@@ -182,6 +193,103 @@ def notifications_per_incident(run: CorpusRun, alerts: Iterable[Alert]) -> list[
         hi = run.last_step if incident.end is None else incident.end
         counts.append(sum(lo <= a.step <= hi for a in alerts))
     return counts
+
+
+# a labelled incident's kind -> the families of causes (rlvitals.analyzers.health.incidents.FAMILIES) that
+# speak of it: an incident notification is about a labelled incident when one of its members' families is
+# among these and its span overlaps the incident's window
+LABEL_FAMILIES: dict[str, frozenset[str]] = {
+    "zero_grad": frozenset({"collapse"}),
+    "entropy_collapse": frozenset({"collapse"}),
+    "length_collapse": frozenset({"collapse"}),
+    "collapse": frozenset({"collapse"}),
+    "reward_stagnation": frozenset({"reward_stagnation", "collapse"}),
+    "entropy_explosion": frozenset({"degeneration"}),
+    "length_explosion": frozenset({"degeneration"}),
+    "truncation": frozenset({"degeneration"}),
+    "reward_collapse": frozenset({"degeneration"}),
+    "rollout_mismatch": frozenset({"degeneration"}),
+    "grad_norm_spike": frozenset({"instability"}),
+    "kl_blowup": frozenset({"instability"}),
+    "clipfrac_high": frozenset({"instability"}),
+}
+
+
+def label_families(kind: str) -> frozenset[str]:
+    return LABEL_FAMILIES.get(kind, frozenset({kind}))
+
+
+@dataclass(frozen=True)
+class Page:
+    """One incident notification (``rlvitals.analyzers.health.notify``): the step it went out, its severity
+    and event (opened, escalated, reopened, resolved), the incident's span and its members' families."""
+
+    step: int
+    severity: str
+    event: str
+    span: tuple[int, int]  # the incident's onset and its resolve step (the run's last step if still open)
+    families: frozenset[str] = frozenset()
+
+    @property
+    def asks_attention(self) -> bool:
+        """Opened, escalated or reopened (a resolve is an all-clear, not a page)."""
+        return self.event != "resolved"
+
+
+def incident_pages(updates: Iterable[Any], *, last_step: int, min_severity: str = "warning") -> list[Page]:
+    """The notifications the incident updates of one run send at ``min_severity`` (the default notify
+    level): the policy the server's webhooks and ``rlvitals import`` use."""
+    from rlvitals.analyzers.health.incidents import family_of
+    from rlvitals.analyzers.health.notify import notification_for, notified_after
+
+    updates = list(updates)
+    final = {u.number: u.incident for u in updates}
+    notified: dict[int, str | None] = {}
+    pages = []
+    for update in updates:
+        event = notification_for(update, notified=notified.get(update.number), min_severity=min_severity)
+        notified[update.number] = notified_after(event, update.severity, notified.get(update.number))
+        if event is None:
+            continue
+        record = final[update.number]
+        end = record["resolved_step"] if record["state"] == "resolved" else last_step
+        families = frozenset(family_of(m["cause"]) for m in record["members"].values())
+        pages.append(Page(update.step, str(update.severity), event, (record["onset_step"], end), families))
+    return pages
+
+
+def _about(page: Page, run: CorpusRun, incident: Any) -> bool:
+    """Whether ``page`` speaks of the labelled ``incident``: one of its families speaks of the kind and its
+    incident's span overlaps ``[onset − tolerance, end]``."""
+    lo = incident.onset - run.labels.tolerance
+    hi = run.last_step if incident.end is None else incident.end
+    return page.span[0] <= hi and page.span[1] >= lo and bool(label_families(incident.kind) & page.families)
+
+
+def pages_per_incident(
+    run: CorpusRun, pages: Iterable[Page], *, all_clear: bool = False, by_end: bool = False
+) -> list[int]:
+    """For each labelled incident of ``run``: the incident notifications about it (:func:`_about`). Every
+    one counts, storms included (a reopen or an escalation is another message, however late);
+    ``all_clear`` also counts the resolves; ``by_end`` only those sent by the end of its window."""
+    pages = [p for p in pages if all_clear or p.asks_attention]
+    counts = []
+    for incident in run.labels.incidents:
+        hi = run.last_step if incident.end is None else incident.end
+        counts.append(sum(_about(p, run, incident) and (not by_end or p.step <= hi) for p in pages))
+    return counts
+
+
+def pages_elsewhere(run: CorpusRun, pages: Iterable[Page]) -> int:
+    """Incident pages (opened, escalated, reopened) at warning or worse about no labelled incident of
+    ``run`` (on a healthy run: every one of them), outside the run's ignore windows."""
+    return sum(
+        p.asks_attention
+        and p.severity != "info"
+        and not any(w.start <= p.step <= w.end for w in run.labels.ignore)
+        and not any(_about(p, run, incident) for incident in run.labels.incidents)
+        for p in pages
+    )
 
 
 Detector = Callable[[CorpusRun], list[Alert]]

@@ -12,8 +12,15 @@ RLVITALS_SIDEENV_DIR to share one) — through the live path each documents. Sco
 - incidents caught / labelled;
 - false alarms: warning-or-worse alerts on healthy runs (outside their ignore windows), and apart the
   warning-or-worse alerts on unhealthy runs outside every incident and ignore window;
-- notifications per incident: every warning-or-worse alert raised inside the incident's window (storms
-  count: a rule that closes and re-opens is charged each time), median over the incidents it caught;
+- notifications per incident, median over the incidents that got at least one: what a user is paged
+  with. Ours are incident notifications (``rlvitals.analyzers.health.notify``: an incident opened,
+  escalated or reopened at warning or worse, the policy the server's webhooks use) about the incident — of
+  a cause family that speaks of its kind, from an incident overlapping its window (bench/_detection.py
+  ``pages_per_incident``); a peer has no incidents, so each of its warning-or-worse alerts inside the
+  window is one notification. Storms count: a reopen, an escalation, a rule that closes and re-fires is
+  charged each time. Beside it, ours: how many incidents got a page, the median with the all-clear
+  (resolved) messages counted too, the warning pages on healthy runs and the alert-level count this
+  replaced;
 - median detection delay: first warning-or-worse alert's step − labelled onset.
 
 Runs whose file is absent from the corpus folder are left out and counted (CI has the first 13 runs and
@@ -34,6 +41,7 @@ import json
 import statistics
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -47,7 +55,9 @@ from bench._detection import (
     corpus_files,
     load_corpus,
     notifications_per_incident,
-    our_alerts,
+    our_run,
+    pages_elsewhere,
+    pages_per_incident,
     peer_alerts,
 )
 
@@ -62,6 +72,30 @@ def _median(values: list[int]) -> str:
     return "—" if not values else f"{statistics.median(values):g}"
 
 
+@dataclass
+class OurPages:
+    """Our incident notifications over one part, per labelled incident (bench/_detection.py)."""
+
+    pages: list[int] = field(default_factory=list)  # opened / escalated / reopened, per labelled incident
+    timely: list[int] = field(default_factory=list)  # the same, sent by the end of the incident's window
+    messages: list[int] = field(default_factory=list)  # the same with the all-clear (resolved) messages
+    alerts: list[int] = field(default_factory=list)  # warning+ alerts in the window (the old count)
+    on_healthy: int = 0  # warning+ pages on healthy runs (outside their ignore windows)
+    elsewhere: int = 0  # warning+ pages about no labelled incident of an unhealthy run
+
+    def line(self) -> str:
+        paged = [n for n in self.pages if n]
+        return (
+            f"{OURS} incident notifications: {len(paged)}/{len(self.pages)} labelled incidents paged "
+            f"({sum(n > 0 for n in self.timely)} by the end of their window); "
+            f"per paged incident median {_median(paged)}, max {max(paged, default=0)}, "
+            f"{_median([m for n, m in zip(self.pages, self.messages, strict=True) if n])} with the all-clear "
+            f"messages; {self.on_healthy} warning pages on healthy runs, {self.elsewhere} about no labelled "
+            f"incident of an unhealthy run (alert-level count before incidents: median "
+            f"{_median([n for n in self.alerts if n])} per incident)"
+        )
+
+
 def render_summary(
     results: dict[str, list[RunScore]],
     notifications: dict[str, list[int]],
@@ -70,6 +104,7 @@ def render_summary(
     part: str,
     absent: int,
     timed_out: dict[str, list[str]] | None = None,
+    ours: OurPages | None = None,
 ) -> str:
     incidents = sum(len(r.labels.incidents) for r in runs)
     healthy = sum(r.labels.healthy for r in runs)
@@ -83,7 +118,7 @@ def render_summary(
         head,
         "",
         "| detector | incidents caught | false alarms on healthy runs | other false alerts | "
-        "notifications per caught incident (median) | median delay (steps) |",
+        "notifications per incident (median) | median delay (steps) |",
         "|---|--:|--:|--:|--:|--:|",
     ]
     timed_out = timed_out or {}
@@ -94,6 +129,8 @@ def render_summary(
             f"| {name} | {overall.caught}/{total} | {overall.false_on_healthy} | "
             f"{overall.false_alerts - overall.false_on_healthy} | {_median(notifications[name])} | {_delay(overall)} |"
         )
+    if ours is not None:
+        lines.append("\n" + ours.line())
     for name, ids in timed_out.items():
         if ids:
             lines.append(
@@ -160,15 +197,27 @@ def render(results: dict[str, list[RunScore]], runs, *, corpus: str = "real runs
 
 def _score_corpus(
     runs, peers: list[str], run_timeout: float | None = None
-) -> tuple[dict[str, list[RunScore]], dict[str, list[int]], dict[str, float], dict[str, list[str]]]:
+) -> tuple[dict[str, list[RunScore]], dict[str, list[int]], dict[str, float], dict[str, list[str]], OurPages]:
     results: dict[str, list[RunScore]] = {}
     notifications: dict[str, list[int]] = {}
     timings: dict[str, float] = {}
     timed_out: dict[str, list[str]] = {}
     started = time.perf_counter()
-    alerts = {r.id: our_alerts(r) for r in runs}
+    ours = {r.id: our_run(r) for r in runs}
+    alerts = {rid: got[0] for rid, got in ours.items()}
     results[OURS] = [score_run(r.labels, alerts[r.id], last_step=r.last_step) for r in runs]
-    notifications[OURS] = [n for r in runs for n in notifications_per_incident(r, alerts[r.id]) if n]
+    mine = OurPages()
+    for r in runs:
+        pages = ours[r.id][1]
+        mine.pages += pages_per_incident(r, pages)
+        mine.timely += pages_per_incident(r, pages, by_end=True)
+        mine.messages += pages_per_incident(r, pages, all_clear=True)
+        mine.alerts += notifications_per_incident(r, alerts[r.id])
+        if r.labels.healthy:
+            mine.on_healthy += pages_elsewhere(r, pages)
+        else:
+            mine.elsewhere += pages_elsewhere(r, pages)
+    notifications[OURS] = [n for n in mine.pages if n]
     timings[OURS] = time.perf_counter() - started
     for peer in peers:
         started = time.perf_counter()
@@ -179,7 +228,7 @@ def _score_corpus(
         results[label] = [score_run(r.labels, alerts[r.id], last_step=r.last_step) for r in scored]
         notifications[label] = [n for r in scored for n in notifications_per_incident(r, alerts[r.id]) if n]
         timings[label] = time.perf_counter() - started
-    return results, notifications, timings, timed_out
+    return results, notifications, timings, timed_out, mine
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -232,8 +281,12 @@ def main(argv: list[str] | None = None) -> int:
         if not runs:
             print(f"Part {part}: no run of this part here ({absent} absent)\n")
             continue
-        results, notifications, timings, timed_out = _score_corpus(runs, peers, args.peer_run_timeout)
-        print(render_summary(results, notifications, runs, part=part, absent=absent, timed_out=timed_out))
+        results, notifications, timings, timed_out, mine = _score_corpus(runs, peers, args.peer_run_timeout)
+        print(
+            render_summary(
+                results, notifications, runs, part=part, absent=absent, timed_out=timed_out, ours=mine
+            )
+        )
         if args.detail or only:
             print("\n" + render(results, runs, corpus=f"{part} runs"))
         print("\nwall time: " + ", ".join(f"{k} {v:.1f}s" for k, v in timings.items()) + "\n")
@@ -252,6 +305,14 @@ def main(argv: list[str] | None = None) -> int:
                 for s in scores
             ]
             for name, scores in results.items()
+        }
+        dump[part]["rlvitals_pages"] = {
+            "pages": mine.pages,
+            "timely": mine.timely,
+            "messages": mine.messages,
+            "alerts": mine.alerts,
+            "on_healthy": mine.on_healthy,
+            "elsewhere": mine.elsewhere,
         }
     if args.json:
         Path(args.json).write_text(json.dumps(dump, indent=1))

@@ -13,7 +13,7 @@ step in its window ``[onset − tolerance, end]``:
 *pages* count only what asks for attention (firing / escalation; opened / escalated / reopened), *all*
 counts the all-clear messages too. A healthy run should get no warning-or-worse notification at all.
 
-    python bench/incidents.py                       # the 13-run corpus
+    python bench/incidents.py                       # the labelled corpus's tuning part
     python bench/incidents.py --more ../shared/real_logs/more
 """
 
@@ -210,10 +210,12 @@ def render(counts: list[RunCount], title: str) -> str:
     return "\n".join(lines)
 
 
-def corpus_counts() -> list[RunCount]:
+def corpus_counts(part: str | None = "tuning") -> list[RunCount]:
+    """The labelled corpus's runs of ``part`` (default: the tuning part, the one thresholds may be tuned
+    on; None: every part, more/ included)."""
     from bench._detection import load_corpus
 
-    return [count_run(r.id, r.labels, r.history) for r in load_corpus()]
+    return [count_run(r.id, r.labels, r.history) for r in load_corpus(part=part)]
 
 
 def more_counts(directory: Path) -> list[RunCount]:
@@ -235,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-corpus", action="store_true")
     args = parser.parse_args(argv)
     if not args.no_corpus:
-        print(render(corpus_counts(), "13-run labelled corpus"))
+        print(render(corpus_counts(), "labelled corpus, tuning part"))
     if args.more:
         print()
         print(render(more_counts(args.more), f"{args.more}"))

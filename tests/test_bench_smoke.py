@@ -76,6 +76,7 @@ def test_detection_bench_runs_ours_and_every_peer_on_two_real_runs():
     for detector in ("rlvitals", "rldoctor 0.2.0", "rlwatch 0.5.1", "rlprobe 0.1.0"):
         assert f"| {detector} |" in out, out
     assert "Per incident" in out and "| trl_chaos-economy_grpo | truncation | 5–… |" in out
+    assert "rlvitals incident notifications: " in out and "labelled incidents paged" in out, out
 
 
 def test_detection_bench_scores_the_synthetic_corpus_without_the_real_one(tmp_path):

@@ -204,6 +204,20 @@ class Window(_State):
         return len(self.values) >= self.size
 
 
+def fell_below(recent: Window, x: float, share: float, *, min_points: int = 3) -> bool:
+    """Whether ``x`` is at least ``share`` × below the median of ``recent`` (a positive level, at least
+    ``min_points`` values): a reward that dropped, judged against its own recent level."""
+    level = recent.median
+    return len(recent.values) >= min_points and level > 0 and level - x >= share * level
+
+
+def rose_above(recent: Window, x: float, ratio: float, *, min_points: int = 3) -> bool:
+    """Whether ``x`` is at least ``ratio`` × the median of ``recent`` (a positive level, at least
+    ``min_points`` values)."""
+    level = recent.median
+    return len(recent.values) >= min_points and level > 0 and x >= ratio * level
+
+
 def _median(values: list[float]) -> float:
     ordered = sorted(values)
     n = len(ordered)

@@ -25,6 +25,9 @@ from ..batch_rules import NON_FINITE
 
 FIRING = "firing"
 RESOLVED = "resolved"
+# the evidence key of a check its rule confirmed by the problem's cause, not by waiting (the reward fell
+# with the truncation, the KL jumped with the gradient spike): its value names the corroborating signal
+CORROBORATED_BY = "corroborated_by"
 
 
 class HealthError(ValueError):

@@ -21,10 +21,16 @@ findings into incidents:
   (each finding kept with its value and step); the incident's severity is the worst of its members' and
   only rises. Its primary rule is the member with the highest severity (a rule native to the cause wins a
   tie, then the earliest).
+- **Hold.** A warning incident is worth a page (*confirmed*) once it has been open ``hold_steps`` steps
+  (at least ``hold_points`` points), so a flicker never pages; a critical one at once, and so is one whose
+  finding its rule confirmed by the cause (evidence ``corroborated_by``: a truncation burst the reward
+  fell with, a gradient spike the KL jumped with), which is no flicker however short.
 - **Damping.** An incident resolves only after every member has resolved *and* ``quiet_steps`` steps
   (at least ``quiet_points`` logged points) passed without any member firing again; a finding of the same
   cause within ``reopen_steps`` after it resolved reopens the same incident (same number) instead of
-  opening a new one.
+  opening a new one. Each reopen doubles the quiet time the incident needs before it resolves again (up to
+  64×): a series that keeps coming back is one problem that stays open, not a page and an all-clear every
+  few hundred steps.
 
 Each change is an :class:`IncidentUpdate` (``opened``, ``escalated``, ``updated``, ``reopened``,
 ``resolved``) carrying a snapshot of the incident. Whether an update is worth a notification is
@@ -39,7 +45,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from .findings import FIRING, Finding, decode_floats, encode_floats
+from .findings import CORROBORATED_BY, FIRING, Finding, decode_floats, encode_floats
 
 OPENED = "opened"
 ESCALATED = "escalated"
@@ -478,7 +484,7 @@ class IncidentTracker:
         incident.last_step = max(incident.last_step, finding.step)
         incident.quiet_since, incident.quiet_points = None, 0
         self._rescore(incident)
-        if incident.severity == "critical":
+        if incident.severity == "critical" or (severity != "info" and finding.evidence.get(CORROBORATED_BY)):
             incident.confirmed = True
         if kind == UPDATED and before is not None and _RANK[incident.severity] > _RANK[before]:
             kind = ESCALATED
@@ -547,7 +553,7 @@ class IncidentTracker:
             if step > incident.quiet_since:
                 incident.quiet_points += 1
             if (
-                step - incident.quiet_since >= self.settings.quiet_steps
+                step - incident.quiet_since >= self.settings.quiet_steps * 2 ** min(incident.reopened, 6)
                 and incident.quiet_points >= self.settings.quiet_points
             ):
                 incident.state = "resolved"

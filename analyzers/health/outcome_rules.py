@@ -13,10 +13,13 @@ import math
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from .detectors import MAD_TO_SIGMA, Ewma, Hysteresis, Window, _median
-from .findings import IDLE, Check, Severity
+from .detectors import MAD_TO_SIGMA, Ewma, Hysteresis, Window, _median, fell_below
+from .findings import CORROBORATED_BY, IDLE, Check, Severity
 from .registry import Rule, RuleId, register_rule, require
 from .signals import Signal
+
+# canonical names read on every point, resolved once (an Enum member's .value is a property lookup)
+_REWARD = Signal.REWARD.value
 
 
 def _load(target: Any, state: Mapping[str, Any] | None) -> None:
@@ -227,13 +230,26 @@ class TruncationHigh(Rule):
     """The share of responses cut at the length cap (verl ``response_length/clip_ratio``, TRL
     ``completions/clipped_ratio``), as the median of the last ``window`` points, above ``threshold``
     (warning) or ``critical`` (critical); the episode closes below ``release``. A truncated response
-    usually gets no reward and teaches the policy nothing but noise."""
+    usually gets no reward and teaches the policy nothing but noise.
+
+    When the cut is already costing reward, the median's delay is not waited for: a point whose share is
+    above ``threshold`` while the reward is ``reward_drop`` × below its median over the previous
+    ``reward_window`` points is active on its own (two such points in a row fire). A burst of truncation
+    that drags the reward down is the problem itself, however short; one that leaves the reward alone is
+    still judged on the median."""
 
     signal = Signal.RESPONSE_CLIP_RATIO.value
     inputs = (signal,)
-    state_components = ("level", "latch")
+    state_components = ("level", "latch", "reward")
     summary = "too many responses truncated at the max response length"
-    defaults: ClassVar[Mapping[str, Any]] = {"window": 5, "threshold": 0.3, "release": 0.15, "critical": 0.8}
+    defaults: ClassVar[Mapping[str, Any]] = {
+        "window": 5,
+        "threshold": 0.3,
+        "release": 0.15,
+        "critical": 0.8,
+        "reward_window": 10,
+        "reward_drop": 0.25,
+    }
     fire_after = 5
     resolve_after = 20
     evidence_note = (
@@ -248,17 +264,19 @@ class TruncationHigh(Rule):
 
     @classmethod
     def validate(cls, s: Mapping[str, Any]) -> None:
-        require(s["window"] >= 1, cls.id, "window must be >= 1")
+        require(s["window"] >= 1 and s["reward_window"] >= 3, cls.id, "need window >= 1, reward_window >= 3")
         require(
             0.0 <= s["release"] <= s["threshold"] <= s["critical"] <= 1.0,
             cls.id,
             "need 0 <= release <= threshold <= critical <= 1",
         )
+        require(0.0 < s["reward_drop"] <= 1.0, cls.id, "reward_drop must be in (0, 1]")
 
     def __init__(self, settings: Mapping[str, Any], run_config: Mapping[str, Any]) -> None:
         super().__init__(settings, run_config)
         self.level = Window(size=settings["window"])
         self.latch = Hysteresis(on=settings["threshold"], off=settings["release"])
+        self.reward = Window(size=settings["reward_window"])
 
     def chart_marks(self) -> list[dict[str, Any]]:
         s = self.settings
@@ -274,11 +292,30 @@ class TruncationHigh(Rule):
         s = self.settings
         level = self.level.update(x)
         active = self.latch.update(level)
+        reward = signals.get(_REWARD)
+        recent = self.reward.median
+        costly = (
+            reward is not None and x > s["threshold"] and fell_below(self.reward, reward, s["reward_drop"])
+        )
+        if reward is not None:
+            self.reward.update(reward)
+        active = active or costly
         if not active and self.idle:
             return IDLE
         evidence = {"level": level, "threshold": s["threshold"], "critical": s["critical"]}
         if not active:
             return Check(active=False, value=x, evidence=evidence, message="truncation share is back down")
+        if costly and level <= s["threshold"]:
+            return Check(
+                active=True,
+                value=x,
+                evidence={**evidence, "reward": reward, "recent_reward": recent, CORROBORATED_BY: "reward"},
+                severity=Severity.CRITICAL if x >= s["critical"] else Severity.WARNING,
+                message=(
+                    f"{x:.0%} of responses are cut at the max length while the reward fell to {reward:.3g} "
+                    f"from {recent:.3g}"
+                ),
+            )
         return Check(
             active=True,
             value=level,

@@ -8,9 +8,15 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from .detectors import Hysteresis, Window
-from .findings import IDLE, Check, Severity
+from .findings import CORROBORATED_BY, IDLE, Check, Severity
 from .registry import Rule, RuleId, register_rule, require
 from .signals import Signal
+
+# canonical names read on every point, resolved once (an Enum member's .value is a property lookup)
+_KL_LOSS = Signal.KL_LOSS.value
+_PPO_KL = Signal.PPO_KL.value
+_REWARD_STD = Signal.REWARD_STD.value
+_ZERO_STD_FRAC = Signal.ZERO_STD_FRAC.value
 
 
 def _load(target: Any, state: Mapping[str, Any] | None) -> None:
@@ -23,17 +29,27 @@ class GradNormSpike(Rule):
     """A gradient norm ``ratio`` × above the median of the previous ``window`` points (at least
     ``min_points`` of them). One spike is the event — the optimizer step it fed already moved the weights —
     so it fires on one point; critical at ``critical_ratio`` ×. Points inside a spike do not enter the
-    median, so a burst of spikes stays measured against the calm level."""
+    median, so a burst of spikes stays measured against the calm level; nor do points whose whole batch
+    tied on reward (``reward_std`` 0): their gradient is the KL term's alone, a level of its own that
+    would drag the median of a GRPO run with small groups far below its learning steps'.
+
+    A smaller spike, ``moved_ratio`` ×, fires too when the policy visibly moved with it: the KL (to the
+    reference, or between the old and new policy) on the same point at ``kl_ratio`` × its median over the
+    same window and ``kl_step_ratio`` × the points just before. A pre-clip spike that the clipping
+    absorbed leaves the KL where it was; one that moved the weights does not."""
 
     signal = Signal.GRAD_NORM.value
     inputs = (signal,)
-    state_components = ("calm",)
+    state_components = ("calm", "kl")
     summary = "gradient norm spiking far above its recent median"
     defaults: ClassVar[Mapping[str, Any]] = {
         "window": 50,
         "min_points": 10,
         "ratio": 50.0,
         "critical_ratio": 500.0,
+        "moved_ratio": 15.0,
+        "kl_ratio": 5.0,
+        "kl_step_ratio": 2.0,
     }
     fire_after = 1
     resolve_after = 20
@@ -56,10 +72,34 @@ class GradNormSpike(Rule):
             "need 2 <= min_points <= window, window >= 3",
         )
         require(1.0 < s["ratio"] <= s["critical_ratio"], cls.id, "need 1 < ratio <= critical_ratio")
+        require(1.0 < s["moved_ratio"] <= s["ratio"], cls.id, "need 1 < moved_ratio <= ratio")
+        require(
+            s["kl_ratio"] > 1.0 and s["kl_step_ratio"] > 1.0, cls.id, "kl_ratio, kl_step_ratio must be > 1"
+        )
 
     def __init__(self, settings: Mapping[str, Any], run_config: Mapping[str, Any]) -> None:
         super().__init__(settings, run_config)
         self.calm = Window(size=settings["window"])
+        self.kl = Window(size=settings["window"])
+
+    def _kl_jump(self, signals: Mapping[str, float]) -> tuple[float, float] | None:
+        """The KL on this point and its median over the window, when it jumped: ``kl_ratio`` × that median
+        and ``kl_step_ratio`` × the highest of the three points before (a KL that grows from zero step by
+        step, as every run's does early on, passes the first test, never the second). The point enters
+        the window only when it did not jump."""
+        kl = signals.get(_KL_LOSS, signals.get(_PPO_KL))
+        if kl is None:
+            return None
+        s, median = self.settings, self.kl.median
+        if (
+            median > 0
+            and kl >= s["kl_ratio"] * median
+            and len(self.kl.values) >= s["min_points"]
+            and kl >= s["kl_step_ratio"] * max(self.kl.values[-3:])
+        ):
+            return kl, median
+        self.kl.update(kl)
+        return None
 
     def chart_marks(self) -> list[dict[str, Any]]:
         if len(self.calm.values) < self.settings["min_points"]:
@@ -71,14 +111,18 @@ class GradNormSpike(Rule):
         if x is None:
             return None
         s = self.settings
+        kl_jump = self._kl_jump(signals)
         if len(self.calm.values) < s["min_points"]:
-            self.calm.update(x)
+            if signals.get(_REWARD_STD) != 0.0:
+                self.calm.update(x)
             return None
         median = self.calm.median
         relative = x / median if median > 0 else 0.0  # no calm level (all-zero gradients): no opinion
-        active = relative >= s["ratio"]
+        moved = kl_jump is not None and relative >= s["moved_ratio"]
+        active = relative >= s["ratio"] or moved
         if not active:
-            self.calm.update(x)
+            if signals.get(_REWARD_STD) != 0.0:
+                self.calm.update(x)
             if self.idle:
                 return IDLE
         evidence = {"median": median, "relative": relative, "ratio": s["ratio"]}
@@ -86,12 +130,25 @@ class GradNormSpike(Rule):
             return Check(
                 active=False, value=x, evidence=evidence, message="gradient norm is back near its median"
             )
+        message = f"grad_norm {x:.3g} is {relative:.0f}× its recent median {median:.3g}"
+        if moved and kl_jump is not None:
+            evidence |= {
+                "kl": kl_jump[0],
+                "kl_median": kl_jump[1],
+                "moved_ratio": s["moved_ratio"],
+                CORROBORATED_BY: "kl",
+            }
+            if relative < s["ratio"]:
+                message += (
+                    f", and the KL jumped to {kl_jump[0]:.3g} (median {kl_jump[1]:.3g}): the step "
+                    "moved the policy"
+                )
         return Check(
             active=True,
             value=x,
             evidence=evidence,
             severity=Severity.CRITICAL if relative >= s["critical_ratio"] else Severity.WARNING,
-            message=f"grad_norm {x:.3g} is {relative:.0f}× its recent median {median:.3g}",
+            message=message,
         )
 
 
@@ -99,11 +156,16 @@ class GradNormSpike(Rule):
 class GradNormZero(Rule):
     """Gradients that are exactly zero (≤ ``tol``) on at least ``share`` of the last ``window`` points:
     the loss has no signal (every advantage 0, or every token masked), so the optimizer steps are empty.
-    Critical when the share reaches ``critical_share``."""
+    Critical when the share reaches ``critical_share``.
+
+    A zero on a step whose batch tied on reward (``reward_std`` 0, or every group zero-std, on that point
+    or the one before: the batch a repeated update reuses) is what GRPO does with it, not a fault: when at
+    least ``explained_share`` of the zeros are such, the episode is ``info`` (the share of tied groups is
+    ``zero_advantage_groups``' to judge)."""
 
     signal = Signal.GRAD_NORM.value
     inputs = (signal,)
-    state_components = ("zeros", "latch")
+    state_components = ("zeros", "latch", "tied")
     summary = "gradient norm exactly 0 on most recent steps (nothing is being learnt)"
     defaults: ClassVar[Mapping[str, Any]] = {
         "window": 10,
@@ -111,6 +173,7 @@ class GradNormZero(Rule):
         "release": 0.2,
         "critical_share": 0.9,
         "tol": 1e-12,
+        "explained_share": 0.8,
     }
     fire_after = 5
     resolve_after = 20
@@ -130,26 +193,57 @@ class GradNormZero(Rule):
             "need release <= share <= critical_share",
         )
         require(s["tol"] >= 0.0, cls.id, "tol must be >= 0")
+        require(0.0 < s["explained_share"] <= 1.0, cls.id, "explained_share must be in (0, 1]")
 
     def __init__(self, settings: Mapping[str, Any], run_config: Mapping[str, Any]) -> None:
         super().__init__(settings, run_config)
-        self.zeros: list[int] = []
+        self.zeros: list[int] = []  # per point: 0 a gradient, 1 a zero, 2 a zero on a batch that tied
         self.latch = Hysteresis(on=settings["share"], off=settings["release"])
+        self.tied = False  # the previous point's batch tied on reward
+
+    def _tied(self, signals: Mapping[str, float]) -> bool:
+        """Whether this point's batch tied on reward, or the previous one's did."""
+        reward_std, zero_std = signals.get(_REWARD_STD), signals.get(_ZERO_STD_FRAC)
+        tol = self.settings["tol"]
+        now = (reward_std is not None and abs(reward_std) <= tol) or (
+            zero_std is not None and zero_std >= 1.0
+        )
+        tied, self.tied = now or self.tied, now
+        return tied
 
     def observe(self, step: int, signals: Mapping[str, float], metrics: Mapping[str, float]) -> Check | None:
         x = signals.get(self.signal)
         if x is None:
             return None
         s = self.settings
-        self.zeros.append(1 if abs(x) <= s["tol"] else 0)
+        tied = self._tied(signals)
+        self.zeros.append((2 if tied else 1) if abs(x) <= s["tol"] else 0)
         del self.zeros[: max(0, len(self.zeros) - s["window"])]
-        share = sum(self.zeros) / len(self.zeros)
+        zeros = sum(z > 0 for z in self.zeros)
+        share = zeros / len(self.zeros)
         active = self.latch.update(share) and len(self.zeros) >= min(3, s["window"])
         if not active and self.idle:
             return IDLE
-        evidence = {"zero_share": share, "window": len(self.zeros), "share": s["share"]}
+        explained = sum(z == 2 for z in self.zeros) / zeros if zeros else 0.0
+        evidence = {
+            "zero_share": share,
+            "window": len(self.zeros),
+            "share": s["share"],
+            "tied_share": explained,
+        }
         if not active:
             return Check(active=False, value=x, evidence=evidence, message="gradients are non-zero again")
+        if explained >= s["explained_share"]:
+            return Check(
+                active=True,
+                value=share,
+                evidence=evidence,
+                severity=Severity.INFO,
+                message=(
+                    f"grad_norm is 0 on {share:.0%} of the last {len(self.zeros)} points, {explained:.0%} of them "
+                    "on batches whose rewards tied: what GRPO does with them (zero_advantage_groups judges the share)"
+                ),
+            )
         return Check(
             active=True,
             value=share,  # the share of zero points the message quotes (not this point's grad_norm)

@@ -11,10 +11,14 @@ import math
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from .detectors import Ewma, Hysteresis, Window
-from .findings import IDLE, Check, Severity
+from .detectors import Ewma, Hysteresis, Window, fell_below, rose_above
+from .findings import CORROBORATED_BY, IDLE, Check, Severity
 from .registry import Rule, RuleId, register_rule, require
 from .signals import Signal
+
+# canonical names read on every point, resolved once (an Enum member's .value is a property lookup)
+_REWARD = Signal.REWARD.value
+_RESPONSE_LENGTH = Signal.RESPONSE_LENGTH.value
 
 
 @register_rule(RuleId.KL_LOSS_RUNAWAY)
@@ -321,11 +325,17 @@ class EntropyExplosion(Rule):
     """Token entropy blowing up: the median of the last ``window`` points above ``ratio`` × the early level
     (median of the first ``seed_points`` points) and at least ``min_rise`` nats above it. The policy is
     drifting toward noise (gibberish, language mixing, repetition breaking down): usually a learning rate
-    too high or an off-policy mismatch; critical above ``critical_ratio`` × early."""
+    too high or an off-policy mismatch; critical above ``critical_ratio`` × early.
+
+    Entropy that rises *with* a symptom of degeneration is not waited for: a point at ``ratio`` × the early
+    level and ``corroborated_rise`` nats above it is active on its own while the reward is ``reward_drop`` ×
+    below its median over the previous ``recent_window`` points or the response length is
+    ``length_ratio`` × above its own (two such points in a row fire). Entropy that climbs while the answers
+    stay as long and as good is left to the median."""
 
     signal = Signal.ENTROPY.value
     inputs = (signal,)
-    state_components = ("seed", "level", "latch")
+    state_components = ("seed", "level", "latch", "reward", "length")
     summary = "entropy rising far above where the run started (the policy drifting toward noise)"
     defaults: ClassVar[Mapping[str, Any]] = {
         "seed_points": 3,
@@ -334,6 +344,10 @@ class EntropyExplosion(Rule):
         "critical_ratio": 5.0,
         "min_rise": 0.5,
         "release": 1.8,
+        "corroborated_rise": 0.25,
+        "recent_window": 10,
+        "reward_drop": 0.25,
+        "length_ratio": 1.5,
     }
     fire_after = 5
     resolve_after = 20
@@ -353,12 +367,41 @@ class EntropyExplosion(Rule):
             "need 1 <= release <= ratio <= critical_ratio",
         )
         require(s["min_rise"] >= 0.0, rid, "min_rise must be >= 0")
+        require(
+            0.0 <= s["corroborated_rise"] <= s["min_rise"], rid, "need 0 <= corroborated_rise <= min_rise"
+        )
+        require(s["recent_window"] >= 3, rid, "recent_window must be >= 3")
+        require(
+            0.0 < s["reward_drop"] <= 1.0 < s["length_ratio"], rid, "need 0 < reward_drop <= 1 < length_ratio"
+        )
 
     def __init__(self, settings: Mapping[str, Any], run_config: Mapping[str, Any]) -> None:
         super().__init__(settings, run_config)
         self.seed = Window(size=settings["seed_points"])
         self.level = Window(size=settings["window"])
         self.latch = Hysteresis(on=settings["ratio"], off=settings["release"])
+        self.reward = Window(size=settings["recent_window"])
+        self.length = Window(size=settings["recent_window"])
+
+    def _symptom(self, signals: Mapping[str, float], *, judge: bool) -> tuple[str, str] | None:
+        """A sign of degeneration on this point, read before the point enters the recent windows: the
+        signal and what it did (the reward fell, the answers grew); None if neither (always None unless
+        ``judge``: the windows are only kept up to date)."""
+        s = self.settings
+        reward, length = signals.get(_REWARD), signals.get(_RESPONSE_LENGTH)
+        said = None
+        if reward is not None:
+            if judge and fell_below(self.reward, reward, s["reward_drop"]):
+                said = (_REWARD, f"the reward fell to {reward:.3g} from {self.reward.median:.3g}")
+            self.reward.update(reward)
+        if length is not None:
+            if judge and said is None and rose_above(self.length, length, s["length_ratio"]):
+                said = (
+                    _RESPONSE_LENGTH,
+                    f"the responses grew to {length:.0f} tokens from {self.length.median:.0f}",
+                )
+            self.length.update(length)
+        return said
 
     def chart_marks(self) -> list[dict[str, Any]]:
         if not self.seed.full:
@@ -378,6 +421,7 @@ class EntropyExplosion(Rule):
             return None
         s = self.settings
         if not self.seed.full:
+            self._symptom(signals, judge=False)
             self.seed.update(x)
             self.level.update(x)
             return None
@@ -385,6 +429,24 @@ class EntropyExplosion(Rule):
         early = self.seed.median
         relative = level / early if early > 0 else math.inf
         active = self.latch.update(relative) and level - early >= s["min_rise"]
+        candidate = (
+            not active and early > 0 and x >= s["ratio"] * early and x - early >= s["corroborated_rise"]
+        )
+        symptom = self._symptom(signals, judge=candidate)
+        if symptom is not None:
+            return Check(
+                active=True,
+                value=x,
+                evidence={
+                    "early_level": early,
+                    "relative": x / early,
+                    "ratio": s["ratio"],
+                    "symptom": symptom[1],
+                    CORROBORATED_BY: symptom[0],
+                },
+                severity=Severity.CRITICAL if x >= s["critical_ratio"] * early else Severity.WARNING,
+                message=f"entropy {x:.3g} is {x / early:.1f}× its early level {early:.3g} while {symptom[1]}",
+            )
         if not active and self.idle:
             return IDLE
         evidence = {

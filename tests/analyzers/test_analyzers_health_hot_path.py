@@ -102,7 +102,28 @@ def test_window_median_matches_a_sort_and_survives_a_restore():
 STATE_FIXTURE = Path(__file__).resolve().parents[1] / "data" / "health_state" / "state_9ca4140.json"
 # state components a rule gained after the fixture's commit, with the value a restore gives them; the rest
 # of the state must come back byte for byte
-ADDED_SINCE = {"policy_collapse": {"collapsed": False}}
+ADDED_SINCE = {
+    "policy_collapse": {"collapsed": False},
+    # the recent reward (and length, and KL) a rule corroborates its signal with: empty after a restore,
+    # refilled from the points after it (so left out of the final comparison)
+    "truncation_high": {"reward": {"values": []}},
+    "entropy_explosion": {"reward": {"values": []}, "length": {"values": []}},
+    "grad_norm_spike": {"kl": {"values": []}},
+    "grad_norm_zero": {"tied": False},
+}
+REFILLED = {
+    "truncation_high": ("reward",),
+    "entropy_explosion": ("reward", "length"),
+    "grad_norm_spike": ("kl",),
+}
+
+
+def _without_refilled(state):
+    state = json.loads(json.dumps(state))
+    for rule_id, names in REFILLED.items():
+        for name in names:
+            state["rules"][rule_id]["rule"].pop(name, None)
+    return state
 
 
 def _known(state, fixture):
@@ -185,4 +206,6 @@ def test_a_state_saved_by_the_hand_written_state_dicts_restores_and_continues_id
     assert [_behaviour(f) for f in found_dicts] == [_behaviour(f) for f in saved["findings_after"]]
     # the texts (and the values they quote) are today's, the same as a monitor that never stopped
     assert found_dicts == [json.loads(json.dumps(f.to_dict(), default=str)) for f in expected]
-    assert json.dumps(comparable(monitor.state_dict())) == json.dumps(_with_added(saved["final_state"]))
+    assert json.dumps(_without_refilled(comparable(monitor.state_dict()))) == json.dumps(
+        _without_refilled(_with_added(saved["final_state"]))
+    )

@@ -185,6 +185,34 @@ def test_notifications_count_every_warning_inside_an_incident_window():
     assert notifications_per_incident(run, alerts) == [3, 1]
 
 
+def test_incident_pages_count_per_labelled_incident_by_cause_family_storms_included():
+    from pathlib import Path
+
+    from rlvitals.client.importers import History
+
+    from bench._detection import CorpusRun, Page, pages_elsewhere, pages_per_incident
+
+    labels = RunLabels(
+        "r", healthy=False, incidents=(Incident("truncation", 10, 20), Incident("grad_norm_spike", 50, 50)),
+        tolerance=2,
+    )  # fmt: skip
+    run = CorpusRun(
+        "r", "trl-state", Path("x"), labels, History(kind="trl-state", points=[(0, {}), (100, {})])
+    )
+    degeneration, instability = frozenset({"degeneration"}), frozenset({"instability"})
+    pages = [
+        Page(5, "warning", "opened", (5, 30), degeneration),  # before the window, its incident spans it
+        Page(15, "critical", "escalated", (5, 30), degeneration),  # the same incident got worse: counted
+        Page(30, "warning", "resolved", (5, 30), degeneration),  # an all-clear, not a page
+        Page(18, "warning", "opened", (18, 90), frozenset({"collapse"})),  # another problem: not about it
+        Page(70, "warning", "opened", (50, 90), instability),  # after the spike's window closed
+    ]
+    assert pages_per_incident(run, pages) == [2, 1]  # the spike's page came late, but it is about it
+    assert pages_per_incident(run, pages, by_end=True) == [2, 0]
+    assert pages_per_incident(run, pages, all_clear=True) == [3, 1]
+    assert pages_elsewhere(run, pages) == 1  # the collapse page
+
+
 def test_the_split_rule_is_stratified_seeded_and_balanced():
     def run(rid, kinds=(), fmt="trl-console"):
         incidents = [{"kind": k, "onset": 5 * n} for n, k in enumerate(kinds)]

@@ -133,7 +133,8 @@ def test_zero_gradients_on_tied_batches_are_an_info_incident_that_pages_nobody(
         steps.append({"step": step, "metrics": metrics})
     _log_all(api, run_id, steps)
     alerts = api.get(f"/api/v1/runs/{run_id}/alerts").json()["data"]
-    assert any(a["rule"] == "grad_norm_zero" and a["severity"] != "info" for a in alerts)
+    zero = [a for a in alerts if a["rule"] == "grad_norm_zero"]
+    assert zero and all(a["severity"] == "info" for a in zero)  # the rule itself reads the tie
     incidents = api.get(f"/api/v1/runs/{run_id}/incidents").json()["data"]
     assert [(i["cause"], i["severity"]) for i in incidents] == [("zero_advantage", "info")]
     time.sleep(0.5)

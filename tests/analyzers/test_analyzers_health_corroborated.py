@@ -1,0 +1,79 @@
+"""A short problem confirmed by its cause instead of a smoothed level: truncation that drags the reward
+down, entropy that rises while the reward falls or the answers grow, a gradient spike the KL jumped with.
+Miniatures of TRL GRPO logs (one point every 5 steps), each beside the same burst without its cause."""
+
+from __future__ import annotations
+
+from rlvitals.analyzers import HealthMonitor
+
+
+def _firing(rows, rule):
+    monitor = HealthMonitor()
+    found = [f for step, metrics in rows for f in monitor.observe(step, metrics)]
+    return [(f.step, f.severity.value) for f in found if f.rule == rule and f.state == "firing"]
+
+
+def _trl(n, **series):
+    """``n`` points logged every 5 steps; each series a function of the point's index."""
+    return [(5 * (i + 1), {name: float(f(i)) for name, f in series.items()}) for i in range(n)]
+
+
+def _burst(i, during, before):
+    return during if 10 <= i < 12 else before  # two points: steps 55 and 60
+
+
+def test_a_truncation_burst_that_drags_the_reward_fires_on_its_second_point():
+    rows = _trl(
+        30,
+        **{
+            "completions/clipped_ratio": lambda i: _burst(i, 0.5, 0.02),
+            "reward": lambda i: _burst(i, 0.4, 0.85),
+        },
+    )
+    assert _firing(rows, "truncation_high") == [(60, "warning")]
+
+
+def test_the_same_truncation_burst_with_the_reward_holding_waits_for_the_median():
+    rows = _trl(30, **{"completions/clipped_ratio": lambda i: _burst(i, 0.5, 0.02), "reward": lambda i: 0.85})
+    assert _firing(rows, "truncation_high") == []  # two points of five: never the median
+
+
+def test_entropy_rising_while_the_answers_grow_fires_on_its_second_point_before_its_median_does():
+    grown = _trl(
+        30,
+        entropy=lambda i: 0.15 if i < 12 else 0.65,
+        **{"completions/mean_length": lambda i: 180 if i < 12 else 340, "reward": lambda i: 0.9},
+    )
+    alone = _trl(30, entropy=lambda i: 0.15 if i < 12 else 0.65, reward=lambda i: 0.9)
+    early, late = _firing(grown, "entropy_explosion"), _firing(alone, "entropy_explosion")
+    assert early and late and early[0][0] == 70 and late[0][0] > early[0][0]
+
+
+def test_a_spike_the_kl_jumped_with_fires_below_the_plain_spike_ratio():
+    def rows(kl_at_spike):
+        return [
+            (s, {"grad_norm": 2.4 if s == 160 else 0.12, "kl": kl_at_spike if s == 160 else 0.06})
+            for s in range(1, 200)
+        ]
+
+    assert _firing(rows(0.9), "grad_norm_spike") == [(160, "warning")]  # 20x, the KL 15x
+    assert _firing(rows(0.06), "grad_norm_spike") == []  # 20x, clipped away: the KL did not move
+
+
+def test_a_kl_that_grows_from_zero_is_no_jump():
+    rows = [(s, {"grad_norm": 3.0 if s == 40 else 0.15, "kl": 0.0005 * s}) for s in range(1, 120)]
+    assert _firing(rows, "grad_norm_spike") == []
+
+
+def test_tied_reward_steps_stay_out_of_the_calm_median():
+    # GRPO with small groups: half the steps tie on reward and carry only the KL term's tiny gradient;
+    # a 0.6 on a learning step is 5x the learning steps' level, not 30x a median dragged down by ties
+    def point(s):
+        tied = s % 2 == 0
+        return {
+            "grad_norm": 0.6 if s == 101 else (0.02 if tied else 0.12),
+            "reward_std": 0.0 if tied else 0.2,
+            "kl": 0.3 if s == 101 else 0.05,
+        }
+
+    assert _firing([(s, point(s)) for s in range(1, 150)], "grad_norm_spike") == []
