@@ -14,8 +14,10 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
 RUN python -m venv /opt/rlvitals
 ENV PATH=/opt/rlvitals/bin:$PATH
-# CPU torch first: an unpinned torch would pull a multi-GB CUDA build.
-RUN pip install "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu
+# CPU torch first: an unpinned torch would pull a multi-GB CUDA build. TORCH_INDEX_URL names another
+# index that serves it (with its dependencies), e.g. a mirror; docker-compose.yml passes it through.
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+RUN pip install "torch==2.13.0" --index-url "$TORCH_INDEX_URL"
 WORKDIR /src
 COPY pyproject.toml setup.py README.md ./
 COPY src ./src

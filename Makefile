@@ -1,5 +1,5 @@
 .PHONY: run test test-fast bench lint docs docs-build
-FAST_MARKERS = not sideenv and not browser and not docker
+FAST_MARKERS = not sideenv and not browser and not docker and not slow
 run:  ## run the product: demo trainers against a server on embedded SQLite (installs the server extra only)
 	@RLVITALS_EXTRAS=server bash scripts/bootstrap.sh && .venv/bin/rlvitals demo
 test:  ## the whole test suite, from a fresh machine (about 40 minutes; CI runs this)

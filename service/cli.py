@@ -173,6 +173,7 @@ def _serve(args: argparse.Namespace) -> int:
         "host": settings.host,
         "port": settings.port,
         "log_level": settings.log_level,
+        "log_config": log_config(settings.log_level),
         "http": PROTOCOL,
         "proxy_headers": False,
         "access_log": settings.access_log,
@@ -191,6 +192,19 @@ def _serve(args: argparse.Namespace) -> int:
         os.environ[SETTINGS_ENV] = settings.model_dump_json()
         uvicorn.run("rlvitals.service.serving:app_from_env", factory=True, workers=settings.workers, **common)
     return 0
+
+
+def log_config(level: str) -> dict:
+    """uvicorn's logging configuration with the server's own loggers (``rlvitals.*``: an aborted
+    upload, reclaimed audit jobs) on uvicorn's handler at ``level``; without it Python drops their
+    info lines and prints warnings without a level."""
+    import copy
+
+    from uvicorn.config import LOGGING_CONFIG
+
+    config = copy.deepcopy(LOGGING_CONFIG)
+    config["loggers"]["rlvitals"] = {"handlers": ["default"], "level": level.upper(), "propagate": False}
+    return config
 
 
 def _banner(settings, plugins=()) -> str:

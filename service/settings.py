@@ -269,7 +269,7 @@ class Settings(BaseSettings):
         1000, ge=1, description="Events buffered per SSE client; a slower client is disconnected."
     )
 
-    log_level: str = Field("info", description="uvicorn log level.")
+    log_level: str = Field("info", description="Log level of uvicorn and of the server's own messages.")
     access_log: bool = Field(False, description="Log every request (uvicorn access log; costs ingest speed).")
 
     @field_validator("webhook_urls", "slack_webhook_urls", "allowed_hosts", mode="before")

@@ -57,6 +57,14 @@ def test_upload_bench_prints_its_table():
     assert "| SQLite | upload | 4 |" in out
 
 
+def test_latency_bench_prints_its_table():
+    """The audit and replica rows (the live rows need Chromium: tests/dashboard prints those figures)."""
+    out = _run("bench/latency.py", "--only", "audit,replica", "--repeat", "1", timeout=300)
+    assert "| audit (64x4096) | SQLite |" in out
+    if os.environ.get("RLVITALS_TEST_PG_URL"):
+        assert "| replica wake + audit | PostgreSQL, 2 servers |" in out
+
+
 def test_rollout_correction_bench_prints_its_table():
     out = _run("bench/rollout_correction.py", "--small", "--repeats", "1")
     assert "| (4, 64) | token TIS + token_k1,seq_mean_k3 |" in out and "M tok/s" in out

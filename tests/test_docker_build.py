@@ -17,7 +17,11 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from tests.service.test_service_compose import dockerfile_instructions
+
+pytestmark = pytest.mark.slow  # builds the wheel (minutes)
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -24,7 +24,7 @@ from tests.support.servers import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 # the build compiles the token passes and each fresh venv installs torch: minutes on a loaded 2-core machine
-pytestmark = pytest.mark.timeout(2400)
+pytestmark = [pytest.mark.timeout(2400), pytest.mark.slow]
 
 
 def test_parts_import_under_the_rlvitals_namespace():

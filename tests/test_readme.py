@@ -87,18 +87,18 @@ def test_the_make_targets_exist():
         assert "scripts/" in out.stdout, out.stdout
 
 
-def test_make_test_fast_leaves_out_the_side_environments_browser_and_docker():
+def test_make_test_fast_leaves_out_the_side_environments_browser_docker_and_packaging():
     assert "make test-fast" in README
     out = run(["make", "-n", "test-fast"], cwd=REPO, timeout=30)
     assert out.returncode == 0, out.stderr
     assert (
-        'RLVITALS_TEST_MARKERS="not sideenv and not browser and not docker" bash scripts/test.sh'
+        'RLVITALS_TEST_MARKERS="not sideenv and not browser and not docker and not slow" bash scripts/test.sh'
         in out.stdout
     )
     script = (REPO / "scripts" / "test.sh").read_text()
     assert 'pytest -m "$RLVITALS_TEST_MARKERS"' in script and "mkdocs build --strict" in script
     markers = (REPO / "pyproject.toml").read_text()
-    for marker in ("sideenv:", "browser:", "docker:"):
+    for marker in ("sideenv:", "browser:", "docker:", "slow:"):
         assert marker in markers, marker  # registered: an unknown mark would only warn
 
 

@@ -21,7 +21,7 @@ def _done_count(server) -> int:
     return int(match.group(1)) if match else 0
 
 
-def _wait_all_done(server, run_id, count, timeout=30.0):
+def _wait_all_done(server, run_id, count, timeout=90.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         audits = httpx.get(f"{server.url}/api/v1/runs/{run_id}/audits").json()
@@ -43,16 +43,16 @@ def test_two_replicas_share_jobs_and_live_events(serve, pg_url):
     try:
         steps = [{"step": 0, "metrics": {"actor/pg_loss": 0.25}}]
         assert httpx.post(f"{a.url}/api/v1/runs/{run_id}/metrics", json={"steps": steps}).status_code == 200
-        _, data = on_b.wait_for(lambda k, d: k == "points", timeout=5)
+        _, data = on_b.wait_for(lambda k, d: k == "points", timeout=20)
         assert data["steps"][0]["metrics"] == {"actor/pg_loss": 0.25}
         big = [{"step": s, "metrics": {f"metric/{i:03d}": 0.5 for i in range(40)}} for s in range(1, 40)]
         assert httpx.post(f"{b.url}/api/v1/runs/{run_id}/metrics", json={"steps": big}).status_code == 200
-        _, data = on_a.wait_for(lambda k, d: k == "points" and d["steps"][0]["step"] == 1, timeout=5)
+        _, data = on_a.wait_for(lambda k, d: k == "points" and d["steps"][0]["step"] == 1, timeout=20)
         assert len(data["steps"]) == 39  # over NOTIFY's 8000-byte limit: sent by reference
         httpx.post(
             f"{a.url}/api/v1/runs/{run_id}/metrics", json={"steps": [{"step": 50, "metrics": {"x": "NaN"}}]}
         )
-        _, alert = on_b.wait_for(lambda k, d: k == "alert", timeout=5)
+        _, alert = on_b.wait_for(lambda k, d: k == "alert", timeout=20)
         assert alert["rule"] == "non_finite"
 
         # jobs: 24 batches uploaded to both replicas, each audited exactly once
@@ -65,7 +65,7 @@ def test_two_replicas_share_jobs_and_live_events(serve, pg_url):
         assert sorted(x["step"] for x in audits) == list(range(24))
         time.sleep(0.5)
         assert _done_count(a) + _done_count(b) == 24  # no job ran twice
-        _, audit = on_a.wait_for(lambda k, d: k == "audit", timeout=5)
+        _, audit = on_a.wait_for(lambda k, d: k == "audit", timeout=20)
         assert audit["run_id"] == run_id and audit["status"] == "done"
     finally:
         on_a.close()
@@ -92,12 +92,15 @@ def test_an_ingest_only_replica_hands_its_jobs_to_the_other(serve, pg_url):
     audit_id = response.json()["id"]
     while True:
         audit = httpx.get(f"{front.url}/api/v1/audits/{audit_id}").json()
-        if audit["status"] != "pending" or time.monotonic() - started > 10:
+        if audit["status"] != "pending" or time.monotonic() - started > 25:
             break
         time.sleep(0.02)
     elapsed = time.monotonic() - started
     assert audit["status"] == "done"
-    assert elapsed < 2.0, f"NOTIFY should wake the other replica at once; took {elapsed:.2f}s"
+    print(f"replica woken and audit done after {elapsed * 1000:.0f} ms")
+    # the back worker polls every 30 s: only the NOTIFY gets it there sooner. The figure itself (well
+    # under a second idle) is bench/latency.py's "replica wake + audit"; this bound only has to be < 30 s.
+    assert elapsed < 15.0, f"NOTIFY should wake the other replica at once; took {elapsed:.2f}s"
     assert _done_count(back) == 2 and _done_count(front) == 0
 
 

@@ -166,8 +166,13 @@ def test_keep_alive_requests_do_not_stall_on_nagle(serve, workers):
                                    json={"steps": [{"step": step, "metrics": {"loss": 0.1}}]})  # fmt: skip
             times.append(time.perf_counter() - started)
             assert response.status_code == 200
-    median = statistics.median(times[5:])
-    assert median < 0.030, f"median keep-alive request {median * 1000:.1f} ms with --workers {workers}"
+    # A Nagle + delayed-ACK stall costs every request ~40 ms; without it the fastest request takes a
+    # few ms even on a loaded machine (the median would measure the load instead).
+    fastest, median = min(times[5:]), statistics.median(times[5:])
+    print(
+        f"keep-alive requests, --workers {workers}: fastest {fastest * 1000:.1f} ms, median {median * 1000:.1f} ms"
+    )
+    assert fastest < 0.030, f"fastest keep-alive request {fastest * 1000:.1f} ms with --workers {workers}"
 
 
 def test_a_killed_server_restarts_with_its_points_alerts_and_detector_state(serve):
