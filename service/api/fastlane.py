@@ -27,6 +27,7 @@ from typing import Any
 import orjson
 from fastapi import FastAPI
 from pydantic import ValidationError
+from rlvitals.service import metrics
 from rlvitals.service.api.access import DOCS_PATHS, AccessPolicy, with_docs_headers
 from rlvitals.service.api.deps import MAX_ID
 from rlvitals.service.api.limits import ParseGate
@@ -108,6 +109,7 @@ async def ingest(app: FastAPI, scope: MutableMapping[str, Any], receive: Receive
     limit = settings.max_request_bytes
     if (
         run_id > MAX_ID
+        or scope.get("query_string")  # ?wait=rules and anything else: the route's own parameters
         or content_type != b"application/json"
         or (length is not None and not (length.isdigit() and int(length) <= limit))
     ):
@@ -137,7 +139,9 @@ async def ingest(app: FastAPI, scope: MutableMapping[str, Any], receive: Receive
     except (ValueError, ValidationError):  # malformed JSON, wrong types: FastAPI says what is wrong
         return _replay(messages, receive)
     try:
-        result = await services.writer.submit(run_id, parsed.steps)
+        result = metrics.answer(
+            services, run_id, await services.writer.submit(run_id, parsed.steps), wait_rules=False
+        )
     except ServiceError as exc:
         response = error_response(exc.status, exc.code, exc.message, exc.detail, exc.headers)
         await response(scope, receive, send)
