@@ -337,3 +337,19 @@ def test_history_columns_stay_within_their_point_budget():
         columns.put(run, 1, {"x": (list(range(25)), [0.5] * 25)})
     assert columns._points <= 100
     assert columns.get(19, 1, ["x"]) and not columns.get(10, 1, ["x"])  # least recently used went first
+
+
+def test_history_columns_give_back_every_spelling_they_were_given():
+    import math
+
+    from rlvitals.service.columns import SeriesColumns
+
+    columns = SeriesColumns(max_points=100)
+    values = [1.5, None, "NaN", "Infinity", -0.0, 2.5, "-Infinity"]
+    columns.put(1, 5, {"a": (list(range(7)), list(values))})
+    columns.extend(1, 6, [("a", 7, "NaN"), ("a", 8, -0.0), ("a", 9, 3.25)])
+    steps, got = columns.get(1, 6, ["a"])["a"]
+    assert steps == list(range(10))
+    assert got == [*values, "NaN", -0.0, 3.25]
+    assert math.copysign(1.0, got[4]) == -1.0 and math.copysign(1.0, got[8]) == -1.0
+    assert [type(v) for v in got] == [type(v) for v in [*values, "NaN", -0.0, 3.25]]
