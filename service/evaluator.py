@@ -52,7 +52,7 @@ _RETRY_FAILED = 1.0  # the database failed: this much later
 class HealthEvaluator(WorkerThreads):
     thread_name = "rlvitals-health"
 
-    def __init__(self, services: Services, *, poll: float = 0.25, batch: int = 500, spacing: float = 0.05):
+    def __init__(self, services: Services, *, poll: float = 0.25, batch: int = 500, spacing: float = 0.1):
         super().__init__()
         self.services = services
         self.poll = poll
@@ -63,6 +63,12 @@ class HealthEvaluator(WorkerThreads):
         self.spacing = spacing
         self._due: dict[int, float] = {}  # run id -> monotonic time it may be evaluated again
         self._last: dict[int, float] = {}  # run id -> monotonic time of its last evaluation
+        # What this process's writes stored, by feed row: the evaluation reads it from here instead
+        # of the points table when every row it takes is here (else, e.g. after a restart or for
+        # another replica's writes, from the table). Bounded by points; the oldest go first.
+        self._offered: dict[int, tuple[dict, dict, int]] = {}
+        self._offered_points = 0
+        self.max_offered_points = 200_000
         self._lock = threading.Lock()
         self._done = threading.Condition()
         self._generation = 0  # evaluations committed (wakes ``wait``)
@@ -83,6 +89,29 @@ class HealthEvaluator(WorkerThreads):
                 if run_id not in self._due:
                     self._due[run_id] = self._last.get(run_id, -self.spacing) + self.spacing
         self._wake.set()
+
+    def offer(self, feed_id: int, by_step: dict, wall: dict, points: int) -> None:
+        """A write committed: ``by_step`` (``{step: {name: value}}``, the first value of a (step, name)
+        as the table keeps it) and ``wall`` are what feed row ``feed_id`` stands for."""
+        with self._lock:
+            self._offered[feed_id] = (by_step, wall, points)
+            self._offered_points += points
+            while self._offered_points > self.max_offered_points and self._offered:
+                oldest = next(iter(self._offered))
+                self._offered_points -= self._offered.pop(oldest)[2]
+
+    def _offered_for(self, ids: list[int]) -> list[tuple[dict, dict, int]] | None:
+        with self._lock:
+            if not all(i in self._offered for i in ids):
+                return None
+            return [self._offered[i] for i in ids]
+
+    def _forget_offered(self, ids: list[int]) -> None:
+        with self._lock:
+            for i in ids:
+                entry = self._offered.pop(i, None)
+                if entry is not None:
+                    self._offered_points -= entry[2]
 
     def _take_due(self, now: float) -> tuple[list[int], float | None]:
         with self._lock:
@@ -223,6 +252,7 @@ class HealthEvaluator(WorkerThreads):
                     version = 0
                 changed, events = self._apply(session, run_id, feed, version, now)
                 repo.drop_feed(session=session, ids=[row[0] for row in feed])
+            self._forget_offered([row[0] for row in feed])
         except BaseException:
             ctx.health.discard(run_id)  # the monitor saw points whose evaluation was not stored
             raise
@@ -243,10 +273,15 @@ class HealthEvaluator(WorkerThreads):
         for row in feed:
             names.update(orjson.loads(row[3]))
         read: dict[str, Any] = {"by_step": {}, "wall": {}}
+        offered = self._offered_for([row[0] for row in feed])
 
         def observe(monitor, cursor):
             lo = first if cursor["step"] is None else max(first, cursor["step"])
-            if lo <= last:
+            if lo > last:
+                pass
+            elif offered is not None:  # this process's own writes: what they stored, in memory
+                read["by_step"], read["wall"] = _merged(offered, lo)
+            else:
                 read["by_step"], read["wall"] = _steps(
                     repo.points_between(
                         session=session, run_id=run_id, names=sorted(names), first=lo, last=last
@@ -323,6 +358,28 @@ def observe_steps(monitor, cursor: dict[str, Any], by_step: dict[int, dict[str, 
                 findings.extend(monitor.observe(step, fresh))
                 seen.update(fresh)
     return findings, {"step": last, "names": sorted(seen)}
+
+
+def _merged(offered, lo: int) -> tuple[dict, dict]:
+    """The offered writes (in feed order) from step ``lo`` on, as ``_steps`` reads them from the table:
+    a (step, name) written twice keeps its first value."""
+    if len(offered) == 1 and min(offered[0][0], default=lo) >= lo:
+        return offered[0][0], offered[0][1]
+    merged: dict[int, dict] = {}
+    walls: dict[int, float | None] = {}
+    for by_step, wall, _ in offered:
+        for step, metrics in by_step.items():
+            if step < lo:
+                continue
+            held = merged.get(step)
+            if held is None:
+                merged[step] = dict(metrics)
+            else:
+                for name, value in metrics.items():
+                    held.setdefault(name, value)
+            if walls.get(step) is None:
+                walls[step] = wall.get(step)
+    return merged, walls
 
 
 def _steps(rows) -> tuple[dict[int, dict[str, float | None]], dict[int, float | None]]:

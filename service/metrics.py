@@ -102,7 +102,7 @@ def _prepare(index: int, run_id: int, steps: list[StepIn]) -> _Prepared:
         wall.setdefault(step, wall_time)
         for name, raw in item.metrics.items():
             value = raw if raw is None or raw.__class__ is float else _decode(raw)
-            decoded[name] = value
+            decoded.setdefault(name, value)  # a step sent twice in one request: the first is stored
             if value is not None and value != value:
                 rows.append((run_id, name, step, None, _NAN_FLAG, wall_time))
             else:
@@ -176,6 +176,8 @@ def _publish(ctx: Services, stored: list[_Stored], outcomes: list, started: floa
         outcomes[p.index].feed = done.feed
         if done.feed is not None:
             fed.append(p.run_id)
+            if ctx.evaluator is not None:
+                ctx.evaluator.offer(done.feed, p.by_step, p.wall, len(p.rows))
     if fed and ctx.evaluator is not None:
         ctx.evaluator.wake(fed)
 
