@@ -26,7 +26,7 @@ from rlvitals.service.api import (
     routes_system,
 )
 from rlvitals.service.api.access import AccessPolicy
-from rlvitals.service.api.fastlane import App
+from rlvitals.service.api.asgi import App
 from rlvitals.service.api.limits import BodyLimitMiddleware, ParseGate, UploadGate, run_body_limit
 from rlvitals.service.audits import AuditPool
 from rlvitals.service.auth import Authenticator

@@ -1,7 +1,4 @@
-"""/api/v1/runs/{id}/metrics: ingest points, query series.
-
-The well-formed ingest request rarely reaches ``post_metrics``: ``api.fastlane`` answers it first,
-with the same checks, and sends everything else here."""
+"""/api/v1/runs/{id}/metrics: ingest points, query series."""
 
 from __future__ import annotations
 
