@@ -3,6 +3,7 @@ downsampling; on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+import json
 import math
 
 from rlvitals.service.metrics import downsample
@@ -351,3 +352,17 @@ def test_history_columns_give_back_every_spelling_they_were_given():
     assert got == [*values, "NaN", -0.0, 3.25]
     assert math.copysign(1.0, got[4]) == -1.0 and math.copysign(1.0, got[8]) == -1.0
     assert [type(v) for v in got] == [type(v) for v in [*values, "NaN", -0.0, 3.25]]
+
+
+def test_a_history_answer_is_one_json_object_with_each_name_once(app_client, sqlite_url):
+    api = app_client(sqlite_url)
+    run_id = api.create_run()
+    api.log(run_id, [{"step": s, "metrics": {"a": s / 2, "b": "NaN" if s == 3 else 1.0}} for s in range(6)])
+    raw = api.get(f"/api/v1/runs/{run_id}/metrics", params={"names": "b,a,b", "max_points": 0}).content
+    assert raw.count(b'"b":') == 1 and raw.index(b'"b":') < raw.index(b'"a":')
+    assert json.loads(raw) == {
+        "series": {
+            "b": {"step": list(range(6)), "value": [1.0, 1.0, 1.0, "NaN", 1.0, 1.0]},
+            "a": {"step": list(range(6)), "value": [s / 2 for s in range(6)]},
+        }
+    }
