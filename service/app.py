@@ -79,6 +79,7 @@ def build_services(settings: Settings) -> Services:
     )
     services.writer = IngestWriter(services)
     services.evaluator = HealthEvaluator(services)
+    services.audits.evaluator = services.evaluator
     return services
 
 
