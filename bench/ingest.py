@@ -9,8 +9,11 @@ gets the same workload in the same run (one run, 12 metrics per step, PPO/GRPO-l
 4. history:    every point of one metric, and of all 12, over the 20,000 batched steps (median of up
                to 5 repeats, fewer once a server's reads pass the time cap; every answer is counted
                and must hold all 20,000 points per metric);
-5. memory:     peak RSS (sampled every 0.5 s) summed over the server's process tree (supervisor + workers), and PSS;
-6. ceiling:    SQLite's own insert rate for the same rows (executemany + commit per request, no server,
+5. alerts:     while each ingest round runs on rlvitals, a probe on a run of its own sends a NaN loss
+               every ~0.4 s and times how long until the API shows its alert (``_alerts.py``: the
+               health rules run after the write answers); p50/p99 over every round;
+6. memory:     peak RSS (sampled every 0.5 s) summed over the server's process tree (supervisor + workers), and PSS;
+7. ceiling:    SQLite's own insert rate for the same rows (executemany + commit per request, no server,
                ``_ceiling.py``), and where one rlvitals request's time goes (parse, health rules, insert,
                the rest of the transaction), timed in this process with the server's code.
 
@@ -59,6 +62,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _alerts import AlertProbe
 from _ceiling import breakdown, sqlite_ceiling
 from _peers import Conn, Mlflow, Rlvitals, RunRef, Step, Target, Trackio
 from _phases import Phase, Round, chunks, keepalive_probe, run_concurrent, run_sequential, send, timed_history
@@ -161,6 +165,7 @@ class Live:
     history: dict[str, list[float]] = field(default_factory=lambda: {"1": [], "12": []})
     history_cpu: dict[str, float] = field(default_factory=lambda: {"1": 0.0, "12": 0.0})
     batched_run: RunRef | None = None
+    alerts: AlertProbe | None = None  # rlvitals: point-to-alert latency while the ingest phases run
 
 
 @contextlib.contextmanager
@@ -212,16 +217,21 @@ def prepare(live: Live, work: Workload) -> None:
                                   for s in make_steps(work.trainer_steps, seed=10 + i)], rounds))  # fmt: skip
     live.plans["trainers"] = [[worker[r] for worker in per_worker] for r in range(rounds)]
     live.phases = {name: Phase(name) for name in live.plans}
+    if target.kind == "rlvitals":
+        live.alerts = AlertProbe(live.server.port)
 
 
 def run_round(live: Live, phase: str, r: int, work: Workload) -> Round:
     pid = live.server.pid
     cap = (work.batched_max_seconds if phase == "batched" else work.max_seconds) / work.rounds
     cpu0 = tree_cpu_seconds(pid)
-    if phase == "trainers":
-        result = run_concurrent(live.phases[phase], live.server.port, live.target, live.plans[phase][r], cap)
-    else:
-        result = run_sequential(live.phases[phase], live.conn, live.target, live.plans[phase][r], cap)
+    with live.alerts if live.alerts is not None else contextlib.nullcontext():
+        if phase == "trainers":
+            result = run_concurrent(
+                live.phases[phase], live.server.port, live.target, live.plans[phase][r], cap
+            )
+        else:
+            result = run_sequential(live.phases[phase], live.conn, live.target, live.plans[phase][r], cap)
     live.phases[phase].cpu_seconds += tree_cpu_seconds(pid) - cpu0
     return result
 
@@ -268,6 +278,7 @@ def result_of(live: Live, workdir: Path) -> dict:
         "pss_end_mib": round(tree_pss(pid) / 2**20, 1),
         "processes": len(tree_pids(pid)),
         "disk_mib": round(db_bytes / 2**20, 1),
+        **({"alert_latency": live.alerts.summary()} if live.alerts is not None else {}),
     }
 
 

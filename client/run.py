@@ -223,6 +223,7 @@ class Run:
             timeout=self.settings.timeout,
             connect_timeout=self.settings.connect_timeout,
             transport=self._transport,
+            wait_rules=bool(self.settings.halt_on),
         )
 
     def _connect(self) -> None:

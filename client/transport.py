@@ -85,8 +85,12 @@ class HttpApi:
         timeout: float = 15.0,
         connect_timeout: float = 3.0,
         transport: httpx.BaseTransport | None = None,
+        wait_rules: bool = False,
     ) -> None:
+        """``wait_rules``: metrics writes wait for the server's health rules to evaluate their points
+        and bring back the run's open critical incidents (``?wait=rules``; a run with ``halt_on``)."""
         headers = {"User-Agent": "rlvitals-client/0.1"}
+        self._metrics_params = {"wait": "rules"} if wait_rules else None
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
         self.url = url.rstrip("/")
@@ -148,13 +152,15 @@ class HttpApi:
 
     def post_metrics(self, run_id: str, lines: list[bytes], timeout: float | None = None) -> int:
         """``POST /api/v1/runs/{id}/metrics`` with step records already encoded as JSON objects (bytes);
-        returns ``accepted`` (the answer's ``critical_incidents`` go to ``self.critical_incidents``).
+        returns ``accepted`` (with ``wait_rules``, the answer's ``critical_incidents`` go to
+        ``self.critical_incidents``).
         """
         content = b'{"steps":[' + b",".join(lines) + b"]}"
         response = self._request(
             "send metrics",
             "POST",
             f"{API}/runs/{run_id}/metrics",
+            params=self._metrics_params,
             content=content,
             headers={"Content-Type": "application/json"},
             **_timeout(timeout),
@@ -162,7 +168,7 @@ class HttpApi:
         try:
             answer = response.json()
             critical = answer.get("critical_incidents")
-            # the run's open critical incidents, as of this write (what run.should_stop() reads)
+            # the run's open critical incidents once the rules saw this write (what run.should_stop() reads)
             self.critical_incidents = (
                 [i for i in critical if isinstance(i, dict)] if isinstance(critical, list) else []
             )

@@ -175,9 +175,16 @@ def _queue_webhooks(
     )
 
 
+def settle(ctx, run_id: int | None) -> None:
+    """Let the health rules reach the writes that answered before this read (``health_wait`` at most)."""
+    if ctx.evaluator is not None:
+        ctx.evaluator.settle(run_id)
+
+
 def list_alerts(ctx, *, run_id: int | None, state: str | None, limit: int, offset: int) -> dict[str, Any]:
     from rlvitals.service.errors import NotFound
 
+    settle(ctx, run_id)
     with ctx.db.read() as session:
         if run_id is not None and not repo.run_exists(session=session, run_id=run_id):
             raise NotFound(f"run {run_id} does not exist")

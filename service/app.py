@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -27,7 +26,7 @@ from rlvitals.service.api import (
     routes_system,
 )
 from rlvitals.service.api.access import AccessPolicy
-from rlvitals.service.api.fastlane import App
+from rlvitals.service.api.asgi import App
 from rlvitals.service.api.limits import BodyLimitMiddleware, ParseGate, UploadGate, run_body_limit
 from rlvitals.service.audits import AuditPool
 from rlvitals.service.auth import Authenticator
@@ -36,6 +35,7 @@ from rlvitals.service.columns import SeriesColumns
 from rlvitals.service.context import Services
 from rlvitals.service.encoding import JSONResponse
 from rlvitals.service.errors import install_error_handlers
+from rlvitals.service.evaluator import HealthEvaluator
 from rlvitals.service.events import EventBus, LocalBus, PostgresBus, SqliteLogBus
 from rlvitals.service.health import HealthEngine
 from rlvitals.service.settings import Settings
@@ -63,8 +63,7 @@ def build_services(settings: Settings) -> Services:
     else:
         bus = LocalBus(queue_size=settings.sse_queue_size)
     telemetry = Telemetry()
-    # One process on SQLite is the only writer: its live monitors are authoritative (see HealthEngine).
-    health = HealthEngine(settings, deferred=db.is_sqlite and settings.workers == 1)
+    health = HealthEngine(settings)
     services = Services(
         settings=settings,
         db=db,
@@ -79,13 +78,14 @@ def build_services(settings: Settings) -> Services:
         plugins=plugins,
     )
     services.writer = IngestWriter(services)
+    services.evaluator = HealthEvaluator(services)
+    services.audits.evaluator = services.evaluator
     return services
 
 
 class Housekeeper:
-    """Background chores, once every ``health_flush_interval`` seconds: write the live health
-    monitors' state (deferred mode) and, on SQLite, checkpoint the WAL (``Database.checkpoint``),
-    so neither ever runs inside an ingest request."""
+    """Background chores, once every ``health_flush_interval`` seconds: on SQLite, checkpoint the WAL
+    (``Database.checkpoint``), so it never runs inside an ingest request."""
 
     def __init__(self, services: Services):
         self.services = services
@@ -93,18 +93,8 @@ class Housekeeper:
         self._thread = threading.Thread(target=self._run, name="rlvitals-housekeeping", daemon=True)
         self._thread.start()
 
-    def flush(self) -> None:
-        if not (self.services.health.deferred and self.services.health.has_unsaved()):
-            return
-        with self.services.db.write() as session:
-            self.services.health.flush(session=session, now=time.time())
-
     def _run(self) -> None:
         while not self._stop.wait(self.services.settings.health_flush_interval):
-            try:
-                self.flush()
-            except Exception as exc:  # database busy/away: the state stays dirty, next tick retries
-                log.warning("writing health state failed: %s", exc)
             try:
                 self.services.db.checkpoint()
             except Exception as exc:  # a long reader: the next tick continues where this one stopped
@@ -113,7 +103,6 @@ class Housekeeper:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
-        self.flush()
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -129,6 +118,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await run_in_threadpool(services.bus.start, asyncio.get_running_loop())
         services.audits.start()
         services.webhooks.start()
+        services.evaluator.start()
         housekeeper = Housekeeper(services)
         log.info("rlvitals ready on %s (%s)", services.db.dialect, services.db.url.render_as_string())
         for plugin in services.plugins:
@@ -137,10 +127,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:
             await run_in_threadpool(services.writer.stop)  # what was accepted is written first
+            await run_in_threadpool(services.evaluator.stop)  # then its rules run
             services.bus.stop()
             await run_in_threadpool(services.audits.stop)
             await run_in_threadpool(services.webhooks.stop)
-            await run_in_threadpool(housekeeper.stop)  # writes what is left
+            await run_in_threadpool(housekeeper.stop)
             services.db.dispose()
 
     app = App(

@@ -173,6 +173,7 @@ class AuditPool(WorkerThreads):
         self.db = db
         self.bus = bus
         self.health = health
+        self.evaluator = None  # the health evaluator (set by build_services): audits follow its work
         self.telemetry = telemetry
         super().__init__()
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{_PROCESS}"
@@ -370,6 +371,9 @@ class AuditPool(WorkerThreads):
             derived[:] = monitor.audit_series(step)  # rlvitals/entropy_cov, ... (stored as points)
             return findings, cursor
 
+        if self.evaluator is not None:
+            # the monitor sees the run's metrics written before this batch first, as the trainer sent them
+            self.evaluator.settle(run_id)
         try:
             self._store_in_transaction(
                 job, worker, status, result, error, report, observe, events, now, keep_blob, derived

@@ -11,15 +11,52 @@ between, a step arrived out of order) the affected columns are dropped and read 
 query. So an answer is the database's at the version it names, on every replica: a replica that
 did not see a write learns it from the version and re-reads. Bounded by ``max_points`` (least recently
 used runs go first); ``0`` disables the store.
+
+Held compactly: steps in an ``array('q')``, values in an ``array('d')`` with the few values that are
+not finite floats (null, ``"NaN"``, ``"±Infinity"``) kept aside by position, 16 bytes a point
+against ~70 as Python lists of int and float objects; a query gets lists back.
 """
 
 from __future__ import annotations
 
 import threading
+from array import array
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
 Column = tuple[list[int], list]
+
+
+class _Held:
+    """One series: ``steps`` and ``values`` arrays; ``odd`` maps a position to a value that is not a
+    float (its array slot holds 0.0)."""
+
+    __slots__ = ("odd", "steps", "values")
+
+    def __init__(self, steps: Sequence[int], values: Sequence) -> None:
+        self.steps = array("q", steps)
+        self.odd: dict[int, object] = {}
+        if all(v.__class__ is float for v in values):
+            self.values = array("d", values)
+        else:
+            self.values = array("d")
+            for value in values:
+                self.append_value(value)
+
+    def append_value(self, value) -> None:
+        if value.__class__ is not float:
+            self.odd[len(self.values)] = value
+            value = 0.0
+        self.values.append(value)
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def column(self) -> Column:
+        values = self.values.tolist()
+        for at, value in self.odd.items():
+            values[at] = value
+        return self.steps.tolist(), values
 
 
 class _Run:
@@ -27,7 +64,7 @@ class _Run:
 
     def __init__(self, version: int):
         self.version = version
-        self.series: dict[str, Column] = {}
+        self.series: dict[str, _Held] = {}
         self.points = 0
 
 
@@ -53,10 +90,8 @@ class SeriesColumns:
                 self.misses += len(names)
                 return {}
             self._runs.move_to_end(run_id)
-            # copies: ingest threads append to the held lists while the caller encodes these
-            found = {
-                name: (run.series[name][0][:], run.series[name][1][:]) for name in names if name in run.series
-            }
+            # lists made here: ingest threads append to the held arrays while the caller encodes these
+            found = {name: run.series[name].column() for name in names if name in run.series}
             self.hits += len(found)
             self.misses += len(names) - len(found)
             return found
@@ -75,9 +110,9 @@ class SeriesColumns:
             for name, column in loaded.items():
                 old = run.series.get(name)
                 if old is not None:
-                    run.points -= len(old[0])
-                    self._points -= len(old[0])
-                run.series[name] = (list(column[0]), list(column[1]))
+                    run.points -= len(old)
+                    self._points -= len(old)
+                run.series[name] = _Held(column[0], column[1])
                 run.points += len(column[0])
                 self._points += len(column[0])
             self._runs.move_to_end(run_id)
@@ -101,15 +136,15 @@ class SeriesColumns:
                 column = series.get(name)
                 if column is None:
                     continue  # not held: read from the database when asked for
-                steps = column[0]
+                steps = column.steps
                 if not steps or step > steps[-1]:
                     steps.append(step)
-                    column[1].append(value)
+                    column.append_value(value)
                     added += 1
                 elif step < steps[-1] and name not in dropped:
                     dropped.add(name)  # out of order: may be new or a resend; re-read
             for name in dropped:
-                added -= len(series.pop(name)[0])
+                added -= len(series.pop(name))
             run.points += added
             self._points += added
             self._evict()

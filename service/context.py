@@ -1,6 +1,6 @@
 """The server's long-lived parts, built once per app by ``create_app`` and reached by routes
-through ``api.deps``: settings, database, event bus, health engine, auth, telemetry, the webhook
-sender and the audit pool."""
+through ``api.deps``: settings, database, event bus, health engine and evaluator, auth, telemetry,
+the webhook sender and the audit pool."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from rlvitals.service.auth import Authenticator
     from rlvitals.service.cache import SeriesCache
     from rlvitals.service.columns import SeriesColumns
+    from rlvitals.service.evaluator import HealthEvaluator
     from rlvitals.service.events import EventBus
     from rlvitals.service.health import HealthEngine
     from rlvitals.service.settings import Settings
@@ -35,5 +36,6 @@ class Services:
     columns: SeriesColumns | None = None
     plugins: list = field(default_factory=list)  # the analyzers.plugins.LoadedPlugin entries registered
     writer: IngestWriter = None  # type: ignore[assignment]  # set by build_services (it needs them)
+    evaluator: HealthEvaluator | None = None  # the health rules after each write (set by build_services)
     # metric names each run holds, as this process knows them (max_metric_names_per_run)
     run_names: dict[int, set[str]] = field(default_factory=dict)

@@ -1,10 +1,12 @@
-"""Health rules on ingest: one ``HealthMonitor`` per run, its state persisted with every update.
+"""Health rules: one ``HealthMonitor`` per run, its state persisted with every update.
 
-The monitor's ``state_dict()`` is stored in ``health_states`` together with a version number in the
-same transaction as the points it saw, so a restart (or another replica) continues from the same
-baselines. In-process the live monitor is cached and reused while the stored version still matches;
-on PostgreSQL the state row is locked (``FOR UPDATE``) for the transaction, so replicas update a run
-in turn and never fork its detector state.
+The monitor's ``state_dict()`` and its cursor (the newest step it saw) are stored in
+``health_states`` with a version number, in the same transaction as the alerts and incidents the
+update raised (``service/evaluator.py`` runs it after the metric writes committed), so a restart
+(or another replica) continues from the same baselines and never sees a point twice. In-process
+the live monitor is cached and reused while the stored version still matches; on PostgreSQL the
+state row is locked for the transaction, so replicas update a run in turn and never fork its
+detector state.
 
 Rule settings, later wins: the rules file, the server's ``rules`` setting, then the run's own
 ``config["rlvitals"]["rules"]``.
@@ -88,7 +90,6 @@ class _Cached:
     monitor: Any
     cursor: dict[str, Any]  # {"step": newest step observed, "names": metric names observed at it}
     signals: dict[str, Any] | None = None
-    dirty: bool = False
 
 
 @dataclass
@@ -104,23 +105,16 @@ class Observation:
 
 
 class HealthEngine:
-    """Runs the analyzers' HealthMonitor for every run and persists its state.
+    """Runs the analyzers' HealthMonitor for every run and persists its state in every update's
+    transaction (under a row lock on PostgreSQL); the in-process copy is reused only while the
+    stored version matches."""
 
-    ``deferred=False`` (PostgreSQL, several worker processes): the state is written in every update's
-    transaction, under a row lock, and the in-process copy is reused only while the stored version
-    matches. ``deferred=True`` (SQLite with one process, the only writer): the live monitor is
-    authoritative and its state is written by ``flush()`` (every ``health_flush_interval`` seconds
-    and at shutdown), which takes serialising a few KiB of detector state off every ingest request.
-    A crash loses at most that interval of detector history, never points or alerts.
-    """
-
-    def __init__(self, settings: Settings, *, deferred: bool = False):
+    def __init__(self, settings: Settings):
         file_rules = load_rules_file(settings.rules_file) if settings.rules_file else {}
         self.server_rules = merge_rules(file_rules, settings.rules)
         from rlvitals.analyzers.health.incidents import IncidentSettings
 
         self.incident_settings = IncidentSettings.from_mapping(settings.incidents)  # fails at start if bad
-        self.deferred = deferred
         self._cache: dict[int, _Cached] = {}
         self._lock = threading.Lock()
         self.validate(self.server_rules, {})  # fail at start on a bad rules file or setting
@@ -143,35 +137,20 @@ class HealthEngine:
             raise InvalidInput(f"bad health rule settings in config: {exc}") from exc
 
     # --- cache management ------------------------------------------------------------------------
-    def forget(self, run_id: int, *, session: Session | None = None, now: float = 0.0) -> None:
-        """Drop the live monitor (after writing its pending state when ``session`` is given), so the
-        next update rebuilds it from the stored state (e.g. with a new run config)."""
+    def forget(self, run_id: int) -> None:
+        """Drop the live monitor, so the next update rebuilds it from the stored state (e.g. with a
+        new run config)."""
         with self._lock:
-            cached = self._cache.pop(run_id, None)
-        if cached is not None and cached.dirty and session is not None:
-            self._save(session, run_id, cached, now)
+            self._cache.pop(run_id, None)
 
     def live_signals(self) -> dict[int, dict[str, Any]]:
-        """The latest canonical signals held in memory (newer than the stored ones in deferred mode)."""
+        """The latest canonical signals held in memory."""
         with self._lock:
             return {run_id: dict(c.signals) for run_id, c in self._cache.items() if c.signals}
 
     def discard(self, run_id: int) -> None:
         """The transaction that fed this monitor failed: rebuild it from the stored state next time."""
-        with self._lock:
-            self._cache.pop(run_id, None)
-
-    def has_unsaved(self) -> bool:
-        with self._lock:
-            return any(c.dirty for c in self._cache.values())
-
-    def flush(self, *, session: Session, now: float) -> int:
-        """Write every monitor with unsaved state (deferred mode); the number written."""
-        with self._lock:
-            dirty = [(run_id, c) for run_id, c in self._cache.items() if c.dirty]
-        for run_id, cached in dirty:
-            self._save(session, run_id, cached, now)
-        return len(dirty)
+        self.forget(run_id)
 
     def _save(self, session: Session, run_id: int, cached: _Cached, now: float) -> None:
         state = json.dumps({"monitor": cached.monitor.state_dict(), "cursor": cached.cursor})
@@ -184,7 +163,6 @@ class HealthEngine:
             signals=cached.signals,
             now=now,
         )
-        cached.dirty = False
 
     def _load(self, session: Session, run_id: int, version: int, run_config) -> _Cached:
         from rlvitals.analyzers import HealthMonitor
@@ -213,14 +191,16 @@ class HealthEngine:
         run_config: Callable[[], Mapping[str, Any]],
         observe: Callable[[Any, dict[str, Any]], tuple[list, dict[str, Any]]],
         now: float,
-        signals: Mapping[str, Any] | None = None,
+        signals: Mapping[str, Any] | Callable[[], Mapping[str, Any] | None] | None = None,
         locked_version: int | type[_Unread] | None = _Unread,
     ) -> Observation | None:
         """Apply ``observe(monitor, cursor) -> (findings, new_cursor)`` to the run's monitor.
 
         ``cursor`` is ``{"step": newest step the monitor has seen (None at first), "names": the
         metric names it saw at that step}``; ``observe`` feeds only newer steps and names not yet
-        seen at the newest step, so resent or late points never count twice. Returns ``None`` when the run
+        seen at the newest step, so resent or late points never count twice. ``signals`` (or a
+        function called after ``observe`` that returns them) are merged into the stored latest
+        canonical signals. Returns ``None`` when the run
         does not exist. ``run_config`` is only called when the monitor must be rebuilt. Callers whose
         transaction fails afterwards call ``discard(run_id)``. ``locked_version``: the stored
         version the caller already read under the row lock (``repo.advance_run_locked``), ``None``
@@ -228,21 +208,20 @@ class HealthEngine:
         """
         with self._lock:
             cached = self._cache.pop(run_id, None)
-        if not (self.deferred and cached is not None):
-            if locked_version is _Unread:
-                version = repo.health_version(session=session, run_id=run_id, lock=not self.deferred)
-            else:
-                version = locked_version  # type: ignore[assignment]
-            if version is None:
-                return None
-            if cached is None or cached.version != version:
-                cached = self._load(session, run_id, version, run_config)
+        if locked_version is _Unread:
+            version = repo.health_version(session=session, run_id=run_id, lock=True)
+        else:
+            version = locked_version  # type: ignore[assignment]
+        if version is None:
+            return None
+        if cached is None or cached.version != version:
+            cached = self._load(session, run_id, version, run_config)
         findings, cached.cursor = observe(cached.monitor, cached.cursor)
+        if callable(signals):
+            signals = signals()
         if signals:
             cached.signals = {**(cached.signals or {}), **signals}
-        cached.dirty = True
-        if not self.deferred:
-            self._save(session, run_id, cached, now)
+        self._save(session, run_id, cached, now)
         with self._lock:
             self._cache[run_id] = cached
         return Observation(

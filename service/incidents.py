@@ -1,7 +1,7 @@
 """Incident lifecycle: the health monitor's incident updates -> incident rows -> webhook outbox.
 
 The run's ``HealthMonitor`` folds findings into incidents (``rlvitals.analyzers.health.incidents``); every
-update it reports is written here in the ingest transaction (one row per (run, number), kept current),
+update it reports is written here in the health evaluator's transaction (one row per (run, number), kept current),
 and, with ``webhook_events="incidents"`` (the default), the updates worth a notification (opened,
 escalated, reopened, resolved; ``notification``) are queued for every webhook URL in the same transaction,
 so a storm of alert transitions becomes a handful of messages. ``info`` incidents are stored and shown but
@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from rlvitals.analyzers.health.notify import notification_for, notified_after
+from rlvitals.service.alerts import settle
 from rlvitals.service.encoding import jsonable
 from rlvitals.service.errors import NotFound
 from rlvitals.service.settings import Settings
@@ -191,6 +192,7 @@ def _cost(row: Mapping[str, Any], last_time: float | None, gpus: float | None) -
 
 def list_incidents(ctx, *, run_id: int | None, state: str | None, limit: int, offset: int) -> dict[str, Any]:
     """A run's incidents (every run's with ``run_id=None``), newest first, with their cost so far."""
+    settle(ctx, run_id)
     with ctx.db.read() as session:
         runs: dict[int, Any] = {}
         if run_id is not None:
@@ -218,6 +220,7 @@ def get_incident(ctx, *, incident_id: int) -> dict[str, Any]:
     """One incident with the alerts behind it (each alert episode of its member rules in its span)."""
     from rlvitals.service.alerts import alert_public
 
+    settle(ctx, None)
     with ctx.db.read() as session:
         row = repo.get_incident(session=session, incident_id=incident_id)
         if row is None:

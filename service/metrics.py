@@ -1,5 +1,5 @@
-"""Metric points: ingest (one transaction: points, health rules, alerts, live events) and queries
-with spike-preserving downsampling."""
+"""Metric points: ingest (one transaction: points, the health feed's row, live events; the health rules
+run after the commit, in ``service/evaluator.py``) and queries with spike-preserving downsampling."""
 
 from __future__ import annotations
 
@@ -7,18 +7,19 @@ import bisect
 import hashlib
 import math
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
 from rlvitals.analyzers.batch_rules import NON_FINITE
-from rlvitals.service.alerts import apply_findings
 from rlvitals.service.context import Services
-from rlvitals.service.encoding import encode_float, jsonable
+from rlvitals.service.encoding import encode_float
 from rlvitals.service.errors import NotFound, PayloadTooLarge
 from rlvitals.service.events import Event
-from rlvitals.service.incidents import apply_incident_updates, critical_of
+from rlvitals.service.incidents import open_critical
 from rlvitals.service.schemas import StepIn
 from rlvitals.service.storage import repository as repo
+from rlvitals.service.workers import release_memory
 
 _SPELLED = NON_FINITE  # the contract's one spelling table
 _NAN_FLAG = 1
@@ -36,7 +37,7 @@ def ingest_many(
     ctx: Services, items: list[tuple[int, list[StepIn]]], *, write=None
 ) -> list[dict[str, int] | Exception]:
     """Store the points of several requests in one transaction (group commit): insert-or-ignore,
-    feed the health rules, raise/resolve alerts, emit events. One outcome per item, in order:
+    one health feed row per request (the evaluator's work), emit the points' live events. One outcome per item, in order:
     ``{"accepted": points, "steps": steps}``, or the exception it alone would have raised
     (``NotFound`` for an unknown run, ``PayloadTooLarge`` past ``max_steps_per_request``).
 
@@ -103,33 +104,12 @@ def _prepare(index: int, run_id: int, steps: list[StepIn]) -> _Prepared:
         wall.setdefault(step, wall_time)
         for name, raw in item.metrics.items():
             value = raw if raw is None or raw.__class__ is float else _decode(raw)
-            decoded[name] = value
+            decoded.setdefault(name, value)  # a step sent twice in one request: the first is stored
             if value is not None and value != value:
                 rows.append((run_id, name, step, None, _NAN_FLAG, wall_time))
             else:
                 rows.append((run_id, name, step, value, 0, wall_time))
     return _Prepared(index, run_id, rows, by_step, wall, sorted(by_step))
-
-
-def _observer(p: _Prepared):
-    def observe(monitor, cursor):
-        # Newer steps go to the rules whole; at the newest step already seen, only metric names not
-        # seen there yet (a trainer logging one step in several calls); anything else was seen.
-        findings = []
-        last, seen = cursor["step"], set(cursor["names"])
-        for step in p.ordered:
-            metrics = p.by_step[step]
-            if last is None or step > last:
-                findings.extend(monitor.observe(step, metrics))
-                last, seen = step, set(metrics)
-            elif step == last:
-                fresh = {name: value for name, value in metrics.items() if name not in seen}
-                if fresh:
-                    findings.extend(monitor.observe(step, fresh))
-                    seen.update(fresh)
-        return findings, {"step": last, "names": sorted(seen)}
-
-    return observe
 
 
 def _fresh_names(ctx: Services, p: _Prepared) -> set[str] | None:
@@ -164,11 +144,10 @@ def _check_names(ctx: Services, session, p: _Prepared) -> None:
 
 
 class _Stored:
-    __slots__ = ("changed", "critical", "events", "prepared", "version")
+    __slots__ = ("events", "feed", "prepared", "version")
 
-    def __init__(self, prepared, version, events, changed, critical=None):
-        self.prepared, self.version, self.events, self.changed = prepared, version, events, changed
-        self.critical = critical
+    def __init__(self, prepared, version, events, feed):
+        self.prepared, self.version, self.events, self.feed = prepared, version, events, feed
 
 
 def _write(ctx: Services, write, group: list[_Prepared], outcomes: list) -> list[_Stored]:
@@ -176,64 +155,87 @@ def _write(ctx: Services, write, group: list[_Prepared], outcomes: list) -> list
     run's outcome becomes ``NotFound``, with nothing written for it."""
     now = time.time()
     stored: list[_Stored] = []
-    try:
-        with write() as session:
-            for p in group:
-                done = _store(ctx, session, p, now)
-                if done is None:
-                    outcomes[p.index] = NotFound(f"run {p.run_id} does not exist")
-                else:
-                    stored.append(done)
-    except BaseException:
+    with write() as session:
         for p in group:
-            ctx.health.discard(p.run_id)  # the monitor saw points that were not stored
-        raise
+            done = _store(ctx, session, p, now)
+            if done is None:
+                outcomes[p.index] = NotFound(f"run {p.run_id} does not exist")
+            else:
+                stored.append(done)
     return stored
 
 
 def _publish(ctx: Services, stored: list[_Stored], outcomes: list, started: float) -> None:
-    """After the commit: the in-memory history columns, live events, webhooks, telemetry."""
-    wake = False
+    """After the commit: the in-memory history columns, live events, the health evaluator, telemetry."""
+    fed: list[int] = []
     for done in stored:
         p = done.prepared
         if done.version is not None:
             ctx.columns.extend(p.run_id, done.version, _column_rows(p.rows, ctx.db.is_sqlite))
         ctx.bus.flush(done.events)
-        wake = wake or bool(done.changed)
         ctx.telemetry.observe_ingest(points=len(p.rows), seconds=time.perf_counter() - started)
-        outcomes[p.index] = {"accepted": len(p.rows), "steps": len(p.ordered)}
-        if done.critical:
-            outcomes[p.index]["critical_incidents"] = done.critical
-    if wake:
-        ctx.webhooks.wake()
+        outcomes[p.index] = Accepted(accepted=len(p.rows), steps=len(p.ordered))
+        outcomes[p.index].feed = done.feed
+        if done.feed is not None:
+            fed.append(p.run_id)
+            if ctx.evaluator is not None:
+                ctx.evaluator.offer(done.feed, p.by_step, p.wall, len(p.rows))
+    if fed and ctx.evaluator is not None:
+        ctx.evaluator.wake(fed)
+
+
+class Accepted(dict):
+    """A write's outcome, ``{"accepted": points, "steps": steps}``; ``feed``: its health feed row
+    (``None``: nothing for the rules), what ``?wait=rules`` waits for."""
+
+    feed: int | None = None
+
+
+def answer(ctx: Services, run_id: int, outcome: dict[str, Any], *, wait_rules: bool) -> dict[str, Any]:
+    """A write's answer. With ``wait_rules`` (blocking: call it in a worker thread), once the health
+    rules evaluated its points (at most ``health_wait`` seconds): ``evaluated`` says whether they
+    did, ``critical_incidents`` lists the run's open critical incidents (a halting trainer's answer)."""
+    feed = getattr(outcome, "feed", None)
+    if not wait_rules:
+        return outcome
+    outcome = dict(outcome)
+    outcome["evaluated"] = ctx.evaluator is None or ctx.evaluator.wait(
+        through=feed, run_id=run_id, timeout=ctx.settings.health_wait
+    )
+    with ctx.db.read() as session:
+        critical = open_critical(session=session, run_id=run_id)
+    if critical:
+        outcome["critical_incidents"] = critical
+    return outcome
 
 
 def _store(ctx: Services, session, p: _Prepared, now: float) -> _Stored | None:
-    """One request's share of the transaction; ``None`` (nothing written) when the run is unknown."""
+    """One request's share of the transaction: the run's row, the points and the health feed's row
+    (the rules run later, on what was committed: service/evaluator.py). ``None`` (nothing written)
+    when the run is unknown."""
     run_id, newest = p.run_id, p.newest
-    run_cache: dict[str, Any] = {}
-
-    def run_row() -> dict[str, Any]:
-        if "row" not in run_cache:
-            run_cache["row"] = repo.get_run(session=session, run_id=run_id)
-        return run_cache["row"]
-
     version: int | None = None
-    locked: dict[str, Any] = {}
-    if newest is not None and ctx.db.is_postgresql and not ctx.health.deferred:
-        # One round trip for the run's row, the health state's lock and, once this process knows the
-        # run's metric names, the points (the names are checked first then: a refusal rolls the
-        # whole transaction back, whatever order it was written in).
-        # New names are counted after the run's row is locked (below), known ones need no check.
+    feed: int | None = None
+    names = orjson.dumps(sorted({name for _, name, *_ in p.rows})).decode() if p.rows else None
+    if newest is not None and ctx.db.is_postgresql and names is not None:
+        # One round trip for the run's row, the feed row and, once this process knows the run's
+        # metric names, the points (the names are checked first then: a refusal rolls the whole
+        # transaction back, whatever order it was written in).
         names_known = not ctx.settings.max_metric_names_per_run or _fresh_names(ctx, p) == set()
-        advanced = repo.advance_run_locked(
-            session=session, run_id=run_id, last_step=newest, now=now, rows=p.rows if names_known else None
+        advanced = repo.advance_run_fed(
+            session=session,
+            run_id=run_id,
+            first_step=p.ordered[0],
+            last_step=newest,
+            names=names,
+            now=now,
+            rows=p.rows if names_known else None,
         )
         if advanced is None:
             return None
+        feed = advanced[1]
         if ctx.columns is not None and ctx.columns.holds(run_id):
             version = advanced[0]
-        locked["locked_version"] = advanced[1]
         if not names_known:
             _check_names(ctx, session, p)
             repo.add_points(session=session, rows=p.rows)
@@ -248,49 +250,20 @@ def _store(ctx: Services, session, p: _Prepared, now: float) -> _Stored | None:
             return None
         _check_names(ctx, session, p)
         repo.add_points(session=session, rows=p.rows)
-    observation = ctx.health.update(
-        session=session,
-        run_id=run_id,
-        run_config=lambda: run_row()["config"] or {},
-        observe=_observer(p),
-        now=now,
-        signals=_signals(p.by_step[newest]) if newest is not None else None,
-        **locked,
-    )
-    if observation is None:  # deleted since advance_run saw it: roll back
-        raise NotFound(f"run {run_id} does not exist")
-    changed = apply_findings(
-        session=session,
-        run_id=run_id,
-        run=run_row,
-        findings=observation.findings,
-        open_episodes=bool(observation.firing),
-        newest_step=newest,
-        now=now,
-        settings=ctx.settings,
-    )
-    incidents = []
-    if observation.incident_updates:
-        incidents = apply_incident_updates(
-            session=session,
-            run_id=run_id,
-            run=run_row,
-            updates=observation.incident_updates,
-            wall_times=p.wall,
-            now=now,
-            settings=ctx.settings,
-        )
-    critical = critical_of(session=session, run_id=run_id, critical_open=observation.critical_open)
+        if names is not None:
+            feed = repo.add_feed(
+                session=session,
+                run_id=run_id,
+                first_step=p.ordered[0],
+                last_step=newest,
+                names=names,
+                now=now,
+            )
     events: list[Event] = []
-    if ctx.bus.wants(run_id):
-        if p.rows:
-            events.append(Event(run_id, "points", _points_event(run_id, p.ordered, p.by_step, p.wall)))
-        events.extend(Event(run_id, "alert", alert) for alert in changed)
-        events.extend(Event(run_id, "incident", incident) for incident in incidents)
+    if p.rows and ctx.bus.wants(run_id):
+        events.append(Event(run_id, "points", _points_event(run_id, p.ordered, p.by_step, p.wall)))
         ctx.bus.stage(session=session, events=events)
-    if (changed or incidents) and ctx.webhooks.enabled:
-        ctx.bus.stage_job(session=session, kind="webhook")
-    return _Stored(p, version, events, changed or incidents, critical)
+    return _Stored(p, version, events, feed)
 
 
 def _column_rows(rows: list[tuple], sqlite: bool):
@@ -304,13 +277,6 @@ def _column_rows(rows: list[tuple], sqlite: bool):
             yield name, step, ("Infinity" if value > 0 else "-Infinity")
         else:
             yield name, step, value
-
-
-def _signals(metrics: dict[str, float | None]) -> dict[str, Any] | None:
-    from rlvitals.analyzers import canonical_signals
-
-    found = canonical_signals(metrics)
-    return jsonable(found) if found else None
 
 
 def _points_event(run_id, ordered, by_step, wall) -> dict[str, Any]:
@@ -335,38 +301,52 @@ def _query(
     end: int | None = None,
     wall_time: bool = False,
 ) -> dict[str, Any]:
+    return {"series": dict(_query_series(session, run_id, names, max_points, columns, version,
+                                         start=start, end=end, wall_time=wall_time))}  # fmt: skip
+
+
+def _query_series(
+    session,
+    run_id: int,
+    names: list[str] | None,
+    max_points: int,
+    columns=None,
+    version: int | None = None,
+    *,
+    start: int | None = None,
+    end: int | None = None,
+    wall_time: bool = False,
+) -> Iterator[tuple[str, dict[str, list]]]:
+    """``(name, {"step", "value"[, "wall_time"]})`` one series at a time: a reader that encodes each
+    before asking for the next never holds more than one series as Python objects (a 20,000-step,
+    12-metric answer peaked ~20 MB higher when every series was built first)."""
     if names is None:
         names = repo.metric_names(session=session, run_id=run_id)
-    held = columns.get(run_id, version, names) if columns is not None else {}
-    missing = [name for name in names if name not in held]
-    walls: dict[str, tuple[list, list]] | None = {} if wall_time else None
-    if missing:  # (with wall_time, the same read brings the wall times of these series)
-        loaded = repo.series_columns(session=session, run_id=run_id, names=missing, walls=walls)
-        if columns is not None:
-            columns.put(run_id, version, loaded)
-        held.update(loaded)
-    out: dict[str, dict[str, list]] = {}
     ranged = start is not None or end is not None
-    for name in names:
-        steps, values = held[name]
+    for name in dict.fromkeys(names):  # a name asked for twice is answered once
+        held = columns.get(run_id, version, [name]) if columns is not None else {}
+        walls: dict[str, tuple[list, list]] | None = {} if wall_time else None
+        if name not in held:  # (with wall_time, the same read brings the series' wall times)
+            held = repo.series_columns(session=session, run_id=run_id, names=[name], walls=walls)
+            if columns is not None:
+                columns.put(run_id, version, held)
+        steps, values = held.pop(name)
         if ranged:  # steps are in order (the table is read ORDER BY step; columns keep that order)
             lo = 0 if start is None else bisect.bisect_left(steps, start)
             hi = len(steps) if end is None else bisect.bisect_right(steps, end)
             if lo or hi < len(steps):
                 steps, values = steps[lo:hi], values[lo:hi]
         if max_points and len(steps) > max_points:
-            out[name] = _series(_points(steps, values), max_points)
+            series = _series(_points(steps, values), max_points)
         else:
-            out[name] = {"step": steps, "value": values}
-    if walls is not None:
-        held_names = [name for name in names if name not in walls]  # served from the columns
-        if held_names:
-            walls.update(
-                repo.series_wall_times(session=session, run_id=run_id, names=held_names, start=start, end=end)
-            )
-        for name in names:
-            out[name]["wall_time"] = _wall_times(out[name]["step"], *walls[name])
-    return {"series": out}
+            series = {"step": steps, "value": values}
+        if walls is not None:
+            if name not in walls:  # served from the columns
+                walls.update(
+                    repo.series_wall_times(session=session, run_id=run_id, names=[name], start=start, end=end)
+                )
+            series["wall_time"] = _wall_times(series["step"], *walls[name])
+        yield name, series
 
 
 def _wall_times(kept: list[int], steps: list[int], walls: list) -> list:
@@ -429,9 +409,10 @@ def query_encoded(
         key = (run_id, version, key_names, max_points, start, end, wall_time)
         cache = ctx.series_cache
         body = cache.get(key) if cache is not None else None
-        if body is None:
-            body = _encode(
-                _query(
+        fresh = body is None
+        if fresh:
+            body = _encode_series(
+                _query_series(
                     session,
                     run_id,
                     names,
@@ -445,7 +426,14 @@ def query_encoded(
             )
             if cache is not None:
                 cache.put(key, body)
+    if fresh and len(body) > _TRIM_AFTER:
+        # the rows, lists and encoded parts of a large answer were freed in pieces glibc keeps for
+        # reuse: hand them back (a 20,000-step, 12-metric answer: ~10 MB of RSS otherwise kept)
+        release_memory()
     return etag, body
+
+
+_TRIM_AFTER = 1 << 20  # answers larger than this (bytes) built from the columns or the table
 
 
 def names_encoded(
@@ -468,6 +456,13 @@ def names_encoded(
             if cache is not None:
                 cache.put(key, body)
     return etag, body
+
+
+def _encode_series(parts: Iterator[tuple[str, dict[str, list]]]) -> bytes:
+    """``_encode({"series": dict(parts)})``, byte for byte, encoding each series as it comes."""
+    return (
+        b'{"series":{' + b",".join(orjson.dumps(name) + b":" + orjson.dumps(s) for name, s in parts) + b"}}"
+    )
 
 
 def _encode(result: dict[str, Any]) -> bytes:

@@ -6,7 +6,7 @@ import json
 import time
 from typing import Any
 
-from rlvitals.service.alerts import alert_public, run_status
+from rlvitals.service.alerts import alert_public, run_status, settle
 from rlvitals.service.context import Services
 from rlvitals.service.encoding import jsonable, storable_problem
 from rlvitals.service.errors import InvalidInput, NotFound
@@ -17,6 +17,7 @@ from rlvitals.service.storage import repository as repo
 def run_health(ctx: Services, run_id: int) -> dict[str, Any]:
     """``{"marks", "signals", "step"}``: every health rule's threshold lines and bands with this run's
     settings, the entropy forecast, and the latest value of each canonical signal."""
+    settle(ctx, run_id)
     with ctx.db.read() as session:
         run = repo.get_run(session=session, run_id=run_id)
         if run is None:
@@ -76,7 +77,7 @@ def create_or_resume(ctx: Services, body: RunCreate) -> tuple[dict[str, Any], bo
         new_config = config if config and config != existing["config"] else None
         repo.update_run(session=session, run_id=run_id, now=now, config=new_config, tags=tags)
         if new_config is not None:  # rebuild the monitor from its stored state with the new config
-            ctx.health.forget(run_id, session=session, now=now)
+            ctx.health.forget(run_id)
             version = repo.health_version(session=session, run_id=run_id, lock=True) or 0
             repo.save_health_state(
                 session=session, run_id=run_id, version=version + 1, state=None, signals=None, now=now
@@ -90,6 +91,7 @@ def list_runs(
     ctx: Services, *, project: str | None, limit: int, offset: int, config: bool = False
 ) -> dict[str, Any]:
     """A page of runs; their configs (up to ``max_run_config_bytes`` each) only when asked."""
+    settle(ctx, None)
     with ctx.db.read() as session:
         rows, count = repo.list_runs(
             session=session, project=project, limit=limit, offset=offset, config=config
@@ -104,6 +106,7 @@ def list_runs(
 
 
 def get_run(ctx: Services, run_id: int) -> dict[str, Any]:
+    settle(ctx, run_id)
     with ctx.db.read() as session:
         row = repo.get_run(session=session, run_id=run_id)
         if row is None:

@@ -55,10 +55,15 @@ class CriticalIncident(BaseModel):
 class AcceptedPublic(BaseModel):
     accepted: int = Field(description="Points (step x metric values) accepted; resent ones are ignored.")
     steps: int
+    evaluated: bool | None = Field(
+        None,
+        description="With ?wait=rules: whether the health rules had evaluated these points when the "
+        "answer was sent (they run after the write; the answer waits at most health_wait seconds).",
+    )
     critical_incidents: list[CriticalIncident] | None = Field(
         None,
-        description="Present only while the run has open critical incidents: a trainer that asked to halt "
-        "on them stops at its next step boundary.",
+        description="With ?wait=rules, present only while the run has open critical incidents: a trainer "
+        "that asked to halt on them stops at its next step boundary.",
     )
 
 

@@ -194,8 +194,15 @@ class Settings(BaseSettings):
         1.0,
         gt=0,
         le=300,
-        description="Seconds between housekeeping rounds: writing the health detectors' state (SQLite "
-        "with one process; otherwise it is written with every update) and SQLite WAL checkpoints.",
+        description="Seconds between housekeeping rounds (SQLite WAL checkpoints).",
+    )
+    health_wait: float = Field(
+        2.0,
+        ge=0,
+        le=60,
+        description="The health rules run after a metrics write has answered (within milliseconds); "
+        "alert and incident reads, and a metrics write sent with ?wait=rules (a trainer that halts on "
+        "critical incidents), wait at most this many seconds for them to reach the writes before.",
     )
 
     # --- alert delivery --------------------------------------------------------------------------

@@ -9,8 +9,7 @@ lane): the Host allowlist, reads behind API keys, and security headers for the O
 - **Reads** (every method but POST) need an active key where ``Settings.reads_need_key`` and a key
   exists (``Authenticator.check_read``). Open: ``/healthz`` (probes), and the page shells that hold
   no data (dashboard pages and assets, ``/docs``, the OpenAPI schema: the dashboard asks for the key
-  and sends it with every data request). Writes are checked by the routes (``WriteAuth``) and the
-  fast lane.
+  and sends it with every data request). Writes are checked by the routes (``WriteAuth``).
 - ``/docs``, ``/redoc`` and their helpers get a Content-Security-Policy (the dashboard's pages set
   their own) that forbids framing and limits scripts to the CDN FastAPI's pages load from.
 """

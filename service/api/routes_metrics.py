@@ -1,11 +1,8 @@
-"""/api/v1/runs/{id}/metrics: ingest points, query series.
-
-The well-formed ingest request rarely reaches ``post_metrics``: ``api.fastlane`` answers it first,
-with the same checks, and sends everything else here."""
+"""/api/v1/runs/{id}/metrics: ingest points, query series."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Query
 from fastapi.concurrency import run_in_threadpool
@@ -19,10 +16,25 @@ from starlette.responses import Response
 router = APIRouter(prefix="/api/v1", tags=["metrics"])
 
 
-async def post_metrics(run_id: RunId, body: MetricsIn, services: ServicesDep) -> JSONResponse:
+async def post_metrics(
+    run_id: RunId,
+    body: MetricsIn,
+    services: ServicesDep,
+    wait: Annotated[
+        Literal["rules"] | None,
+        Query(
+            description="`rules`: answer once the health rules have evaluated these points (at most "
+            "`health_wait` seconds), with the run's open critical incidents (what a halting trainer needs)."
+        ),
+    ] = None,
+) -> JSONResponse:
     """Store points. Values: numbers, null, "NaN", "Infinity", "-Infinity" (stored, never rejected).
-    Resending a (step, name) never duplicates it."""
-    return JSONResponse(await services.writer.submit(run_id, body.steps))
+    Resending a (step, name) never duplicates it. The answer comes once the points are committed; the
+    health rules run on them just after (``?wait=rules`` waits for that too)."""
+    outcome = await services.writer.submit(run_id, body.steps)
+    if wait is None:
+        return JSONResponse(metrics.answer(services, run_id, outcome, wait_rules=False))
+    return JSONResponse(await run_in_threadpool(metrics.answer, services, run_id, outcome, wait_rules=True))
 
 
 router.add_api_route(

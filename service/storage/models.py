@@ -86,6 +86,21 @@ class HealthState(Base):
     updated_at: Mapped[float] = mapped_column(Double)
 
 
+class HealthFeed(Base):
+    """One metrics write not yet seen by the health rules: its run, step range and metric names
+    (a JSON list). Written in the write's transaction, deleted in the evaluation's (service/evaluator.py)."""
+
+    __tablename__ = "health_feed"
+    __table_args__ = (Index("ix_health_feed_run_id_id", "run_id", "id"),)
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    run_id: Mapped[int] = mapped_column(Id, ForeignKey("runs.id", ondelete="CASCADE"))
+    first_step: Mapped[int] = mapped_column(BigInteger)
+    last_step: Mapped[int] = mapped_column(BigInteger)
+    names: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[float] = mapped_column(Double)
+
+
 class Alert(Base):
     """One episode of one rule on one run: firing -> resolved. At most one firing per (run, rule)."""
 

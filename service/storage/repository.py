@@ -22,6 +22,7 @@ from rlvitals.service.storage.models import (
     Audit,
     AuditBlob,
     EventPayload,
+    HealthFeed,
     HealthState,
     Incident,
     Point,
@@ -42,6 +43,7 @@ HEALTH, DELIVERIES, ATTEMPTS, KEYS = (
     ApiKey.__table__,
 )
 EVENTS = EventPayload.__table__
+FEED = HealthFeed.__table__
 INCIDENTS = Incident.__table__
 
 # Audit columns a reader needs (never the blob).
@@ -149,15 +151,16 @@ def advance_run(*, session: Session, run_id: int, last_step: int | None, now: fl
         cur.close()
 
 
-# PostgreSQL, several possible writers: the run's row update, its points and the health state's row
-# lock in one statement (one round trip instead of three). The points' insert reads ``r``, so it runs
-# only for an existing run; the lock is taken in the outer query, after ``r`` updated the run's row,
-# so every writer locks runs before health_states, the order the other paths use.
-_ADVANCE_LOCK_PG = (
+# PostgreSQL, several possible writers: the run's row update, its points and the health feed's row in
+# one statement (one round trip instead of three). The inserts read ``r``, so they run only for an
+# existing run.
+_ADVANCE_PG = (
     "WITH r AS (UPDATE runs SET last_step = CASE WHEN last_step IS NULL OR last_step < %(step)s "
     "THEN %(step)s ELSE last_step END, updated_at = %(now)s, data_version = data_version + 1 "
-    "WHERE id = %(run)s RETURNING id, data_version){points} "
-    "SELECT r.data_version, (SELECT version FROM health_states WHERE run_id = r.id FOR UPDATE) FROM r"
+    "WHERE id = %(run)s RETURNING id, data_version){points}, "
+    "f AS (INSERT INTO health_feed (run_id, first_step, last_step, names, created_at) "
+    "SELECT r.id, %(first)s, %(step)s, %(names)s, %(now)s FROM r RETURNING id) "
+    "SELECT r.data_version, f.id FROM r, f"
 )
 _ADVANCE_POINTS_PG = (
     ", p AS (INSERT INTO points (run_id, name, step, value, flag, wall_time) "
@@ -167,21 +170,33 @@ _ADVANCE_POINTS_PG = (
 )
 
 
-def advance_run_locked(
-    *, session: Session, run_id: int, last_step: int, now: float, rows: Sequence[tuple] | None = None
-) -> tuple[int, int | None] | None:
-    """PostgreSQL: ``advance_run``, the health state's ``FOR UPDATE`` version read and, when
-    ``rows`` is given, ``add_points`` in one statement. ``None`` when the run does not exist (nothing
-    written); else ``(data_version, health state version or None)``."""
+def advance_run_fed(
+    *,
+    session: Session,
+    run_id: int,
+    first_step: int,
+    last_step: int,
+    names: str,
+    now: float,
+    rows: Sequence[tuple] | None = None,
+) -> tuple[int, int] | None:
+    """PostgreSQL: ``advance_run``, ``add_feed`` and, when ``rows`` is given, ``add_points`` in one
+    statement. ``None`` when the run does not exist (nothing written); else ``(data_version, feed id)``."""
     raw = session.connection.driver_connection
-    params: dict[str, Any] = {"step": last_step, "now": now, "run": run_id}
+    params: dict[str, Any] = {
+        "step": last_step,
+        "first": first_step,
+        "names": names,
+        "now": now,
+        "run": run_id,
+    }
     points = ""
     if rows:
         points = _ADVANCE_POINTS_PG
         params.update({f"c{i}": list(column) for i, column in enumerate(zip(*rows, strict=True))})
     cur = raw.cursor()
     try:
-        cur.execute(_ADVANCE_LOCK_PG.format(points=points), params)
+        cur.execute(_ADVANCE_PG.format(points=points), params)
         row = cur.fetchone()
         return None if row is None else (row[0], row[1])
     finally:
@@ -390,6 +405,117 @@ def health_signals(*, session: Session) -> list[dict]:
         )
     ).all()
     return [dict(r._mapping) for r in rows]
+
+
+# --- health feed (writes the evaluator has not seen yet) ----------------------------------------
+
+
+def add_feed(
+    *, session: Session, run_id: int, first_step: int, last_step: int, names: str, now: float
+) -> int:
+    """One write's entry in the health feed (``names``: a JSON list); its id."""
+    raw, style = _driver(session)
+    cur = raw.cursor()
+    try:
+        cur.execute(
+            "INSERT INTO health_feed (run_id, first_step, last_step, names, created_at) "
+            f"VALUES ({style}, {style}, {style}, {style}, {style}) RETURNING id",
+            (run_id, first_step, last_step, names, now),
+        )
+        return cur.fetchone()[0]
+    finally:
+        cur.close()
+
+
+def feed_runs(*, session: Session, limit: int = 1000) -> list[int]:
+    """Runs with writes not yet evaluated, the one waiting longest first."""
+    rows = session.execute(
+        select(FEED.c.run_id, func.min(FEED.c.id).label("first"))
+        .group_by(FEED.c.run_id)
+        .order_by(text("first"))
+        .limit(limit)
+    ).all()
+    return [r[0] for r in rows]
+
+
+def feed_of(*, session: Session, run_id: int, limit: int) -> list[tuple[int, int, int, str]]:
+    """The run's oldest ``limit`` feed rows: ``(id, first_step, last_step, names JSON)``."""
+    raw, style = _driver(session)
+    cur = raw.cursor()
+    try:
+        cur.execute(
+            f"SELECT id, first_step, last_step, names FROM health_feed WHERE run_id = {style} "
+            f"ORDER BY id LIMIT {int(limit)}",
+            (run_id,),
+        )
+        return cur.fetchall()
+    finally:
+        cur.close()
+
+
+def drop_feed(*, session: Session, ids: Sequence[int]) -> None:
+    if ids:
+        session.execute(delete(FEED).where(FEED.c.id.in_(list(ids))))
+
+
+def feed_newest(*, session: Session, run_id: int | None = None) -> int | None:
+    """The newest feed row's id (of one run, or of all), ``None`` when nothing waits."""
+    stmt = select(func.max(FEED.c.id))
+    if run_id is not None:
+        stmt = stmt.where(FEED.c.run_id == run_id)
+    return session.execute(stmt).scalar()
+
+
+def feed_waiting(*, session: Session, through: int, run_id: int | None = None) -> bool:
+    """Whether a feed row with id ``<= through`` (of one run, or of any) is still there."""
+    stmt = select(FEED.c.id).where(FEED.c.id <= through)
+    if run_id is not None:
+        stmt = stmt.where(FEED.c.run_id == run_id)
+    return session.execute(stmt.limit(1)).first() is not None
+
+
+def claim_health(*, session: Session, run_id: int) -> tuple[bool, int | None]:
+    """Take the run's health state for this transaction: ``(True, version)``; ``(False, None)`` when
+    another transaction holds it (PostgreSQL: ``FOR UPDATE SKIP LOCKED``; on SQLite the write
+    transaction is the claim); ``(True, None)`` when the run has no health state row."""
+    stmt = select(HEALTH.c.version).where(HEALTH.c.run_id == run_id)
+    if session.dialect.name != "postgresql":
+        return True, session.execute(stmt).scalar()
+    row = session.execute(stmt.with_for_update(skip_locked=True)).first()
+    if row is not None:
+        return True, row[0]
+    held = session.execute(select(HEALTH.c.run_id).where(HEALTH.c.run_id == run_id)).first()
+    return (False, None) if held is not None else (True, None)
+
+
+def points_between(
+    *, session: Session, run_id: int, names: Sequence[str], first: int, last: int
+) -> list[tuple[str, int, float | None, int, float | None]]:
+    """The stored points of ``names`` at steps ``first..last``: ``(name, step, value, flag,
+    wall_time)`` in no particular order (the primary key's (run, name, step) ranges)."""
+    raw, style = _driver(session)
+    out: list[tuple] = []
+    cur = raw.cursor()
+    try:
+        if style == "%s":
+            cur.execute(
+                "SELECT name, step, value, flag, wall_time FROM points WHERE run_id = %s "
+                "AND name = ANY(%s) AND step >= %s AND step <= %s",
+                (run_id, list(names), first, last),
+            )
+            return cur.fetchall()
+        names = list(names)
+        for at in range(0, len(names), 500):
+            part = names[at : at + 500]
+            cur.execute(
+                "SELECT name, step, value, flag, wall_time FROM points WHERE run_id = ? "
+                f"AND name IN ({','.join('?' * len(part))}) AND step >= ? AND step <= ?",
+                (run_id, *part, first, last),
+            )
+            out.extend(cur.fetchall())
+    finally:
+        cur.close()
+    return out
 
 
 # --- alerts -----------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import logging
 import time
 from types import SimpleNamespace
 
+import httpx
 import pytest
 from rlvitals.client import ClientSettings
 from rlvitals.client.integrations.trl import TrlLogBridge
@@ -63,7 +64,9 @@ def test_without_halt_on_a_run_never_stops(serve, tmp_path):
     run = rlvitals.init(url=server.url, project="p", name="no-halt", spool_dir=tmp_path)
     for step in range(12):
         run.log({"actor/pg_loss": float("nan")}, step=step)
-    assert _until(lambda: run._worker.critical != [], timeout=10)  # the server did report it
+    incidents = f"{server.url}/api/v1/incidents?state=open"
+    # the server did open a critical incident (the read waits for the rules to reach the writes)
+    assert _until(lambda: httpx.get(incidents).json()["count"] == 1, timeout=10)
     assert not run.should_stop() and run.halt_reason is None
     run.finish(timeout=10)
 

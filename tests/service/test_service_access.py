@@ -111,7 +111,7 @@ def test_host_allowlist_refuses_rebinding_names(app_client, tmp_path, host, allo
         f"/api/v1/runs/{run_id}/metrics",
         json={"steps": [{"step": 1, "metrics": {"x": 1.0}}]},
         headers=headers,
-    )  # fmt: skip (the ingest fast lane is guarded too)
+    )  # fmt: skip
     if allowed:
         assert (read.status_code, write.status_code) == (200, 200), (read.text, write.text)
     else:

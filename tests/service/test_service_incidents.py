@@ -68,7 +68,7 @@ def test_a_storm_of_alerts_is_one_incident_and_one_notification(app_client, data
     )
 
 
-def test_a_critical_incident_rides_on_the_write_answer_and_resolves_after_quiet_time(
+def test_a_critical_incident_rides_on_the_write_answer_that_waits_for_the_rules(
     app_client, database_url, hooks
 ):
     hook = hooks()
@@ -80,10 +80,12 @@ def test_a_critical_incident_rides_on_the_write_answer_and_resolves_after_quiet_
         incidents={"quiet_steps": 20, "quiet_points": 2},
     )
     run_id = api.create_run("nan", project="lab")
-    healthy = api.log(run_id, [{"step": 0, "metrics": {"actor/pg_loss": 0.1}}]).json()
-    assert "critical_incidents" not in healthy
-    answer = api.log(run_id, [{"step": 1, "metrics": {"actor/pg_loss": "NaN"}}]).json()
+    rules = {"params": {"wait": "rules"}}  # what a trainer that halts on critical incidents sends
+    healthy = api.log(run_id, [{"step": 0, "metrics": {"actor/pg_loss": 0.1}}], **rules).json()
+    assert "critical_incidents" not in healthy and healthy["evaluated"] is True
+    answer = api.log(run_id, [{"step": 1, "metrics": {"actor/pg_loss": "NaN"}}], **rules).json()
     (critical,) = answer["critical_incidents"]
+    assert answer["evaluated"] is True
     incident = api.get(f"/api/v1/incidents/{critical['id']}").json()
     assert critical["cause"] == "non_finite" == incident["cause"] and incident["severity"] == "critical"
     slack = next(r["body"] for r in hook.wait_for(2) if r["path"] == "/slack")
@@ -91,8 +93,8 @@ def test_a_critical_incident_rides_on_the_write_answer_and_resolves_after_quiet_
     # the rule resolves after 10 clean steps; the incident after 20 more quiet ones, announced once
     answer = api.log(run_id, [{"step": s, "metrics": {"actor/pg_loss": 0.1}} for s in range(2, 20)]).json()
     assert api.get(f"/api/v1/incidents/{critical['id']}").json()["state"] == "open"
-    answer = api.log(run_id, [{"step": s, "metrics": {"actor/pg_loss": 0.1}} for s in range(20, 40)]).json()
-    assert "critical_incidents" not in answer
+    answer = api.log(run_id, [{"step": s, "metrics": {"actor/pg_loss": 0.1}} for s in range(20, 40)], **rules)
+    assert "critical_incidents" not in answer.json()
     assert api.get(f"/api/v1/runs/{run_id}/incidents?state=open").json()["count"] == 0
     everywhere = api.get("/api/v1/incidents?state=resolved").json()["data"]
     assert [i["id"] for i in everywhere] == [critical["id"]]

@@ -1,7 +1,8 @@
 """The PostgreSQL per-step ingest path, counted on the wire: libpq's trace of the messages the driver
 sends, where each ``Sync`` (end of an extended-protocol statement) and each simple ``Query`` is one
 wait for the server. Before the combined statement a per-step request took 8: pre-ping, BEGIN, the
-run's row, the points, the health state's version lock, its write, the NOTIFY, COMMIT."""
+run's row, the points, the health state's version lock, its write, the NOTIFY, COMMIT; the health
+rules now run after the write (service/evaluator.py), which leaves 4."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def _round_trips(trace: str) -> int:
     return sum(1 for fields in sent if fields[3].split(" ")[0] in ("Sync", "Query"))
 
 
-def test_a_per_step_request_is_five_round_trips_and_stores_everything(app_client, pg_url, tmp_path):
+def test_a_per_step_request_is_four_round_trips_and_stores_everything(app_client, pg_url, tmp_path):
     api = app_client(pg_url)
     services = api.services
     run_id = api.create_run("round-trips")
@@ -60,30 +61,31 @@ def test_a_per_step_request_is_five_round_trips_and_stores_everything(app_client
     finally:
         held.close()
     assert all(o == [{"accepted": 12, "steps": 1}] for o in outcomes)
-    # BEGIN, the combined run/points/lock statement, the health state's write, the NOTIFY, COMMIT
-    assert _round_trips(trace.read_text()) == 5 * 10
+    # BEGIN, the combined run/points/feed statement, the NOTIFY, COMMIT
+    assert _round_trips(trace.read_text()) == 4 * 10
     series = api.get(f"/api/v1/runs/{run_id}/metrics", params={"max_points": 0}).json()["series"]
     assert sorted(series) == sorted(NAMES)
     assert {name: s["step"] for name, s in series.items()} == {name: list(range(20)) for name in NAMES}
     assert api.get(f"/api/v1/runs/{run_id}").json()["last_step"] == 19
 
 
-def test_the_combined_statement_locks_the_health_state_and_skips_an_unknown_run(app_client, pg_url):
+def test_the_combined_statement_feeds_the_rules_without_their_lock_and_skips_an_unknown_run(
+    app_client, pg_url
+):
     api = app_client(pg_url)
     services = api.services
     run_id = api.create_run("locks")
     rows = [(run_id, "actor/ppo_kl", 5, 0.5, 0, 1.0)]
     with services.db.write() as session:
-        advanced = repo.advance_run_locked(session=session, run_id=run_id, last_step=5, now=2.0, rows=rows)
+        fed = dict(first_step=5, last_step=5, names='["actor/ppo_kl"]', now=2.0, rows=rows)
+        advanced = repo.advance_run_fed(session=session, run_id=run_id, **fed)
         assert advanced is not None and advanced[1] is not None
-        with (
-            psycopg.connect(services.db.libpq_url(), autocommit=True) as other,
-            pytest.raises(psycopg.errors.LockNotAvailable),
-        ):
+        with psycopg.connect(services.db.libpq_url(), autocommit=True) as other:
+            # the health state stays free: the evaluator, not the write, takes it
             other.execute("SELECT version FROM health_states WHERE run_id = %s FOR UPDATE NOWAIT", (run_id,))
-        assert (
-            repo.advance_run_locked(session=session, run_id=987_654, last_step=5, now=2.0, rows=rows) is None
-        )
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                other.execute("SELECT id FROM runs WHERE id = %s FOR UPDATE NOWAIT", (run_id,))
+        assert repo.advance_run_fed(session=session, run_id=987_654, **fed) is None
     with services.db.read() as session:
         raw = session.connection.driver_connection
         assert raw.execute("SELECT run_id, name, step, value FROM points").fetchall() == [

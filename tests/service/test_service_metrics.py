@@ -3,6 +3,7 @@ downsampling; on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+import json
 import math
 
 from rlvitals.service.metrics import downsample
@@ -187,10 +188,8 @@ def test_a_lone_nan_survives_downsampling_as_nan_not_null(api):
         assert series["value"][series["step"].index(500)] == "NaN"
 
 
-def test_ingest_fast_lane_and_generic_path_agree(app_client, sqlite_url):
-    # POST …/metrics takes a plain `application/json` body to a plain run id on a fast lane; every
-    # other request (content-type parameters, odd ids, bad bodies) goes through FastAPI's own path.
-    # Both must authenticate, store and answer alike.
+def test_ingest_authenticates_stores_and_answers_every_spelling_alike(app_client, sqlite_url):
+    # content-type parameters, padded and odd ids, bare NaN tokens, bad bodies, keys
     from rlvitals.service.auth import create_key
 
     api = app_client(sqlite_url)
@@ -213,7 +212,7 @@ def test_ingest_fast_lane_and_generic_path_agree(app_client, sqlite_url):
         )
         assert response.status_code in (404, 422), (bad_id, response.text)
         assert "error" in response.json()
-    # a bare NaN token: not JSON for the fast lane's parser, accepted as before by the generic path
+    # a bare NaN token: not strict JSON, accepted as before
     tokens = b'{"steps": [{"step": 2, "metrics": {"a": NaN, "b": 1e5}}]}'
     response = api.post(
         f"/api/v1/runs/{run_id}/metrics", content=tokens, headers={"content-type": "application/json"}
@@ -337,3 +336,33 @@ def test_history_columns_stay_within_their_point_budget():
         columns.put(run, 1, {"x": (list(range(25)), [0.5] * 25)})
     assert columns._points <= 100
     assert columns.get(19, 1, ["x"]) and not columns.get(10, 1, ["x"])  # least recently used went first
+
+
+def test_history_columns_give_back_every_spelling_they_were_given():
+    import math
+
+    from rlvitals.service.columns import SeriesColumns
+
+    columns = SeriesColumns(max_points=100)
+    values = [1.5, None, "NaN", "Infinity", -0.0, 2.5, "-Infinity"]
+    columns.put(1, 5, {"a": (list(range(7)), list(values))})
+    columns.extend(1, 6, [("a", 7, "NaN"), ("a", 8, -0.0), ("a", 9, 3.25)])
+    steps, got = columns.get(1, 6, ["a"])["a"]
+    assert steps == list(range(10))
+    assert got == [*values, "NaN", -0.0, 3.25]
+    assert math.copysign(1.0, got[4]) == -1.0 and math.copysign(1.0, got[8]) == -1.0
+    assert [type(v) for v in got] == [type(v) for v in [*values, "NaN", -0.0, 3.25]]
+
+
+def test_a_history_answer_is_one_json_object_with_each_name_once(app_client, sqlite_url):
+    api = app_client(sqlite_url)
+    run_id = api.create_run()
+    api.log(run_id, [{"step": s, "metrics": {"a": s / 2, "b": "NaN" if s == 3 else 1.0}} for s in range(6)])
+    raw = api.get(f"/api/v1/runs/{run_id}/metrics", params={"names": "b,a,b", "max_points": 0}).content
+    assert raw.count(b'"b":') == 1 and raw.index(b'"b":') < raw.index(b'"a":')
+    assert json.loads(raw) == {
+        "series": {
+            "b": {"step": list(range(6)), "value": [1.0, 1.0, 1.0, "NaN", 1.0, 1.0]},
+            "a": {"step": list(range(6)), "value": [s / 2 for s in range(6)]},
+        }
+    }

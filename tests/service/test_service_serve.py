@@ -182,7 +182,7 @@ def test_a_killed_server_restarts_with_its_points_alerts_and_detector_state(serv
     steps = [{"step": s, "metrics": {"actor/pg_loss": 0.1}} for s in range(5)]
     steps.append({"step": 5, "metrics": {"actor/pg_loss": "NaN"}})
     assert httpx.post(f"{url}/metrics", json={"steps": steps}).status_code == 200
-    time.sleep(1.5)  # past health_flush_interval: the open episode is on disk
+    assert httpx.get(f"{url}/alerts").json()["count"] == 1  # the read waits for the rules: on disk
     server.kill()  # SIGKILL: no shutdown handler runs
     server.start()
     assert httpx.get(f"{url}/metrics", params={"max_points": 0}).json()["series"]["actor/pg_loss"][

@@ -16,12 +16,16 @@ FINITE = [{"step": s, "metrics": {"actor/pg_loss": 0.1}} for s in range(14)]
 
 
 def flap(api, run_id: int, cycles: int, first_step: int = 0) -> int:
-    """``cycles`` episodes of ``non_finite``: a NaN fires it, 14 finite steps resolve it."""
+    """``cycles`` episodes of ``non_finite``: a NaN fires it, 14 finite steps resolve it (each write
+    answered once its rules ran, so the transitions follow the writes' timing)."""
     step = first_step
+    rules = {"params": {"wait": "rules"}}
     for _ in range(cycles):
-        assert api.log(run_id, [{"step": step, "metrics": {"actor/pg_loss": "NaN"}}]).status_code == 200
+        assert (
+            api.log(run_id, [{"step": step, "metrics": {"actor/pg_loss": "NaN"}}], **rules).status_code == 200
+        )
         steps = [{"step": step + 1 + s["step"], "metrics": s["metrics"]} for s in FINITE]
-        assert api.log(run_id, steps).status_code == 200
+        assert api.log(run_id, steps, **rules).status_code == 200
         step += 1 + len(FINITE)
     return step
 
