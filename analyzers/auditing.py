@@ -31,6 +31,7 @@ from .alternatives import (
 )
 from .audit_names import canonical_name
 from .batch import CheckedTensors, token_batch
+from .chunks import row_chunks
 from .config import AggMode, KLType, LossConfig
 from .kernels import TokenBatch
 
@@ -150,9 +151,15 @@ def _fmt(x: float) -> str:
 def _on_policy_gap(batch: TokenBatch) -> float | None:
     if batch.empty:
         return None
-    gap = (batch.tensors["log_prob"].double() - batch.tensors["old_log_prob"].double()).abs()
-    valid = gap[batch.mask]
-    return float(valid.max()) if not torch.isnan(valid).any() else math.nan
+    log_prob, old_log_prob, mask = batch.tensors["log_prob"], batch.tensors["old_log_prob"], batch.mask
+    largest = -math.inf
+    for rows in row_chunks(log_prob):  # a few rows at a time: no float64 copy of the whole batch
+        gap = (log_prob[rows].double() - old_log_prob[rows].double()).abs()[mask[rows]]
+        if torch.isnan(gap).any():
+            return math.nan
+        if gap.numel():
+            largest = max(largest, float(gap.max()))
+    return largest
 
 
 def audit(

@@ -31,6 +31,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from .chunks import row_chunks
+
 # the series an audit adds to its run, beside the trainer's own metrics (stored per audited step)
 COV_SERIES = "rlvitals/entropy_cov"
 FORECAST_SERIES = "rlvitals/entropy_forecast"
@@ -57,35 +59,51 @@ def batch_covariance(tensors: Mapping[str, Any]) -> dict[str, Any] | None:
     log_prob = tensors.get(source)
     if mask is None or advantages is None or log_prob is None:
         return None
-    lp = log_prob.detach().to(torch.float64)
-    adv = advantages.detach().to(torch.float64)
-    if adv.dim() == 1:
-        adv = adv[:, None]
-    adv = adv.expand_as(lp)
-    valid = mask.detach().to(torch.bool) & torch.isfinite(lp) & torch.isfinite(adv)
-    dropped = int((mask.detach().to(torch.bool) & ~valid).sum())
-    n = int(valid.sum())
+    log_prob, mask, advantages = log_prob.detach(), mask.detach(), advantages.detach()
+    if advantages.dim() == 1:
+        advantages = advantages[:, None]
+    entropy = tensors.get("entropy")
+    if entropy is not None and tuple(entropy.shape) != tuple(log_prob.shape):
+        entropy = None
+
+    def chunks():
+        # a few rows at a time in float64: the batch is never copied whole (an audit's memory stays
+        # near the batch's own size however large it is)
+        for rows in row_chunks(log_prob):
+            lp = log_prob[rows].to(torch.float64)
+            adv = advantages[rows].to(torch.float64).expand_as(lp)
+            given = mask[rows].to(torch.bool)
+            valid = given & torch.isfinite(lp) & torch.isfinite(adv)
+            yield rows, lp, adv, given, valid
+
+    n = dropped = 0
+    sum_lp = sum_adv = 0.0
+    for _, lp, adv, given, valid in chunks():
+        n += int(valid.sum())
+        dropped += int((given & ~valid).sum())
+        sum_lp += float(lp[valid].sum())
+        sum_adv += float(adv[valid].sum())
     if n == 0:
         return None
-    lp_v, adv_v = lp[valid], adv[valid]
-    mean_lp, mean_adv = lp_v.mean(), adv_v.mean()
-    cov = ((lp_v - mean_lp) * (adv_v - mean_adv)).mean()
-    out: dict[str, Any] = {
-        "cov": float(cov),
+    mean_lp, mean_adv = sum_lp / n, sum_adv / n
+    products = 0.0
+    ent_sum, ent_n = 0.0, 0
+    for rows, lp, adv, _, valid in chunks():
+        products += float(((lp[valid] - mean_lp) * (adv[valid] - mean_adv)).sum())
+        if entropy is not None:
+            ent = entropy[rows].detach().to(torch.float64)
+            ok = valid & torch.isfinite(ent)
+            ent_sum += float(ent[ok].sum())
+            ent_n += int(ok.sum())
+    return {
+        "cov": products / n,
         "tokens": n,
         "non_finite_tokens": dropped,
         "log_prob_source": source,
-        "mean_log_prob": float(mean_lp),
-        "mean_advantage": float(mean_adv),
-        "entropy": None,
+        "mean_log_prob": mean_lp,
+        "mean_advantage": mean_adv,
+        "entropy": ent_sum / ent_n if ent_n else None,
     }
-    entropy = tensors.get("entropy")
-    if entropy is not None and tuple(entropy.shape) == tuple(lp.shape):
-        ent = entropy.detach().to(torch.float64)
-        ok = valid & torch.isfinite(ent)
-        if bool(ok.any()):
-            out["entropy"] = float(ent[ok].mean())
-    return out
 
 
 class EntropyForecaster:

@@ -15,10 +15,11 @@ from typing import Any
 
 import torch
 
+from .chunks import CHUNK_ELEMENTS, row_chunks
+
 DEFAULT_BINS = 60
 # the plotted ratio range spans these quantiles (and always the clip bounds); the rest is counted
 RANGE_QUANTILES = (0.002, 0.998)
-_QUANTILE_LIMIT = 1 << 24  # torch.quantile's input size limit
 _CLIP_FIELDS = ("clip_ratio", "clip_ratio_low", "clip_ratio_high", "clip_ratio_c")
 
 
@@ -48,11 +49,56 @@ def _clip_bounds(config: Any) -> dict[str, float] | None:
 
 
 def _quantiles(x: torch.Tensor, qs: tuple[float, float]) -> tuple[float, float]:
-    if x.numel() > _QUANTILE_LIMIT:
-        step = math.ceil(x.numel() / _QUANTILE_LIMIT)
-        x = x.sort().values[::step]
-    q = torch.quantile(x, torch.tensor(qs, dtype=x.dtype))
-    return float(q[0]), float(q[1])
+    """``torch.quantile(x, qs)`` (linear interpolation) of a 1-D float64 tensor, found by partitioning
+    ``x`` in place (its order changes): no sorted copy and no index tensor, whatever its size."""
+    values = x.numpy()
+    n = values.size
+    positions = [q * (n - 1) for q in qs]
+    kth = sorted({k for pos in positions for k in (math.floor(pos), math.ceil(pos))})
+    values.partition(kth)
+    out = []
+    for pos in positions:
+        lo, hi = float(values[math.floor(pos)]), float(values[math.ceil(pos)])
+        out.append(lo + (hi - lo) * (pos - math.floor(pos)))
+    return out[0], out[1]
+
+
+class _Histogram:
+    """``histogram``'s counts and summary, accumulated over chunks of values."""
+
+    def __init__(self, lo: float, hi: float, bins: int) -> None:
+        if hi <= lo:
+            lo, hi = lo - 0.5, hi + 0.5
+        self.lo, self.hi, self.bins = lo, hi, bins
+        self.counts = torch.zeros(bins, dtype=torch.float64)
+        self.below = self.above = self.n = 0
+        self.total = 0.0
+        self.min = self.max = None
+
+    def add(self, values: torch.Tensor) -> None:
+        x = values.to(torch.float64)
+        if not x.numel():
+            return
+        self.counts += torch.histc(x, bins=self.bins, min=self.lo, max=self.hi)
+        self.below += int((x < self.lo).sum())
+        self.above += int((x > self.hi).sum())
+        low, high = float(x.min()), float(x.max())
+        self.min = low if self.min is None else min(self.min, low)
+        self.max = high if self.max is None else max(self.max, high)
+        self.total += float(x.sum())
+        self.n += x.numel()
+
+    def result(self) -> dict[str, Any]:
+        return {
+            "edges": torch.linspace(self.lo, self.hi, self.bins + 1, dtype=torch.float64).tolist(),
+            "counts": [int(c) for c in self.counts.tolist()],
+            "below": self.below,
+            "above": self.above,
+            "outside": self.below + self.above,
+            "min": self.min,
+            "max": self.max,
+            "mean": self.total / self.n if self.n else None,
+        }
 
 
 def histogram(values: torch.Tensor, *, lo: float, hi: float, bins: int = DEFAULT_BINS) -> dict[str, Any]:
@@ -61,25 +107,9 @@ def histogram(values: torch.Tensor, *, lo: float, hi: float, bins: int = DEFAULT
     Returns ``{"edges": [bins + 1], "counts": [bins], "below", "above", "outside", "min", "max", "mean"}``;
     values outside ``[lo, hi]`` are counted in ``below`` / ``above``, never dropped silently.
     """
-    if hi <= lo:
-        lo, hi = lo - 0.5, hi + 0.5
-    x = values.to(torch.float64)
-    counts = (
-        torch.histc(x, bins=bins, min=lo, max=hi) if x.numel() else torch.zeros(bins, dtype=torch.float64)
-    )
-    edges = torch.linspace(lo, hi, bins + 1, dtype=torch.float64)
-    below = int((x < lo).sum())
-    above = int((x > hi).sum())
-    return {
-        "edges": edges.tolist(),
-        "counts": [int(c) for c in counts.tolist()],
-        "below": below,
-        "above": above,
-        "outside": below + above,
-        "min": float(x.min()) if x.numel() else None,
-        "max": float(x.max()) if x.numel() else None,
-        "mean": float(x.mean()) if x.numel() else None,
-    }
+    acc = _Histogram(lo, hi, bins)
+    acc.add(values)
+    return acc.result()
 
 
 def batch_histograms(
@@ -93,29 +123,48 @@ def batch_histograms(
     An all-zero mask gives zero ``tokens`` and empty counts. Non-finite values are left out and
     counted in ``non_finite``.
     """
-    mask = tensors["response_mask"].to(torch.bool)
-    log_ratio = (tensors["log_prob"].to(torch.float64) - tensors["old_log_prob"].to(torch.float64))[mask]
-    ratio = torch.exp(torch.clamp(log_ratio, -20.0, 20.0))  # verl: negative_approx_kl clamped to ±20
-    advantages = tensors["advantages"].to(torch.float64)[mask]
+    log_prob, old_log_prob = tensors["log_prob"], tensors["old_log_prob"]
+    mask, advantages = tensors["response_mask"], tensors["advantages"]
     clip = _clip_bounds(config)
-
-    finite_ratio = ratio[torch.isfinite(ratio)]
-    finite_adv = advantages[torch.isfinite(advantages)]
     low, high = (clip["low"], clip["high"]) if clip else (0.8, 1.2)
-    if finite_ratio.numel():
-        q_lo, q_hi = _quantiles(finite_ratio, RANGE_QUANTILES)
+    # a few rows at a time (no float64 copy of the whole batch): the finite ratios of the valid tokens
+    # go into one buffer (the quantiles need them all); the advantages are only counted, in two passes
+    tokens = sum(int(mask[rows].to(torch.bool).sum()) for rows in row_chunks(mask))
+    ratios = torch.empty(tokens, dtype=torch.float64)
+    kept = non_finite = 0
+    a_lo = a_hi = None
+    for rows in row_chunks(log_prob):
+        valid = mask[rows].to(torch.bool)
+        log_ratio = (log_prob[rows].to(torch.float64) - old_log_prob[rows].to(torch.float64))[valid]
+        ratio = torch.exp(torch.clamp(log_ratio, -20.0, 20.0))  # verl: negative_approx_kl clamped to ±20
+        ratio = ratio[torch.isfinite(ratio)]
+        ratios[kept : kept + ratio.numel()] = ratio
+        kept += ratio.numel()
+        adv = advantages[rows].to(torch.float64)[valid]
+        finite_adv = adv[torch.isfinite(adv)]
+        non_finite += log_ratio.numel() - ratio.numel() + adv.numel() - finite_adv.numel()
+        if finite_adv.numel():
+            lo_, hi_ = float(finite_adv.min()), float(finite_adv.max())
+            a_lo = lo_ if a_lo is None else min(a_lo, lo_)
+            a_hi = hi_ if a_hi is None else max(a_hi, hi_)
+    ratios = ratios[:kept]
+    if kept:
+        q_lo, q_hi = _quantiles(ratios, RANGE_QUANTILES)
         margin = 0.5 * (high - low)
         r_lo, r_hi = max(0.0, min(q_lo, low - margin)), max(q_hi, high + margin)
     else:
         r_lo, r_hi = low, high
-    if finite_adv.numel():
-        a_lo, a_hi = float(finite_adv.min()), float(finite_adv.max())
-    else:
-        a_lo, a_hi = -1.0, 1.0
+    ratio_hist = _Histogram(r_lo, r_hi, bins)
+    for start in range(0, kept, CHUNK_ELEMENTS):
+        ratio_hist.add(ratios[start : start + CHUNK_ELEMENTS])
+    adv_hist = _Histogram(*((a_lo, a_hi) if a_lo is not None else (-1.0, 1.0)), bins)
+    for rows in row_chunks(log_prob):
+        adv = advantages[rows].to(torch.float64)[mask[rows].to(torch.bool)]
+        adv_hist.add(adv[torch.isfinite(adv)])
     return {
-        "tokens": int(mask.sum()),
-        "non_finite": int(ratio.numel() - finite_ratio.numel() + advantages.numel() - finite_adv.numel()),
+        "tokens": tokens,
+        "non_finite": int(non_finite),
         "clip": clip,
-        "ratio": histogram(finite_ratio, lo=r_lo, hi=r_hi, bins=bins),
-        "advantages": histogram(finite_adv, lo=a_lo, hi=a_hi, bins=bins),
+        "ratio": ratio_hist.result(),
+        "advantages": adv_hist.result(),
     }
