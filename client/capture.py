@@ -18,7 +18,7 @@ safetensors bytes the HTTP API takes (never pickle). Tensors, all ``(batch, resp
     group_index                                             optional (ints, or verl's uid strings)
 
 The names and which tensor needs which come from the batch contract's rule table
-(``rlvitals.analyzers.batch_rules``, pure Python: the server checks the same table), and the config
+(``rlvitals.analyzers.contract.batch_rules``, pure Python: the server checks the same table), and the config
 is parsed by the contract's ``parse_config`` (misuse raises here, in the caller).
 """
 
@@ -31,7 +31,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from rlvitals.analyzers import batch_rules as rules
+from rlvitals.analyzers.contract import batch_rules as rules
 from rlvitals.client.values import DeviceScalar, check_metrics, copy_device_scalars, encode_value
 
 REQUIRED, OPTIONAL, ALL_NAMES = rules.REQUIRED, rules.OPTIONAL, rules.ALLOWED
@@ -155,14 +155,14 @@ def _parsed_config(data: dict[str, Any]) -> dict[str, Any]:
     server will read it; misuse (bad values) raises here, in the caller. Without torch the server
     validates instead."""
     try:
-        from rlvitals.analyzers.batch import ConfigError, parse_config, parse_distillation
+        from rlvitals.analyzers.contract.batch import ConfigError, parse_config, parse_distillation
 
         loss, algorithm = parse_config(data)
         distillation = parse_distillation(data)
     except (
         ImportError
     ):  # no torch here: the loss fields still checked (pure Python), the server does the rest
-        from rlvitals.analyzers.config import LossConfig
+        from rlvitals.analyzers.contract.config import LossConfig
 
         out = LossConfig.from_verl(data).to_dict()
         for name in ("algorithm", "distillation"):

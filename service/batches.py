@@ -22,7 +22,7 @@ upload, 1-128 printable ASCII characters without spaces: a resend with the same 
 Anything wrong -> ``InvalidInput`` (422) naming the tensor or field.
 
 The tensor rules, the config parse and the decoding of ``reported`` are the batch contract's
-(``rlvitals.analyzers.batch``, rule table in ``rlvitals.analyzers.batch_rules``); this module reads the
+(``rlvitals.analyzers.contract.batch``, rule table in ``rlvitals.analyzers.contract.batch_rules``); this module reads the
 safetensors bytes and the metadata fields only the upload has (``step``, ``rank``, ``record_id``...).
 """
 
@@ -34,13 +34,13 @@ import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rlvitals.analyzers import batch_rules as rules
+from rlvitals.analyzers.contract import batch_rules as rules
 from rlvitals.service.encoding import jsonable, storable_problem
 from rlvitals.service.errors import InvalidInput, PayloadTooLarge
 
 if TYPE_CHECKING:  # torch is imported with the first batch: a scalar-only server never loads it
     import torch
-    from rlvitals.analyzers.batch import AuditBatch
+    from rlvitals.analyzers.contract.batch import AuditBatch
 
 REQUIRED, OPTIONAL_FLOAT, ALLOWED = rules.REQUIRED, rules.OPTIONAL, rules.ALLOWED  # the contract's table
 RECORD_ID_MAX = 128  # the column's width
@@ -216,7 +216,7 @@ def validate(
     batch (``AuditBatch``: tensors, parsed config, decoded ``reported``). ``config`` and ``reported``
     nested deeper than ``max_json_depth`` or holding invalid text are refused, and so (413) is a batch
     of more than ``max_tokens`` tokens (``batch x response_len``: the audit's CPU)."""
-    from rlvitals.analyzers.batch import (
+    from rlvitals.analyzers.contract.batch import (
         AuditBatch,
         BatchError,
         TooManyTokens,
@@ -251,7 +251,7 @@ def validate(
 
 
 def _parse_config(parse, config: dict[str, Any]):
-    from rlvitals.analyzers.batch import ConfigError
+    from rlvitals.analyzers.contract.batch import ConfigError
 
     try:
         return parse(config)

@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 import orjson
-from rlvitals.analyzers.batch_rules import NON_FINITE
+from rlvitals.analyzers.contract.batch_rules import NON_FINITE
 from rlvitals.service.alerts import apply_findings
 from rlvitals.service.context import Services
 from rlvitals.service.encoding import encode_float, jsonable

@@ -1,6 +1,6 @@
 """Built-in health rules that look ahead: the entropy collapse the audited tensors predict before the curve
 bends, the reward ceiling the entropy–reward law implies, and reward components pulling apart. Registered
-through :func:`register_rule` like any user rule; the covariance math is :mod:`rlvitals.analyzers.entropy_dynamics`.
+through :func:`register_rule` like any user rule; the covariance math is :mod:`rlvitals.analyzers.reference.entropy_dynamics`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from ..entropy_dynamics import (
+from ..reference.entropy_dynamics import (
     COV_SERIES,
     ETA_SERIES,
     FORECAST_SERIES,

@@ -9,11 +9,12 @@ import math
 
 import pytest
 import torch
-from rlvitals.analyzers import LossConfig, native, recompute
-from rlvitals.analyzers.auditing import _batch as audit_batch_of
-from rlvitals.analyzers.batch import token_batch
-from rlvitals.analyzers.config import AggMode
-from rlvitals.analyzers.kernels import TokenBatch
+from rlvitals.analyzers import LossConfig, recompute
+from rlvitals.analyzers.contract.batch import token_batch
+from rlvitals.analyzers.contract.config import AggMode
+from rlvitals.analyzers.fast import native
+from rlvitals.analyzers.fast.kernels import TokenBatch
+from rlvitals.analyzers.verdicts.auditing import _batch as audit_batch_of
 
 pytestmark = pytest.mark.skipif(
     native.module() is None or not native.inline_exp(), reason="the compiled passes with exp inline"

@@ -10,8 +10,8 @@ import random
 
 import torch
 from rlvitals.analyzers import HealthMonitor, LossConfig, recompute
-from rlvitals.analyzers.batch import AuditBatch, audit_batch
-from rlvitals.analyzers.entropy_dynamics import (
+from rlvitals.analyzers.contract.batch import AuditBatch, audit_batch
+from rlvitals.analyzers.reference.entropy_dynamics import (
     COV_SERIES,
     ETA_SERIES,
     FORECAST_SERIES,

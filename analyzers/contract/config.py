@@ -93,7 +93,7 @@ def _parse_registered(enum: type[Enum], field: str, value: Any) -> Any:
         return enum(value)
     except ValueError:
         pass
-    from . import losses
+    from ..reference import losses
 
     registered = losses.AGG_MODES if enum is AggMode else losses.KL_ESTIMATORS
     name = value.value if isinstance(value, Enum) else value
@@ -227,7 +227,7 @@ class LossConfig:
                 )
 
     def _check_policy_loss(self, set_) -> None:
-        from .policy_losses import LossMode, get_policy_loss
+        from ..reference.policy_losses import LossMode, get_policy_loss
 
         name = self.loss_mode.value if isinstance(self.loss_mode, Enum) else self.loss_mode
         get_policy_loss(name)  # unknown: ValueError listing the registered names

@@ -22,6 +22,10 @@ from typing import Any
 
 import torch
 
+from ..contract.audit_names import canonical_name
+from ..contract.batch import CheckedTensors, token_batch
+from ..contract.config import AggMode, KLType, LossConfig
+from ..fast.kernels import TokenBatch
 from .alternatives import (
     NO_DUAL_CLIP,
     Alternative,
@@ -29,10 +33,6 @@ from .alternatives import (
     implied_normaliser,
     loss_mode_counterfactuals,
 )
-from .audit_names import canonical_name
-from .batch import CheckedTensors, token_batch
-from .config import AggMode, KLType, LossConfig
-from .kernels import TokenBatch
 
 METRICS = ("pg_loss", "pg_clipfrac", "ppo_kl", "pg_clipfrac_lower", "entropy_loss", "kl_loss", "policy_loss")
 DEFAULT_RTOL = 1e-4  # a trainer's GPU reductions differ from ours in summation order, not more
@@ -395,7 +395,7 @@ def counterfactuals(config: LossConfig, tensors: Mapping[str, torch.Tensor]) -> 
 
 def _random_ranges(batch: TokenBatch, config: LossConfig, recomputed: dict[str, float]) -> dict[str, tuple]:
     """``{pg_loss: (lo, hi), policy_loss: (lo, hi)}`` for a loss that draws random numbers; else {}."""
-    from .policy_losses import get_policy_loss
+    from ..reference.policy_losses import get_policy_loss
 
     entry = get_policy_loss(config.loss_mode)
     if not entry.random or entry.bounds is None:

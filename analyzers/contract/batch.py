@@ -1,7 +1,7 @@
 """The batch contract: one micro-batch of tensors, its loss config and the metrics the trainer reported.
 
 :class:`AuditBatch` is the value object every part builds instead of re-checking on its own: it
-validates the tensors against the rule table (``rlvitals.analyzers.batch_rules``) once, parses the
+validates the tensors against the rule table (``rlvitals.analyzers.contract.batch_rules``) once, parses the
 config once (verl's actor section -> :class:`LossConfig`, a TRL batch -> :class:`TrlLossConfig`, verl's
 ``algorithm`` section -> :class:`AlgorithmConfig`, verl's ``distillation`` section ->
 :class:`DistillationConfig`) and decodes ``reported`` once (non-finite
@@ -15,7 +15,7 @@ validated at upload is not validated again, only its config parsed) and the clie
 (``parse_config``: misuse raises in the trainer). The trainer -> config mappings live beside it: the
 parsers ``LossConfig.from_verl`` (verl, and OpenRLHF's verl-named fields), ``TrlLossConfig.from_dict``
 (TRL), ``AlgorithmConfig.from_verl``, which :func:`parse_config` picks from; and the readers of a live
-trainer object that produce what they parse, one per trainer, in :mod:`rlvitals.analyzers.trainer_configs`
+trainer object that produce what they parse, one per trainer, in :mod:`rlvitals.analyzers.contract.trainer_configs`
 (``verl_loss_config``, ``trl_config_for``, ``openrlhf_loss_config``; the client integrations re-export them).
 """
 
@@ -25,14 +25,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from rlvitals.analyzers import batch_rules as rules
+from rlvitals.analyzers.contract import batch_rules as rules
 
 if TYPE_CHECKING:
     import torch
-    from rlvitals.analyzers.algorithm import AlgorithmConfig
-    from rlvitals.analyzers.config import LossConfig
-    from rlvitals.analyzers.distillation import DistillationConfig
-    from rlvitals.analyzers.trl import TrlLossConfig
+    from rlvitals.analyzers.contract.config import LossConfig
+    from rlvitals.analyzers.reference.distillation import DistillationConfig
+    from rlvitals.analyzers.reference.trl import TrlLossConfig
+    from rlvitals.analyzers.verdicts.algorithm import AlgorithmConfig
 
 
 class BatchError(ValueError):
@@ -133,18 +133,18 @@ def check_token_tensors(tensors: Mapping[str, Any]) -> tuple[int, int]:
 
 class CheckedTensors(dict):
     """Tensors that passed the contract's check (:attr:`AuditBatch.tensors`, or derived from them by
-    :func:`audit_batch`): the audit builds its :class:`~rlvitals.analyzers.kernels.TokenBatch` from
+    :func:`audit_batch`): the audit builds its :class:`~rlvitals.analyzers.fast.kernels.TokenBatch` from
     them without checking them again (:func:`token_batch`). Any other mapping is checked."""
 
 
 def token_batch(tensors: Mapping[str, Any], *, dense: bool = False):
-    """The :class:`~rlvitals.analyzers.kernels.TokenBatch` of ``tensors`` (its keyword names; None:
+    """The :class:`~rlvitals.analyzers.fast.kernels.TokenBatch` of ``tensors`` (its keyword names; None:
     absent), the per-tensor rules checked once: by :func:`check_token_tensors` here, unless ``tensors``
     is a :class:`CheckedTensors` (checked at validation). ``dense``: TokenBatch's (an audit's batch,
     which aggregates every way)."""
     global _TOKEN_BATCH
     if _TOKEN_BATCH is None:  # kernels imports torch: loaded on first use (see _torch_rules)
-        from rlvitals.analyzers.kernels import TokenBatch
+        from rlvitals.analyzers.fast.kernels import TokenBatch
 
         _TOKEN_BATCH = TokenBatch
     if not isinstance(tensors, CheckedTensors):
@@ -198,9 +198,9 @@ def parse_config(config: Mapping[str, Any] | None) -> tuple[LossConfig | TrlLoss
     (``"trainer": "trl"``) gets :class:`TrlLossConfig`, anything else verl's :class:`LossConfig`
     (``from_verl``: an actor section, a whole trainer config, or a flat ``LossConfig.to_dict()``).
     Raises :class:`ConfigError` with the parser's message."""
-    from rlvitals.analyzers.algorithm import AlgorithmConfig
-    from rlvitals.analyzers.config import LossConfig
-    from rlvitals.analyzers.trl import TrlLossConfig, is_trl_config
+    from rlvitals.analyzers.contract.config import LossConfig
+    from rlvitals.analyzers.reference.trl import TrlLossConfig, is_trl_config
+    from rlvitals.analyzers.verdicts.algorithm import AlgorithmConfig
 
     config = config or {}
     try:
@@ -217,7 +217,7 @@ def parse_config(config: Mapping[str, Any] | None) -> tuple[LossConfig | TrlLoss
 def parse_distillation(config: Mapping[str, Any] | None) -> DistillationConfig | None:
     """verl's ``distillation`` section of a batch's config (None without one). Raises
     :class:`ConfigError` (``section="distillation"``) with the parser's message."""
-    from rlvitals.analyzers.distillation import DistillationConfig
+    from rlvitals.analyzers.reference.distillation import DistillationConfig
 
     try:
         return DistillationConfig.from_verl(config or {})
@@ -334,15 +334,15 @@ def audit_batch(
     after rejection, weighted by the IS weights, as verl's actor trains (the recomputed weights when
     the trainer did not send the ones it applied).
     """
-    from rlvitals.analyzers.advantages import group_diagnostics
-    from rlvitals.analyzers.algorithm import (
+    from rlvitals.analyzers.reference.advantages import group_diagnostics
+    from rlvitals.analyzers.reference.trl import TrlLossConfig
+    from rlvitals.analyzers.verdicts.algorithm import (
         AlgorithmConfig,
         audit_rollout,
         check_advantages,
         training_batch_size,
     )
-    from rlvitals.analyzers.auditing import audit
-    from rlvitals.analyzers.trl import TrlLossConfig
+    from rlvitals.analyzers.verdicts.auditing import audit
 
     tensors = batch.tensors
     algorithm = batch.algorithm
@@ -359,7 +359,7 @@ def audit_batch(
     if distillation is not None:  # verl's distillation_ppo_loss returns PPO + distillation: checked below
         loss_reported = {k: v for k, v in batch.reported.items() if k.removeprefix("actor/") != "policy_loss"}
     if isinstance(batch.loss, TrlLossConfig):  # a TRL GRPOTrainer batch: TRL's own loss, not verl's
-        from rlvitals.analyzers.trl_audit import trl_audit
+        from rlvitals.analyzers.verdicts.trl_audit import trl_audit
 
         report = trl_audit(batch.loss, loss_tensors, loss_reported)
     else:
@@ -402,7 +402,7 @@ def audit_batch(
         result["summary"] = summary
         result["ok"] = False
         result["explanation"] = " ".join([result["explanation"], *extra]).strip()
-    from rlvitals.analyzers.entropy_dynamics import batch_covariance
+    from rlvitals.analyzers.reference.entropy_dynamics import batch_covariance
 
     dynamics = batch_covariance(tensors)  # Cov(log π, A): the entropy forecast's input (health rules)
     if dynamics is not None:
@@ -413,11 +413,11 @@ def audit_batch(
 
 
 def batch_mismatch(tensors: Mapping[str, Any], algorithm: AlgorithmConfig) -> dict[str, Any]:
-    """The rollout-vs-training mismatch report (:func:`rlvitals.analyzers.mismatch.mismatch_report`) of a
+    """The rollout-vs-training mismatch report (:func:`rlvitals.analyzers.verdicts.mismatch.mismatch_report`) of a
     batch with ``rollout_log_probs``: the trainer's side is ``old_log_prob`` (``log_prob`` in verl's
     bypass mode, where ``old_log_prob`` is the rollout's), the bounds verl's ``rollout_is_threshold``.
     ``{"skipped": why}`` when there is no valid token."""
-    from rlvitals.analyzers.mismatch import mismatch_report
+    from rlvitals.analyzers.verdicts.mismatch import mismatch_report
 
     config = algorithm.rollout_correction
     trainer = tensors["log_prob"] if config is not None and config.bypass_mode else tensors["old_log_prob"]
@@ -438,7 +438,7 @@ def _distillation_config(
 ) -> DistillationConfig | None:
     """verl's distillation loss settings for this batch (its config, else the run's) when the teacher's
     log-probs came along; else None (no distillation audit)."""
-    from rlvitals.analyzers.distillation import TENSOR, DistillationConfig
+    from rlvitals.analyzers.reference.distillation import TENSOR, DistillationConfig
 
     if TENSOR not in batch.tensors:
         return None
@@ -451,8 +451,8 @@ def _distillation_config(
 def _audit_distillation(distillation, batch: AuditBatch, tensors, report) -> dict[str, Any]:
     """The distillation audit, with the reported total checked against the recomputed PPO total plus the
     distillation term when the loss audit could recompute that total (KL/entropy tensors present)."""
-    from rlvitals.analyzers.config import LossConfig
-    from rlvitals.analyzers.distillation import audit_distillation
+    from rlvitals.analyzers.contract.config import LossConfig
+    from rlvitals.analyzers.reference.distillation import audit_distillation
 
     actor = batch.loss if isinstance(batch.loss, LossConfig) else LossConfig.from_verl(batch.config)
     base = report.recomputed.get("policy_loss")
@@ -465,7 +465,7 @@ def _audit_distillation(distillation, batch: AuditBatch, tensors, report) -> dic
 
 def batch_histograms(batch: AuditBatch, *, bins: int | None = None) -> dict[str, Any]:
     """The dashboard's ratio and advantage histograms of ``batch``, clip bounds from its parsed config."""
-    from rlvitals.analyzers import histograms
+    from rlvitals.analyzers.verdicts import histograms
 
     kwargs = {} if bins is None else {"bins": bins}
     return histograms.batch_histograms(batch.tensors, config=batch.loss, **kwargs)

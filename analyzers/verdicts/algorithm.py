@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
-from .advantages import ADV_ESTIMATORS, BATCH_NORMALISED, compute_advantages
-from .rollout import PREFIX, rollout_correction, rollout_debug_metrics
-from .rollout_config import RolloutCorrectionConfig
+from ..contract.rollout_config import RolloutCorrectionConfig
+from ..reference.advantages import ADV_ESTIMATORS, BATCH_NORMALISED, compute_advantages
+from ..reference.rollout import PREFIX, rollout_correction, rollout_debug_metrics
 
 Tensor = torch.Tensor
 
@@ -109,7 +109,7 @@ def check_advantages(
 
     An estimator that normalises over the whole batch verl ran it on (``reinforce_plus_plus`` and
     ``reinforce_plus_plus_baseline`` whiten over it, ``gpg`` scales by a count over it; see
-    :data:`~rlvitals.analyzers.advantages.BATCH_NORMALISED`) is checked exactly when the upload is that
+    :data:`~rlvitals.analyzers.reference.advantages.BATCH_NORMALISED`) is checked exactly when the upload is that
     whole batch (``batch_size`` rows: :func:`training_batch_size`). An upload that is a part of it (fewer
     rows), or of unknown size that does not match exactly, is checked for what a part keeps: the sent
     advantages must be ``scale * raw + shift`` on valid tokens with one ``scale > 0`` (and ``shift``)

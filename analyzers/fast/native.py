@@ -38,14 +38,14 @@ Tensor = torch.Tensor
 KL_CODES = {None: 0, "k1": 1, "abs": 2, "k2": 3, "k3": 4}
 
 
-CSRC = Path(__file__).with_name("csrc")
+CSRC = Path(__file__).parents[1] / "csrc"  # analyzers/csrc: the extension sits at the package root
 
 
 def _load(csrc: Path = CSRC):
     if os.environ.get("RLVITALS_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
         return None, "disabled (RLVITALS_NATIVE=0): torch ops"
     try:
-        from . import _fused
+        from .. import _fused
     except ImportError as exc:
         return None, f"not built ({exc}): torch ops; `pip install -e .` with a C compiler builds it"
     if csrc.is_dir():  # a source checkout: refuse a build older than the sources

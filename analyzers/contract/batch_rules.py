@@ -1,7 +1,7 @@
 """The batch contract's rule table, in pure Python (no torch, no numpy, no web stack).
 
 One table read by everything that touches a micro-batch: the client's ``log_batch`` capture
-(``rlvitals.client.capture``), the server's upload check and the audit (``rlvitals.analyzers.batch``),
+(``rlvitals.client.capture``), the server's upload check and the audit (``rlvitals.analyzers.contract.batch``),
 so the tensor names, their dtypes and the wire spelling of non-finite numbers are written once.
 
 Tensors, all ``(batch, response_len)`` unless noted:

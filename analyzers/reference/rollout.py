@@ -34,8 +34,8 @@ import math
 import numpy as np
 import torch
 
-from . import native
-from .rollout_config import parse_is_threshold, parse_rs_thresholds, rs_options
+from ..contract.rollout_config import parse_is_threshold, parse_rs_thresholds, rs_options
+from ..fast import native
 
 Tensor = torch.Tensor
 
@@ -372,7 +372,7 @@ def _offpolicy_metrics_fused(
     the three token means add row sums instead of reducing the whole tensor at once (float32
     summation order, ~1e-7 relative). None (take verl's op sequence) for other dtypes, mixed dtypes,
     a mask that promotes the values, or anything non-finite (even under the mask, which verl drops)."""
-    from . import kernels
+    from ..fast import kernels
 
     dtype = log_prob.dtype
     if (
@@ -542,7 +542,7 @@ class _Native:
     def of(cls, old: Tensor, rollout: Tensor, mask: Tensor, need_rho: bool = True) -> _Native | None:
         """The passes' view of one call (None where they do not apply); ``need_rho``: the IS weights or
         rejection statistics will read ``rho`` (else it may stay None)."""
-        from . import kernels
+        from ..fast import kernels
 
         dtype = old.dtype
         if (
@@ -578,7 +578,7 @@ class _Native:
         return self
 
     def close(self) -> None:
-        from . import kernels
+        from ..fast import kernels
 
         kernels._give(*self.bufs)
         self.bufs = []
@@ -621,7 +621,7 @@ class _Native:
         return self.mask_t
 
     def token_buffer(self) -> Tensor:
-        from . import kernels
+        from ..fast import kernels
 
         buf = kernels._take(self.inputs.shape, self.dtype, self.dm.device)
         self.bufs.append(buf)
@@ -974,7 +974,7 @@ def _native_debug(old: Tensor, rollout: Tensor, mask: Tensor) -> dict[str, float
     (verl's sum is in the dtype), the std and the correlation from float64 moments about the first valid
     token's values, rounded to the dtype (torch.std accumulates in float64 too; torch.corrcoef in the
     dtype). None where it does not apply."""
-    from . import kernels
+    from ..fast import kernels
 
     if (
         native.module() is None

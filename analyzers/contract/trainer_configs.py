@@ -3,7 +3,7 @@
 The integrations in ``rlvitals.client.integrations`` hold a trainer's own config objects at loss time:
 verl's ``ActorConfig`` (a dataclass ``Mapping``, or an OmegaConf ``DictConfig``), TRL's ``GRPOTrainer``,
 OpenRLHF's ``PolicyLoss`` module. The functions here read those objects into what the batch contract
-parses (:func:`rlvitals.analyzers.batch.parse_config`), so each trainer has one mapping and it lives in
+parses (:func:`rlvitals.analyzers.contract.batch.parse_config`), so each trainer has one mapping and it lives in
 ``analyzers/`` next to the parser that reads its output:
 
 - verl: :func:`verl_loss_config` (actor section -> verl-named JSON that ``LossConfig.from_verl`` reads;
@@ -15,8 +15,8 @@ parses (:func:`rlvitals.analyzers.batch.parse_config`), so each trainer has one 
 - OpenRLHF: :func:`openrlhf_loss_config` (a ``PolicyLoss`` + one ``forward`` call's normalisers -> verl
   ``LossConfig`` fields).
 
-Nothing here imports a trainer, torch or the web stack at import time (``rlvitals.analyzers.config`` is
-plain Python); the TRL mapping imports ``rlvitals.analyzers.trl`` (torch) when it runs, inside a trainer
+Nothing here imports a trainer, torch or the web stack at import time (``rlvitals.analyzers.contract.config`` is
+plain Python); the TRL mapping imports ``rlvitals.analyzers.reference.trl`` (torch) when it runs, inside a trainer
 that has torch loaded already. The client modules re-export these names.
 """
 
@@ -186,7 +186,7 @@ def _loss_owner(trainer: Any) -> type | None:
 
 def unaudited_reason(trainer: Any, inputs: Mapping[str, Any]) -> str | None:
     """Why this TRL ``GRPOTrainer``'s loss cannot be reproduced from what rlvitals receives, or None."""
-    from .trl import TrlLossType
+    from ..reference.trl import TrlLossType
 
     owner = _loss_owner(trainer)
     if owner is not None and owner.__name__ != "GRPOTrainer":
@@ -214,12 +214,12 @@ def unaudited_reason(trainer: Any, inputs: Mapping[str, Any]) -> str | None:
 
 
 def trl_config_for(trainer: Any, inputs: Mapping[str, Any], *, entropy_coef: float | None = None):
-    """The :class:`~rlvitals.analyzers.trl.TrlLossConfig` of one ``_compute_loss`` call on ``trainer``.
+    """The :class:`~rlvitals.analyzers.reference.trl.TrlLossConfig` of one ``_compute_loss`` call on ``trainer``.
 
     ``entropy_coef``: the coefficient TRL applies on this call, read *before* the call (the adaptive
     controller updates ``trainer.entropy_coef`` inside it); by default read now.
     """
-    from .trl import GLOBAL_TOKEN_NORM, TRL_LOSS_TYPES, TrlLossConfig, TrlLossType
+    from ..reference.trl import GLOBAL_TOKEN_NORM, TRL_LOSS_TYPES, TrlLossConfig, TrlLossType
 
     reason = unaudited_reason(trainer, inputs)
     if reason is not None:

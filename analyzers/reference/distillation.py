@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from .config import LossConfig
+from ..contract.config import LossConfig
 from .losses import agg_loss, clipped_token_losses, kl_penalty
 
 Tensor = torch.Tensor

@@ -43,10 +43,10 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from ..contract.config import AggMode, KLType, LossConfig
+from ..reference import policy_losses as pl
+from ..reference.losses import agg_loss, capture_agg_inputs, clipped_token_losses, kl_penalty
 from . import native
-from . import policy_losses as pl
-from .config import AggMode, KLType, LossConfig
-from .losses import agg_loss, capture_agg_inputs, clipped_token_losses, kl_penalty
 
 Tensor = torch.Tensor
 _FAST_DTYPES = (torch.float32, torch.float64)
@@ -141,9 +141,9 @@ class PolicyStats:
 class TokenBatch:
     """One micro-batch; computes verl's metrics for any :class:`LossConfig`.
 
-    Build it with :func:`rlvitals.analyzers.batch.token_batch`, which checks the tensors against the
+    Build it with :func:`rlvitals.analyzers.contract.batch.token_batch`, which checks the tensors against the
     batch contract once (``recompute`` and ``audit`` do); this class does not check them again (the
-    compiled loops check what they read themselves: :class:`~rlvitals.analyzers.native.Inputs`).
+    compiled loops check what they read themselves: :class:`~rlvitals.analyzers.fast.native.Inputs`).
     Tensors are ``(batch, response_len)``. ``response_mask`` is bool or numeric (non-zero = valid).
     Float inputs of mixed dtype are promoted to a common dtype, as torch would promote them in verl.
     ``dense``: the compiled passes read every token, masked or not (see the module's doc); a sparse
@@ -1557,7 +1557,7 @@ def _fused_bypass(batch: TokenBatch, config: LossConfig) -> dict[str, float] | N
         return batch.policy_metrics(config)  # reinforce: verl's op sequence
     if batch.empty:
         raise ValueError("response_mask must contain at least one valid token (1).")
-    from .rollout import rollout_correction
+    from ..reference.rollout import rollout_correction
 
     t = batch.tensors
     _, mask, rollout_metrics = rollout_correction(

@@ -544,7 +544,7 @@ def _rollout_correction(log_prob, rollout_log_prob, response_mask, rc):
     except ImportError:
         if rc["rollout_rs"] is not None or (rc["loss_type"] == "reinforce" and rc["rollout_is"] is not None):
             raise ValueError(
-                "bypass_mode with rollout_rs, or reinforce with rollout_is, needs rlvitals.analyzers.rollout"
+                "bypass_mode with rollout_rs, or reinforce with rollout_is, needs rlvitals.analyzers.reference.rollout"
             ) from None
         return None, response_mask, {}
     weights, mask, metrics = rollout_correction(
