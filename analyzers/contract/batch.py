@@ -25,14 +25,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from rlvitals.analyzers.contract import batch_rules as rules
+from . import batch_rules as rules
 
 if TYPE_CHECKING:
     import torch
-    from rlvitals.analyzers.contract.config import LossConfig
-    from rlvitals.analyzers.reference.distillation import DistillationConfig
-    from rlvitals.analyzers.reference.trl import TrlLossConfig
-    from rlvitals.analyzers.verdicts.algorithm import AlgorithmConfig
+
+    from ..reference.distillation import DistillationConfig
+    from ..reference.trl import TrlLossConfig
+    from ..verdicts.algorithm import AlgorithmConfig
+    from .config import LossConfig
 
 
 class BatchError(ValueError):
@@ -144,7 +145,7 @@ def token_batch(tensors: Mapping[str, Any], *, dense: bool = False):
     which aggregates every way)."""
     global _TOKEN_BATCH
     if _TOKEN_BATCH is None:  # kernels imports torch: loaded on first use (see _torch_rules)
-        from rlvitals.analyzers.fast.kernels import TokenBatch
+        from ..fast.kernels import TokenBatch
 
         _TOKEN_BATCH = TokenBatch
     if not isinstance(tensors, CheckedTensors):
@@ -198,9 +199,9 @@ def parse_config(config: Mapping[str, Any] | None) -> tuple[LossConfig | TrlLoss
     (``"trainer": "trl"``) gets :class:`TrlLossConfig`, anything else verl's :class:`LossConfig`
     (``from_verl``: an actor section, a whole trainer config, or a flat ``LossConfig.to_dict()``).
     Raises :class:`ConfigError` with the parser's message."""
-    from rlvitals.analyzers.contract.config import LossConfig
-    from rlvitals.analyzers.reference.trl import TrlLossConfig, is_trl_config
-    from rlvitals.analyzers.verdicts.algorithm import AlgorithmConfig
+    from ..reference.trl import TrlLossConfig, is_trl_config
+    from ..verdicts.algorithm import AlgorithmConfig
+    from .config import LossConfig
 
     config = config or {}
     try:
@@ -217,7 +218,7 @@ def parse_config(config: Mapping[str, Any] | None) -> tuple[LossConfig | TrlLoss
 def parse_distillation(config: Mapping[str, Any] | None) -> DistillationConfig | None:
     """verl's ``distillation`` section of a batch's config (None without one). Raises
     :class:`ConfigError` (``section="distillation"``) with the parser's message."""
-    from rlvitals.analyzers.reference.distillation import DistillationConfig
+    from ..reference.distillation import DistillationConfig
 
     try:
         return DistillationConfig.from_verl(config or {})
@@ -334,15 +335,15 @@ def audit_batch(
     after rejection, weighted by the IS weights, as verl's actor trains (the recomputed weights when
     the trainer did not send the ones it applied).
     """
-    from rlvitals.analyzers.reference.advantages import group_diagnostics
-    from rlvitals.analyzers.reference.trl import TrlLossConfig
-    from rlvitals.analyzers.verdicts.algorithm import (
+    from ..reference.advantages import group_diagnostics
+    from ..reference.trl import TrlLossConfig
+    from ..verdicts.algorithm import (
         AlgorithmConfig,
         audit_rollout,
         check_advantages,
         training_batch_size,
     )
-    from rlvitals.analyzers.verdicts.auditing import audit
+    from ..verdicts.auditing import audit
 
     tensors = batch.tensors
     algorithm = batch.algorithm
@@ -359,7 +360,7 @@ def audit_batch(
     if distillation is not None:  # verl's distillation_ppo_loss returns PPO + distillation: checked below
         loss_reported = {k: v for k, v in batch.reported.items() if k.removeprefix("actor/") != "policy_loss"}
     if isinstance(batch.loss, TrlLossConfig):  # a TRL GRPOTrainer batch: TRL's own loss, not verl's
-        from rlvitals.analyzers.verdicts.trl_audit import trl_audit
+        from ..verdicts.trl_audit import trl_audit
 
         report = trl_audit(batch.loss, loss_tensors, loss_reported)
     else:
@@ -402,7 +403,7 @@ def audit_batch(
         result["summary"] = summary
         result["ok"] = False
         result["explanation"] = " ".join([result["explanation"], *extra]).strip()
-    from rlvitals.analyzers.reference.entropy_dynamics import batch_covariance
+    from ..reference.entropy_dynamics import batch_covariance
 
     dynamics = batch_covariance(tensors)  # Cov(log π, A): the entropy forecast's input (health rules)
     if dynamics is not None:
@@ -417,7 +418,7 @@ def batch_mismatch(tensors: Mapping[str, Any], algorithm: AlgorithmConfig) -> di
     batch with ``rollout_log_probs``: the trainer's side is ``old_log_prob`` (``log_prob`` in verl's
     bypass mode, where ``old_log_prob`` is the rollout's), the bounds verl's ``rollout_is_threshold``.
     ``{"skipped": why}`` when there is no valid token."""
-    from rlvitals.analyzers.verdicts.mismatch import mismatch_report
+    from ..verdicts.mismatch import mismatch_report
 
     config = algorithm.rollout_correction
     trainer = tensors["log_prob"] if config is not None and config.bypass_mode else tensors["old_log_prob"]
@@ -438,7 +439,7 @@ def _distillation_config(
 ) -> DistillationConfig | None:
     """verl's distillation loss settings for this batch (its config, else the run's) when the teacher's
     log-probs came along; else None (no distillation audit)."""
-    from rlvitals.analyzers.reference.distillation import TENSOR, DistillationConfig
+    from ..reference.distillation import TENSOR, DistillationConfig
 
     if TENSOR not in batch.tensors:
         return None
@@ -451,8 +452,8 @@ def _distillation_config(
 def _audit_distillation(distillation, batch: AuditBatch, tensors, report) -> dict[str, Any]:
     """The distillation audit, with the reported total checked against the recomputed PPO total plus the
     distillation term when the loss audit could recompute that total (KL/entropy tensors present)."""
-    from rlvitals.analyzers.contract.config import LossConfig
-    from rlvitals.analyzers.reference.distillation import audit_distillation
+    from ..reference.distillation import audit_distillation
+    from .config import LossConfig
 
     actor = batch.loss if isinstance(batch.loss, LossConfig) else LossConfig.from_verl(batch.config)
     base = report.recomputed.get("policy_loss")
@@ -465,7 +466,7 @@ def _audit_distillation(distillation, batch: AuditBatch, tensors, report) -> dic
 
 def batch_histograms(batch: AuditBatch, *, bins: int | None = None) -> dict[str, Any]:
     """The dashboard's ratio and advantage histograms of ``batch``, clip bounds from its parsed config."""
-    from rlvitals.analyzers.verdicts import histograms
+    from ..verdicts import histograms
 
     kwargs = {} if bins is None else {"bins": bins}
     return histograms.batch_histograms(batch.tensors, config=batch.loss, **kwargs)
