@@ -17,7 +17,7 @@ import statistics
 import time
 
 import torch
-from rlvitals.analyzers.reference.rollout import rollout_correction, rollout_debug_metrics
+from rlvitals.analyzers.fast.rollout import rollout_correction, rollout_debug_metrics
 from rlvitals.analyzers.verdicts.mismatch import mismatch_report
 
 

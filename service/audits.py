@@ -4,7 +4,7 @@
 every replica can read them, and refuses with ``Busy`` (429 + Retry-After) once
 ``audit_queue_size`` jobs are waiting, so memory and disk never grow without bound. Worker threads
 claim jobs exactly once (``SELECT ... FOR UPDATE SKIP LOCKED`` on PostgreSQL; SQLite serialises its
-writers), run the batch contract's ``rlvitals.analyzers.contract.batch.audit_batch`` (the loss audit, the group
+writers), run the batch contract's ``rlvitals.analyzers.verdicts.batch_audit.audit_batch`` (the loss audit, the group
 diagnostics, the advantage check, the rollout correction, the distillation loss: this module only
 queues and stores), store
 the result, feed the run's health monitor (``audit_mismatch``, ``zero_advantage_groups``), publish an
@@ -127,7 +127,8 @@ def audit_histograms(ctx, audit_id: int) -> dict[str, Any]:
             "after each audit unless RLVITALS_AUDIT_HISTOGRAMS=false (RLVITALS_KEEP_BATCHES=true keeps "
             "the tensors themselves)"
         )
-    from rlvitals.analyzers.contract.batch import AuditBatch, batch_histograms
+    from rlvitals.analyzers.contract.batch import AuditBatch
+    from rlvitals.analyzers.verdicts.batch_audit import batch_histograms
     from rlvitals.service.batches import load_tensors
 
     batch = AuditBatch.stored(load_tensors(blob), config=row.get("config") or {}, reported=row["reported"])
@@ -285,7 +286,8 @@ class AuditPool(WorkerThreads):
             )
 
     def process(self, job: dict[str, Any], worker: str) -> None:
-        from rlvitals.analyzers.contract.batch import AuditBatch, audit_batch
+        from rlvitals.analyzers.contract.batch import AuditBatch
+        from rlvitals.analyzers.verdicts.batch_audit import audit_batch
         from rlvitals.service.batches import load_tensors
 
         _log_token_passes()
@@ -337,7 +339,7 @@ class AuditPool(WorkerThreads):
     def _add_histograms(self, job: dict[str, Any], batch, result: dict) -> None:
         """The dashboard's ratio/advantage histograms, after the result is already visible (so they
         never delay it); then the tensors are dropped unless ``keep_batches``."""
-        from rlvitals.analyzers.contract.batch import batch_histograms
+        from rlvitals.analyzers.verdicts.batch_audit import batch_histograms
 
         histograms = None
         try:

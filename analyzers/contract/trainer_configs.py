@@ -186,7 +186,7 @@ def _loss_owner(trainer: Any) -> type | None:
 
 def unaudited_reason(trainer: Any, inputs: Mapping[str, Any]) -> str | None:
     """Why this TRL ``GRPOTrainer``'s loss cannot be reproduced from what rlvitals receives, or None."""
-    from ..reference.trl import TrlLossType
+    from .trl_config import TrlLossType
 
     owner = _loss_owner(trainer)
     if owner is not None and owner.__name__ != "GRPOTrainer":
@@ -219,7 +219,7 @@ def trl_config_for(trainer: Any, inputs: Mapping[str, Any], *, entropy_coef: flo
     ``entropy_coef``: the coefficient TRL applies on this call, read *before* the call (the adaptive
     controller updates ``trainer.entropy_coef`` inside it); by default read now.
     """
-    from ..reference.trl import GLOBAL_TOKEN_NORM, TRL_LOSS_TYPES, TrlLossConfig, TrlLossType
+    from .trl_config import GLOBAL_TOKEN_NORM, TRL_LOSS_TYPES, TrlLossConfig, TrlLossType
 
     reason = unaudited_reason(trainer, inputs)
     if reason is not None:

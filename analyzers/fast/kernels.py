@@ -1557,7 +1557,7 @@ def _fused_bypass(batch: TokenBatch, config: LossConfig) -> dict[str, float] | N
         return batch.policy_metrics(config)  # reinforce: verl's op sequence
     if batch.empty:
         raise ValueError("response_mask must contain at least one valid token (1).")
-    from ..reference.rollout import rollout_correction
+    from .rollout import rollout_correction
 
     t = batch.tensors
     _, mask, rollout_metrics = rollout_correction(

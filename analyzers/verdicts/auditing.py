@@ -23,8 +23,9 @@ from typing import Any
 import torch
 
 from ..contract.audit_names import canonical_name
-from ..contract.batch import CheckedTensors, token_batch
+from ..contract.batch import CheckedTensors
 from ..contract.config import AggMode, KLType, LossConfig
+from ..fast.dispatch import token_batch
 from ..fast.kernels import TokenBatch
 from .alternatives import (
     NO_DUAL_CLIP,

@@ -27,7 +27,7 @@ def _clip_bounds(config: Any) -> dict[str, float] | None:
     mapping of their fields); None when a mapping's clip fields are not valid (the audit itself
     reports that), so the histograms still show."""
     from ..contract.config import LossConfig
-    from ..reference.trl import TrlLossConfig
+    from ..contract.trl_config import TrlLossConfig
 
     if isinstance(config, TrlLossConfig):  # TRL: no dual clip (a big bound); delta caps the ratio instead
         low, high, delta = config.epsilon_low, config.epsilon_high, config.delta

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from ..contract.rollout_config import parse_is_threshold
-from ..reference.rollout import rollout_correction, rollout_debug_metrics
+from ..fast.rollout import rollout_correction, rollout_debug_metrics
 
 Tensor = torch.Tensor
 

@@ -13,8 +13,8 @@ import math
 
 import torch
 from hypothesis import strategies as st
-from rlvitals.analyzers.contract.batch import token_batch
 from rlvitals.analyzers.contract.config import AggMode, LossConfig
+from rlvitals.analyzers.fast.dispatch import token_batch
 from rlvitals.analyzers.reference.losses import agg_loss
 from rlvitals.analyzers.reference.policy_losses import POLICY_LOSSES
 

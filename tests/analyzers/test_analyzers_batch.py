@@ -20,12 +20,12 @@ from rlvitals.analyzers.contract.batch import (
     BatchError,
     ConfigError,
     TooManyTokens,
-    audit_batch,
     check_tensors,
     parse_config,
 )
 from rlvitals.analyzers.reference.trl import TrlLossConfig
 from rlvitals.analyzers.verdicts.algorithm import AlgorithmConfig
+from rlvitals.analyzers.verdicts.batch_audit import audit_batch
 from rlvitals.analyzers.verdicts.histograms import batch_histograms
 
 ROOT = Path(__file__).resolve().parents[2]

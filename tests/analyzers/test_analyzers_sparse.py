@@ -10,9 +10,9 @@ import math
 import pytest
 import torch
 from rlvitals.analyzers import LossConfig, recompute
-from rlvitals.analyzers.contract.batch import token_batch
 from rlvitals.analyzers.contract.config import AggMode
 from rlvitals.analyzers.fast import native
+from rlvitals.analyzers.fast.dispatch import token_batch
 from rlvitals.analyzers.fast.kernels import TokenBatch
 from rlvitals.analyzers.verdicts.auditing import _batch as audit_batch_of
 

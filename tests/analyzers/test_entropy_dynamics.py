@@ -10,7 +10,7 @@ import random
 
 import torch
 from rlvitals.analyzers import HealthMonitor, LossConfig, recompute
-from rlvitals.analyzers.contract.batch import AuditBatch, audit_batch
+from rlvitals.analyzers.contract.batch import AuditBatch
 from rlvitals.analyzers.reference.entropy_dynamics import (
     COV_SERIES,
     ETA_SERIES,
@@ -20,6 +20,7 @@ from rlvitals.analyzers.reference.entropy_dynamics import (
     batch_covariance,
     reward_ceiling_fit,
 )
+from rlvitals.analyzers.verdicts.batch_audit import audit_batch
 
 
 def _tensors(batch=6, length=10, seed=0):
