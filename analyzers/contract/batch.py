@@ -132,7 +132,7 @@ def check_token_tensors(tensors: Mapping[str, Any]) -> tuple[int, int]:
 
 class CheckedTensors(dict):
     """Tensors that passed the contract's check (:attr:`AuditBatch.tensors`, or derived from them by
-    :func:`audit_batch`): the audit builds its :class:`~rlvitals.analyzers.fast.kernels.TokenBatch` from
+    :func:`audit_batch`): the audit builds its :class:`~rlvitals.analyzers.fast.token_batch.TokenBatch` from
     them without checking them again (:func:`token_batch`). Any other mapping is checked."""
 
 

@@ -1,4 +1,4 @@
-"""The fast path's entry points: :func:`token_batch` (a :class:`~rlvitals.analyzers.fast.kernels.TokenBatch`
+"""The fast path's entry points: :func:`token_batch` (a :class:`~rlvitals.analyzers.fast.token_batch.TokenBatch`
 from checked tensors) and :func:`recompute` (every loss metric verl would report, through it)."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ import torch
 from ..contract import batch as contract
 from ..contract.batch import CheckedTensors
 from ..contract.config import LossConfig
-from .kernels import TokenBatch
+from .token_batch import TokenBatch
 
 Tensor = torch.Tensor
 
 
 def token_batch(tensors: Mapping[str, Any], *, dense: bool = False):
-    """The :class:`~rlvitals.analyzers.fast.kernels.TokenBatch` of ``tensors`` (its keyword names; None:
+    """The :class:`~rlvitals.analyzers.fast.token_batch.TokenBatch` of ``tensors`` (its keyword names; None:
     absent), the per-tensor rules checked once: by :func:`~rlvitals.analyzers.contract.batch.check_token_tensors` here, unless ``tensors``
     is a :class:`CheckedTensors` (checked at validation). ``dense``: TokenBatch's (an audit's batch,
     which aggregates every way)."""

@@ -25,7 +25,7 @@ from ..reference.rollout import (
     _rs_seq_metrics,
     offpolicy_metrics_reference,
 )
-from . import kernels, native
+from . import native, workspace
 
 Tensor = torch.Tensor
 
@@ -46,7 +46,7 @@ def _row_counts(mask: Tensor) -> Tensor:
 def _offpolicy_metrics_fused(
     log_prob: Tensor, rollout_log_prob: Tensor, mask: Tensor
 ) -> dict[str, float] | None:
-    """The same metrics from one pass over blocks of whole rows (``kernels.BLOCK_ELEMS`` tokens, so the
+    """The same metrics from one pass over blocks of whole rows (``workspace.BLOCK_ELEMS`` tokens, so the
     block and its scratch stay in L2): five masked row sums per row, then verl's arithmetic on the
     ``(batch,)`` rows. The per-row values are verl's (the same elementwise ops, the same rows summed);
     the three token means add row sums instead of reducing the whole tensor at once (float32
@@ -62,11 +62,11 @@ def _offpolicy_metrics_fused(
     ):
         return None
     b, width = log_prob.shape
-    step = max(1, min(b, kernels.BLOCK_ELEMS // max(width, 1)))
+    step = max(1, min(b, workspace.BLOCK_ELEMS // max(width, 1)))
     source = mask.view(torch.uint8) if mask.dtype == torch.bool else mask
     rows = torch.empty((5, b), dtype=dtype)
     names = ("m", "d", "e", "w")
-    bufs = {k: kernels._take((step, width), dtype, log_prob.device) for k in names}
+    bufs = {k: workspace._take((step, width), dtype, log_prob.device) for k in names}
     try:
         for s in range(0, b, step):
             e = min(s + step, b)
@@ -82,7 +82,7 @@ def _offpolicy_metrics_fused(
             torch.exp(torch.clamp(d, -SAFETY_BOUND, SAFETY_BOUND, out=w), out=ex)  # rho
             torch.sum(ex.square_().mul_(m), dim=-1, out=rows[4, s:e])
     finally:
-        kernels._give(*bufs.values())
+        workspace._give(*bufs.values())
     if not bool(torch.isfinite(rows).all()):
         return None
     counts = _row_counts(mask)
@@ -212,11 +212,11 @@ class _Native:
         )
         if inputs is None:
             return None
-        bufs = [kernels._take(inputs.shape, dtype, old.device)]
+        bufs = [workspace._take(inputs.shape, dtype, old.device)]
         try:
             self = cls(inputs, mask, bufs, need_rho)
         except BaseException:
-            kernels._give(*bufs)
+            workspace._give(*bufs)
             raise
         if not self.finite:
             self.close()
@@ -227,7 +227,7 @@ class _Native:
         return self
 
     def close(self) -> None:
-        kernels._give(*self.bufs)
+        workspace._give(*self.bufs)
         self.bufs = []
 
     # verl's masked_mean of a full-tensor sum: the sum in the values' dtype over mask.sum() + 1e-8
@@ -268,7 +268,7 @@ class _Native:
         return self.mask_t
 
     def token_buffer(self) -> Tensor:
-        buf = kernels._take(self.inputs.shape, self.dtype, self.dm.device)
+        buf = workspace._take(self.inputs.shape, self.dtype, self.dm.device)
         self.bufs.append(buf)
         return buf
 
@@ -607,13 +607,13 @@ def _native_debug(old: Tensor, rollout: Tensor, mask: Tensor) -> dict[str, float
     if native.inline_exp():  # the pass takes exp of the valid spans itself
         sa, sr, sd, top, n, sx, sy, se, qe, cxy, qx, qy = inputs.rc_dbg()
     else:
-        a, r = (kernels._take(inputs.shape, old.dtype, old.device) for _ in range(2))
+        a, r = (workspace._take(inputs.shape, old.dtype, old.device) for _ in range(2))
         try:
             torch.exp(inputs.tensors["old_log_prob"], out=a)
             torch.exp(inputs.tensors["rollout_log_prob"], out=r)
             sa, sr, sd, top, n, sx, sy, se, qe, cxy, qx, qy = inputs.rc_dbg(a, r)
         finally:
-            kernels._give(a, r)
+            workspace._give(a, r)
     n = int(n)
     if not all(math.isfinite(v) for v in (sa, sr, sd, qe, cxy, qx, qy)) or n == 0:
         return None  # NaN / inf somewhere (masked_select drops the masked ones) or no valid token

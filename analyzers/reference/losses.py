@@ -4,7 +4,7 @@ The differentiable building blocks reproduce ``verl.trainer.ppo.core_algos`` (``
 ``compute_policy_loss_vanilla``, ``kl_penalty``) and ``verl.workers.utils.losses.ppo_loss`` with the
 same operations in the same order and dtype, so a trainer can use them as its loss and get verl's
 numbers. ``recompute`` answers the same question for an audit without autograd: it goes through
-:class:`rlvitals.analyzers.fast.kernels.TokenBatch` (fused, in-place, one pass over the tokens) and falls back
+:class:`rlvitals.analyzers.fast.token_batch.TokenBatch` (fused, in-place, one pass over the tokens) and falls back
 to these reference ops only where the fast path could differ from verl (half precision, non-finite
 values anywhere in the batch).
 

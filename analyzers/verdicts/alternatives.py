@@ -7,7 +7,7 @@ For one mismatched metric, candidates are generated in order of simplicity: sing
 ignored, one clip side only, no ±20 clamp, policy and reference swapped), then every other registered
 ``loss_mode`` (each one a full recomputation, so only when nothing cheaper explains it), then pairs of
 changes. Each
-candidate is recomputed exactly (the :class:`~.kernels.TokenBatch` caches make that scalar arithmetic
+candidate is recomputed exactly (the :class:`~.token_batch.TokenBatch` caches make that scalar arithmetic
 on the fast path) and kept when it reproduces the reported value within the audit tolerance.
 """
 
@@ -23,7 +23,8 @@ from typing import Any
 import torch
 
 from ..contract.config import NO_DUAL_CLIP, AggMode, KLType, LossConfig
-from ..fast.kernels import TokenBatch, ieee_div
+from ..fast.token_batch import TokenBatch
+from ..fast.workspace import ieee_div
 
 AGG_METRICS = ("pg_loss", "entropy_loss", "kl_loss", "policy_loss")
 _DP_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)

@@ -26,7 +26,7 @@ from ..contract.audit_names import canonical_name
 from ..contract.batch import CheckedTensors
 from ..contract.config import AggMode, KLType, LossConfig
 from ..fast.dispatch import token_batch
-from ..fast.kernels import TokenBatch
+from ..fast.token_batch import TokenBatch
 from .alternatives import (
     NO_DUAL_CLIP,
     Alternative,
@@ -138,7 +138,7 @@ def _batch(tensors: Mapping[str, torch.Tensor]) -> TokenBatch:
         )
     # the contract's per-tensor check runs here for a direct caller, and not again for an AuditBatch's
     # tensors (checked when the batch was validated). Dense: the audit aggregates every way, the
-    # seq-mean modes included, and those count what lies under the mask (kernels.TokenBatch)
+    # seq-mean modes included, and those count what lies under the mask (token_batch.TokenBatch)
     kind = CheckedTensors if isinstance(tensors, CheckedTensors) else dict
     picked = kind((k, tensors[k]) for k in _BATCH_KEYS if k in tensors and tensors[k] is not None)
     return token_batch(picked, dense=True)

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rlvitals.analyzers import LossConfig, recompute
 from rlvitals.analyzers.fast import native
-from rlvitals.analyzers.fast.kernels import TokenBatch
+from rlvitals.analyzers.fast.token_batch import TokenBatch
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -63,7 +63,7 @@ def test_a_build_older_than_its_sources_is_not_used(tmp_path):
 def test_rlvitals_native_0_runs_the_torch_ops():
     code = (
         "from rlvitals.analyzers import recompute, LossConfig; from rlvitals.analyzers.fast import native; import torch;"
-        "from rlvitals.analyzers.fast.kernels import TokenBatch;"
+        "from rlvitals.analyzers.fast.token_batch import TokenBatch;"
         "t = dict(log_prob=torch.zeros(2, 8), old_log_prob=torch.zeros(2, 8), advantages=torch.ones(2, 8),"
         " response_mask=torch.ones(2, 8, dtype=torch.bool));"
         "assert TokenBatch(**t).native is None;"

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rlvitals.analyzers import LossConfig, recompute
 from rlvitals.analyzers.fast import native
-from rlvitals.analyzers.fast.kernels import TokenBatch
+from rlvitals.analyzers.fast.token_batch import TokenBatch
 
 MODES = ["dppo_tv", "dppo_kl", "clip_cov", "kl_cov"]
 

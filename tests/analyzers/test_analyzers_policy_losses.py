@@ -323,12 +323,12 @@ def _wide_batch(
 def test_the_fused_passes_agree_with_verls_op_sequence_across_row_blocks(
     rows, width, prefix, strided, dtype, monkeypatch
 ) -> None:
-    # the fused passes walk the batch in blocks of whole rows (kernels.BLOCK_ELEMS tokens); with 4096
+    # the fused passes walk the batch in blocks of whole rows (workspace.BLOCK_ELEMS tokens); with 4096
     # these shapes give several blocks, a ragged last one, and one row per block (wider than a block);
     # the reference is verl's op sequence (ppo_loss through each loss's registered function)
-    from rlvitals.analyzers.fast import kernels
+    from rlvitals.analyzers.fast import workspace
 
-    monkeypatch.setattr(kernels, "BLOCK_ELEMS", 4096)
+    monkeypatch.setattr(workspace, "BLOCK_ELEMS", 4096)
     tensors = _wide_batch(rows, width, dtype, prefix=prefix, strided=strided)
     tol = {"rel": 1e-5, "abs": 1e-6} if dtype == torch.float32 else {"rel": 1e-7, "abs": 1e-12}
     for i, mode in enumerate(LossMode):
