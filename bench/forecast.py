@@ -113,8 +113,8 @@ def _decode(payload: bytes):
 def replay(recorded: dict[str, Any]) -> dict[str, Any]:
     """Feed one recorded run through the monitor as the server would; the forecast's numbers."""
     from rlvitals.analyzers.contract.batch import AuditBatch
+    from rlvitals.analyzers.contract.series import COV_SERIES, FORECAST_SERIES
     from rlvitals.analyzers.health import HealthMonitor
-    from rlvitals.analyzers.reference.entropy_dynamics import COV_SERIES, FORECAST_SERIES
     from rlvitals.analyzers.verdicts.batch_audit import audit_batch
     from rlvitals.client.values import decode_value
 

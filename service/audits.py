@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Any
 
-from rlvitals.analyzers.reference.entropy_dynamics import audit_points
+from rlvitals.analyzers.verdicts.entropy_dynamics import audit_points
 from rlvitals.service.alerts import apply_findings
 from rlvitals.service.batches import Batch
 from rlvitals.service.encoding import jsonable

@@ -17,10 +17,10 @@ from ..contract.distillation_config import TENSOR, DistillationConfig
 from ..contract.trl_config import TrlLossConfig
 from ..reference.advantages import group_diagnostics
 from ..reference.distillation import audit_distillation
-from ..reference.entropy_dynamics import batch_covariance
 from . import histograms
 from .algorithm import audit_rollout, check_advantages
 from .auditing import audit
+from .entropy_dynamics import batch_covariance
 from .mismatch import mismatch_report
 from .trl_audit import trl_audit
 
