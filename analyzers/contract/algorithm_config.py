@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .rollout_config import RolloutCorrectionConfig
+from .trainers.verl import training_batch_size  # noqa: F401  (re-exported: verl's reader)
 
 
 @dataclass(frozen=True)
@@ -62,19 +63,3 @@ class AlgorithmConfig:
         if self.rollout_correction is not None:
             out["rollout_correction"] = self.rollout_correction.to_dict()
         return out
-
-
-def training_batch_size(*configs: Mapping[str, Any] | None) -> int | None:
-    """The number of responses verl computes advantages over in one step (the driver's whole batch):
-    ``data.train_batch_size`` x ``actor_rollout_ref.rollout.n`` of the first config holding both, else
-    None."""
-    for config in configs:
-        if not hasattr(config, "get"):
-            continue
-        data, rollout = config.get("data"), (config.get("actor_rollout_ref") or {})
-        rollout = rollout.get("rollout") if hasattr(rollout, "get") else None
-        prompts = data.get("train_batch_size") if hasattr(data, "get") else None
-        n = rollout.get("n", 1) if hasattr(rollout, "get") else None
-        if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (prompts, n)):
-            return prompts * n
-    return None

@@ -15,7 +15,7 @@ validated at upload is not validated again, only its config parsed) and the clie
 (``parse_config``: misuse raises in the trainer). The trainer -> config mappings live beside it: the
 parsers ``LossConfig.from_verl`` (verl, and OpenRLHF's verl-named fields), ``TrlLossConfig.from_dict``
 (TRL), ``AlgorithmConfig.from_verl``, which :func:`parse_config` picks from; and the readers of a live
-trainer object that produce what they parse, one per trainer, in :mod:`rlvitals.analyzers.contract.trainer_configs`
+trainer object that produce what they parse, one per trainer, in :mod:`rlvitals.analyzers.contract.trainers`
 (``verl_loss_config``, ``trl_config_for``, ``openrlhf_loss_config``; the client integrations re-export them).
 """
 

@@ -39,7 +39,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from rlvitals.analyzers.contract.trainer_configs import (
+from rlvitals.analyzers.contract.trainers import (
     applied_entropy_coef,
     trainer_arg,
     trl_config_for,
@@ -179,7 +179,7 @@ def __getattr__(name: str) -> Any:
 
 
 # ------------------------------------------------------------------------------------------ the loss
-# The GRPOTrainer -> TrlLossConfig mapping lives beside the batch contract (analyzers/contract/trainer_configs.py);
+# The GRPOTrainer -> TrlLossConfig mapping lives beside the batch contract (analyzers/contract/trainers/);
 # unaudited_reason, trl_config_for and applied_entropy_coef are re-exported here.
 
 
