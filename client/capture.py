@@ -214,33 +214,23 @@ def capture(
     """Validate and copy one micro-batch; never blocks on the GPU. Raises TypeError/ValueError on misuse."""
     reported_values, deferred = check_metrics({} if reported is None else reported)
     config_json = _config_json(config)
-    shape = None
     host: dict[str, Any] = {}
     pending_cuda: dict[Any, None] = {}
-    for name in (*REQUIRED, *OPTIONAL):
+    try:  # the batch contract's rules (metadata only), before anything is copied
+        batch_size, _ = rules.token_shape(
+            tensors, accepted=lambda v: _is_tensor(v) or _is_array(v), kinds="torch.Tensor or numpy.ndarray"
+        )
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"log_batch: {exc}") from None
+    for name in rules.TOKEN_TENSORS:
         value = tensors.get(name)
-        if value is None:
-            if name in REQUIRED:
-                raise TypeError(f"log_batch: {name} is required")
-            continue
-        if not (_is_tensor(value) or _is_array(value)):
-            raise TypeError(
-                f"log_batch: {name} must be a torch.Tensor or numpy.ndarray, got {type(value).__name__}"
-            )
-        if value.ndim != 2:
-            raise ValueError(
-                f"log_batch: {name} must be 2-D (batch, response_len), got shape {tuple(value.shape)}"
-            )
-        if shape is None:
-            shape = tuple(value.shape)
-        elif tuple(value.shape) != shape:
-            raise ValueError(f"log_batch: {name} has shape {tuple(value.shape)}, log_prob has {shape}")
-        host[name] = _copy_to_host(value, pending_cuda)
+        if value is not None:
+            host[name] = _copy_to_host(value, pending_cuda)
     if tensors.get(rules.GROUP_INDEX) is not None:
         partner = rules.missing_partner([*host, rules.GROUP_INDEX])
         if partner:
             raise TypeError(f"log_batch: {partner}")
-        host["group_index"] = _group_ids(tensors["group_index"], shape[0], pending_cuda)
+        host["group_index"] = _group_ids(tensors["group_index"], batch_size, pending_cuda)
     events = []
     if pending_cuda:
         import torch

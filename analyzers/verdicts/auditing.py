@@ -24,6 +24,7 @@ import torch
 
 from ..contract.audit_names import canonical_name
 from ..contract.batch import CheckedTensors
+from ..contract.batch_rules import NAN, POS_INF
 from ..contract.config import AggMode, KLType, LossConfig
 from ..fast.dispatch import token_batch
 from ..fast.token_batch import TokenBatch
@@ -188,7 +189,7 @@ def audit(
                 given[key] = float(value)
             except (TypeError, ValueError):
                 raise ValueError(
-                    f"reported[{name!r}] must be a number (or 'NaN'/'Infinity'); got {value!r}"
+                    f"reported[{name!r}] must be a number (or {NAN!r}/{POS_INF!r}); got {value!r}"
                 ) from None
     notes: list[str] = []
     effective = config
