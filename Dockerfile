@@ -27,7 +27,7 @@ COPY service ./service
 # setup.py maps rlvitals.examples to examples/ (`rlvitals demo` runs the tiny trainer from the wheel).
 COPY examples ./examples
 RUN pip install ".[server]" && rlvitals --help >/dev/null \
-    && python -c "from rlvitals.analyzers import native; assert native.module(), native.STATUS"
+    && python -c "from rlvitals.analyzers.fast import native; assert native.module(), native.STATUS"
 
 FROM python:3.11-slim
 RUN useradd --system --uid 10001 --home-dir /var/lib/rlvitals --create-home rlvitals

@@ -6,8 +6,8 @@ test:  ## the whole test suite, from a fresh machine (about 40 minutes; CI runs 
 	@bash scripts/test.sh
 test-fast:  ## the edit-test loop: lint, docs and every test but the side environments, Chromium and Docker
 	@RLVITALS_TEST_MARKERS="$(FAST_MARKERS)" bash scripts/test.sh $(ARGS)
-lint:  ## ruff, and the documentation site built strictly (a broken link or a missing page fails)
-	@.venv/bin/ruff check . && .venv/bin/ruff format --check . && $(MAKE) --no-print-directory docs-build
+lint:  ## ruff, the layers of analyzers/ (lint-imports), and the documentation site built strictly
+	@.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/lint-imports --no-cache && $(MAKE) --no-print-directory docs-build
 docs-build:
 	@NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --site-dir build/site
 docs:  ## serve the documentation site at http://127.0.0.1:8001

@@ -23,12 +23,12 @@ for package, folder in ROOTS.items():
     packages.append(package)
     packages += [f"{package}.{sub}" for sub in find_packages(folder)]
 
-# The fused token passes of rlvitals.analyzers.kernels (analyzers/csrc/_fused.c): optional, so an install
-# without a C compiler still works (analyzers/native.py then reports it absent and the kernels run
+# The fused token passes of rlvitals.analyzers.fast.kernels (analyzers/csrc/_fused.c): optional, so an install
+# without a C compiler still works (analyzers/fast/native.py then reports it absent and the kernels run
 # torch ops). Built without fused multiply-add, so every per-token float is the one verl computes; the
 # source's hash is compiled in, so a stale build is detected and not used.
 CSRC = Path("analyzers/csrc")
-# the hash analyzers/native.py recomputes from the sources beside it: every .c/.h file, in name order
+# the hash analyzers/fast/native.py recomputes from these sources: every .c/.h file, in name order
 SOURCE_SHA = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(CSRC.glob("*.[ch]")))).hexdigest()
 fused = Extension(
     "rlvitals.analyzers._fused",

@@ -10,52 +10,52 @@ import importlib
 from typing import Any
 
 _EXPORTS: dict[str, str] = {
-    # config.py
-    "LossConfig": "config",
-    # losses.py
-    "recompute": "losses",
-    "compute_policy_loss_vanilla": "losses",
-    "agg_loss": "losses",
-    "kl_penalty": "losses",
-    "ppo_loss": "losses",
-    "register_agg_mode": "losses",
-    "register_kl_estimator": "losses",
-    # policy_losses.py
-    "register_policy_loss": "policy_losses",
-    "get_policy_loss": "policy_losses",
-    "POLICY_LOSSES": "policy_losses",
-    "LossMode": "policy_losses",
-    # advantages.py
-    "grpo_advantages": "advantages",
-    "group_diagnostics": "advantages",
-    "GroupDiagnostics": "advantages",
-    "compute_advantages": "advantages",
-    "register_adv_estimator": "advantages",
-    "register_batch_normalisation": "advantages",
-    "BATCH_NORMALISED": "advantages",
-    "AdvEstimator": "advantages",
-    "ADV_ESTIMATORS": "advantages",
-    # rollout.py
-    "rollout_correction": "rollout",
-    "rollout_corr_metrics": "rollout",
-    "rollout_debug_metrics": "rollout",
-    "RolloutCorrectionConfig": "rollout_config",
-    # distillation.py
-    "distillation_loss": "distillation",
-    "DistillationConfig": "distillation",
-    # auditing.py (not audit.py: a submodule named like an export would shadow it once imported)
-    "audit": "auditing",
-    "counterfactuals": "auditing",
-    "AuditReport": "auditing",
-    # batch.py: the batch contract (one validation, one config parse, one audit_batch)
-    "AuditBatch": "batch",
-    "BatchAudit": "batch",
-    "BatchError": "batch",
-    "audit_batch": "batch",
-    # trl.py, trl_audit.py (TRL 1.16 GRPOTrainer's own loss)
-    "TrlLossConfig": "trl",
-    "trl_loss": "trl",
-    "trl_audit": "trl_audit",
+    # contract/config.py
+    "LossConfig": "contract.config",
+    # reference/losses.py
+    "recompute": "fast.dispatch",
+    "compute_policy_loss_vanilla": "reference.losses",
+    "agg_loss": "reference.losses",
+    "kl_penalty": "reference.losses",
+    "ppo_loss": "reference.policy_losses",
+    "register_agg_mode": "reference.losses",
+    "register_kl_estimator": "reference.losses",
+    # reference/policy_losses.py
+    "register_policy_loss": "reference.policy_losses",
+    "get_policy_loss": "reference.policy_losses",
+    "POLICY_LOSSES": "reference.policy_losses",
+    "LossMode": "reference.policy_losses",
+    # reference/advantages.py
+    "grpo_advantages": "reference.advantages",
+    "group_diagnostics": "reference.advantages",
+    "GroupDiagnostics": "reference.advantages",
+    "compute_advantages": "reference.advantages",
+    "register_adv_estimator": "reference.advantages",
+    "register_batch_normalisation": "reference.advantages",
+    "BATCH_NORMALISED": "reference.advantages",
+    "AdvEstimator": "reference.advantages",
+    "ADV_ESTIMATORS": "reference.advantages",
+    # reference/rollout.py
+    "rollout_correction": "fast.rollout",
+    "rollout_corr_metrics": "fast.rollout",
+    "rollout_debug_metrics": "fast.rollout",
+    "RolloutCorrectionConfig": "contract.rollout_config",
+    # reference/distillation.py
+    "distillation_loss": "reference.distillation",
+    "DistillationConfig": "contract.distillation_config",
+    # verdicts/auditing.py (not audit.py: a submodule named like an export would shadow it once imported)
+    "audit": "verdicts.auditing",
+    "counterfactuals": "verdicts.auditing",
+    "AuditReport": "verdicts.auditing",
+    # contract/batch.py: the batch contract (one validation, one config parse, one audit_batch)
+    "AuditBatch": "contract.batch",
+    "BatchAudit": "verdicts.batch_audit",
+    "BatchError": "contract.batch",
+    "audit_batch": "verdicts.batch_audit",
+    # reference/trl.py, trl_audit.py (TRL 1.16 GRPOTrainer's own loss)
+    "TrlLossConfig": "contract.trl_config",
+    "trl_loss": "reference.trl",
+    "trl_audit": "verdicts.trl_audit",
     # health/
     "HealthMonitor": "health",
     "Finding": "health",

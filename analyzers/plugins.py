@@ -59,7 +59,7 @@ class LoadedPlugin:
 
 
 def _policy_losses() -> tuple[dict, Callable[[str, Any], None]]:
-    from .policy_losses import POLICY_LOSSES, PolicyLoss, register_policy_loss
+    from .reference.policy_losses import POLICY_LOSSES, PolicyLoss, register_policy_loss
 
     def register(name: str, obj: Any) -> None:
         if isinstance(obj, PolicyLoss):
@@ -108,9 +108,9 @@ def importlib_module(name: str) -> types.ModuleType:
 # group -> () -> (the registry as {name: registered object}, register(name, obj))
 GROUPS: dict[str, Callable[[], tuple[dict, Callable[[str, Any], None]]]] = {
     "rlvitals.policy_losses": _policy_losses,
-    "rlvitals.agg_modes": _plain("losses", "AGG_MODES", "register_agg_mode"),
-    "rlvitals.kl_estimators": _plain("losses", "KL_ESTIMATORS", "register_kl_estimator"),
-    "rlvitals.adv_estimators": _plain("advantages", "ADV_ESTIMATORS", "register_adv_estimator"),
+    "rlvitals.agg_modes": _plain("reference.losses", "AGG_MODES", "register_agg_mode"),
+    "rlvitals.kl_estimators": _plain("reference.losses", "KL_ESTIMATORS", "register_kl_estimator"),
+    "rlvitals.adv_estimators": _plain("reference.advantages", "ADV_ESTIMATORS", "register_adv_estimator"),
     "rlvitals.health_rules": _health_rules,
 }
 
@@ -154,6 +154,6 @@ def load_plugins(groups: tuple[str, ...] | None = None) -> list[LoadedPlugin]:
 
 
 def _unwrap(obj: Any) -> Any:
-    from .policy_losses import PolicyLoss
+    from .reference.policy_losses import PolicyLoss
 
     return obj.fn if isinstance(obj, PolicyLoss) else obj

@@ -112,9 +112,10 @@ def _decode(payload: bytes):
 
 def replay(recorded: dict[str, Any]) -> dict[str, Any]:
     """Feed one recorded run through the monitor as the server would; the forecast's numbers."""
-    from rlvitals.analyzers.batch import AuditBatch, audit_batch
-    from rlvitals.analyzers.entropy_dynamics import COV_SERIES, FORECAST_SERIES
+    from rlvitals.analyzers.contract.batch import AuditBatch
+    from rlvitals.analyzers.contract.series import COV_SERIES, FORECAST_SERIES
     from rlvitals.analyzers.health import HealthMonitor
+    from rlvitals.analyzers.verdicts.batch_audit import audit_batch
     from rlvitals.client.values import decode_value
 
     batches: dict[int, list[Any]] = {}

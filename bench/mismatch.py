@@ -1,4 +1,4 @@
-"""Cost of the mismatch report (``rlvitals.analyzers.mismatch.mismatch_report``) per batch, CPU, one
+"""Cost of the mismatch report (``rlvitals.analyzers.verdicts.mismatch.mismatch_report``) per batch, CPU, one
 thread, float32, next to what the audit already pays for the rollout correction alone.
 
 Rows: ``rollout_correction`` (verl's token TIS 2.0 and off-policy metrics: what an audit with
@@ -17,8 +17,8 @@ import statistics
 import time
 
 import torch
-from rlvitals.analyzers.mismatch import mismatch_report
-from rlvitals.analyzers.rollout import rollout_correction, rollout_debug_metrics
+from rlvitals.analyzers.fast.rollout import rollout_correction, rollout_debug_metrics
+from rlvitals.analyzers.verdicts.mismatch import mismatch_report
 
 
 def _batch(b: int, n: int) -> dict[str, torch.Tensor]:

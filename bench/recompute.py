@@ -233,7 +233,7 @@ def main() -> None:
     torch.set_num_threads(1)
 
     from rlvitals.analyzers import audit, recompute
-    from rlvitals.analyzers.policy_losses import LossMode
+    from rlvitals.analyzers.reference.policy_losses import LossMode
 
     modes = [m.value for m in LossMode] if args.modes == "all" else args.modes.split(",")
     verl = load_verl()
@@ -242,7 +242,7 @@ def main() -> None:
         f"torch {torch.__version__}, 1 thread, float32, token-mean + entropy + low_var_kl, median of {n} runs"
     )
     print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
-    from rlvitals.analyzers import native
+    from rlvitals.analyzers.fast import native
 
     print(f"rlvitals token passes: {native.STATUS}")
     if verl is None:
@@ -282,7 +282,7 @@ def main() -> None:
                 if mode == "bypass_mode" and set(ours_metrics) < set(theirs_metrics):
                     notes.append(
                         f"({batch}, {length}) bypass_mode: rollout_corr/* metrics not timed "
-                        "(rlvitals.analyzers.rollout is another module)"
+                        "(rlvitals.analyzers.reference.rollout is another module)"
                     )
                     theirs_metrics = {k: theirs_metrics[k] for k in ours_metrics}
                 assert set(ours_metrics) == set(theirs_metrics), (

@@ -18,7 +18,7 @@ safetensors bytes the HTTP API takes (never pickle). Tensors, all ``(batch, resp
     group_index                                             optional (ints, or verl's uid strings)
 
 The names and which tensor needs which come from the batch contract's rule table
-(``rlvitals.analyzers.batch_rules``, pure Python: the server checks the same table), and the config
+(``rlvitals.analyzers.contract.batch_rules``, pure Python: the server checks the same table), and the config
 is parsed by the contract's ``parse_config`` (misuse raises here, in the caller).
 """
 
@@ -31,7 +31,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from rlvitals.analyzers import batch_rules as rules
+from rlvitals.analyzers.contract import batch_rules as rules
 from rlvitals.client.values import DeviceScalar, check_metrics, copy_device_scalars, encode_value
 
 REQUIRED, OPTIONAL, ALL_NAMES = rules.REQUIRED, rules.OPTIONAL, rules.ALLOWED
@@ -155,14 +155,14 @@ def _parsed_config(data: dict[str, Any]) -> dict[str, Any]:
     server will read it; misuse (bad values) raises here, in the caller. Without torch the server
     validates instead."""
     try:
-        from rlvitals.analyzers.batch import ConfigError, parse_config, parse_distillation
+        from rlvitals.analyzers.contract.batch import ConfigError, parse_config, parse_distillation
 
         loss, algorithm = parse_config(data)
         distillation = parse_distillation(data)
     except (
         ImportError
     ):  # no torch here: the loss fields still checked (pure Python), the server does the rest
-        from rlvitals.analyzers.config import LossConfig
+        from rlvitals.analyzers.contract.config import LossConfig
 
         out = LossConfig.from_verl(data).to_dict()
         for name in ("algorithm", "distillation"):
@@ -214,33 +214,23 @@ def capture(
     """Validate and copy one micro-batch; never blocks on the GPU. Raises TypeError/ValueError on misuse."""
     reported_values, deferred = check_metrics({} if reported is None else reported)
     config_json = _config_json(config)
-    shape = None
     host: dict[str, Any] = {}
     pending_cuda: dict[Any, None] = {}
-    for name in (*REQUIRED, *OPTIONAL):
+    try:  # the batch contract's rules (metadata only), before anything is copied
+        batch_size, _ = rules.token_shape(
+            tensors, accepted=lambda v: _is_tensor(v) or _is_array(v), kinds="torch.Tensor or numpy.ndarray"
+        )
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"log_batch: {exc}") from None
+    for name in rules.TOKEN_TENSORS:
         value = tensors.get(name)
-        if value is None:
-            if name in REQUIRED:
-                raise TypeError(f"log_batch: {name} is required")
-            continue
-        if not (_is_tensor(value) or _is_array(value)):
-            raise TypeError(
-                f"log_batch: {name} must be a torch.Tensor or numpy.ndarray, got {type(value).__name__}"
-            )
-        if value.ndim != 2:
-            raise ValueError(
-                f"log_batch: {name} must be 2-D (batch, response_len), got shape {tuple(value.shape)}"
-            )
-        if shape is None:
-            shape = tuple(value.shape)
-        elif tuple(value.shape) != shape:
-            raise ValueError(f"log_batch: {name} has shape {tuple(value.shape)}, log_prob has {shape}")
-        host[name] = _copy_to_host(value, pending_cuda)
+        if value is not None:
+            host[name] = _copy_to_host(value, pending_cuda)
     if tensors.get(rules.GROUP_INDEX) is not None:
         partner = rules.missing_partner([*host, rules.GROUP_INDEX])
         if partner:
             raise TypeError(f"log_batch: {partner}")
-        host["group_index"] = _group_ids(tensors["group_index"], shape[0], pending_cuda)
+        host["group_index"] = _group_ids(tensors["group_index"], batch_size, pending_cuda)
     events = []
     if pending_cuda:
         import torch

@@ -28,6 +28,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from rlvitals.analyzers.contract import batch_rules as rules
 from rlvitals.client.capture import capture
 from rlvitals.client.problems import Problems
 from rlvitals.client.sender import Stats, Worker
@@ -543,14 +544,10 @@ class Run:
 
 def _cheap_check(tensors: dict) -> None:
     """Type checks for a call that was not sampled: misuse must raise on every call, not just sampled ones."""
-    for name in ("log_prob", "old_log_prob", "advantages", "response_mask"):
-        value = tensors[name]
-        if value is None:
-            raise TypeError(f"log_batch: {name} is required")
-        if not hasattr(value, "shape"):
-            raise TypeError(
-                f"log_batch: {name} must be a torch.Tensor or numpy.ndarray, got {type(value).__name__}"
-            )
+    try:
+        rules.check_required(tensors)
+    except TypeError as exc:
+        raise TypeError(f"log_batch: {exc}") from None
 
 
 _current: Run | None = None

@@ -15,7 +15,7 @@ import operator
 import sys
 from typing import Any
 
-from rlvitals.analyzers.batch_rules import NAN, NEG_INF, POS_INF  # the one spelling table
+from rlvitals.analyzers.contract.batch_rules import NAN, NEG_INF, POS_INF  # the one spelling table
 
 
 class DeviceScalar:

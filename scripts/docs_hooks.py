@@ -6,7 +6,7 @@ A page asks for a table with a marker line, replaced when the site is built:
   id, default severity, the signal it watches, what fires it, its settings with their defaults, and
   the real run behind it;
 - ``<!-- rlvitals:loss-table -->``: every registered policy loss
-  (``rlvitals.analyzers.policy_losses.POLICY_LOSSES``): ``loss_mode``, its function, the formula from
+  (``rlvitals.analyzers.reference.policy_losses.POLICY_LOSSES``): ``loss_mode``, its function, the formula from
   the function's docstring, whether ``loss_agg_mode`` applies and whether it is audited as a range.
 
 A marker that names no known table fails the build (a typo must not leave a page without its table).
@@ -59,7 +59,7 @@ def _formula(fn) -> str:
 
 
 def loss_table() -> str:
-    from rlvitals.analyzers.policy_losses import POLICY_LOSSES
+    from rlvitals.analyzers.reference.policy_losses import POLICY_LOSSES
 
     rows = [
         "| `loss_mode` | function | per-token loss and metrics (from its docstring) | `loss_agg_mode` applies | audited as |",

@@ -4,7 +4,7 @@
 every replica can read them, and refuses with ``Busy`` (429 + Retry-After) once
 ``audit_queue_size`` jobs are waiting, so memory and disk never grow without bound. Worker threads
 claim jobs exactly once (``SELECT ... FOR UPDATE SKIP LOCKED`` on PostgreSQL; SQLite serialises its
-writers), run the batch contract's ``rlvitals.analyzers.batch.audit_batch`` (the loss audit, the group
+writers), run the batch contract's ``rlvitals.analyzers.verdicts.batch_audit.audit_batch`` (the loss audit, the group
 diagnostics, the advantage check, the rollout correction, the distillation loss: this module only
 queues and stores), store
 the result, feed the run's health monitor (``audit_mismatch``, ``zero_advantage_groups``), publish an
@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Any
 
-from rlvitals.analyzers.entropy_dynamics import audit_points
+from rlvitals.analyzers.verdicts.entropy_dynamics import audit_points
 from rlvitals.service.alerts import apply_findings
 from rlvitals.service.batches import Batch
 from rlvitals.service.encoding import jsonable
@@ -89,7 +89,7 @@ def not_recomputable(exc: BaseException) -> dict[str, Any]:
 def _reported_as(reported: dict[str, Any]) -> dict[str, str]:
     """``{audit metric: the name the trainer reported it under}`` (``pg_loss`` -> ``actor/pg_loss``),
     through the same alias table the audit used, so a page can put both on one row."""
-    from rlvitals.analyzers.audit_names import canonical_name
+    from rlvitals.analyzers.contract.audit_names import canonical_name
 
     return {canonical_name(name): name for name in reported}
 
@@ -127,7 +127,8 @@ def audit_histograms(ctx, audit_id: int) -> dict[str, Any]:
             "after each audit unless RLVITALS_AUDIT_HISTOGRAMS=false (RLVITALS_KEEP_BATCHES=true keeps "
             "the tensors themselves)"
         )
-    from rlvitals.analyzers.batch import AuditBatch, batch_histograms
+    from rlvitals.analyzers.contract.batch import AuditBatch
+    from rlvitals.analyzers.verdicts.batch_audit import batch_histograms
     from rlvitals.service.batches import load_tensors
 
     batch = AuditBatch.stored(load_tensors(blob), config=row.get("config") or {}, reported=row["reported"])
@@ -286,7 +287,8 @@ class AuditPool(WorkerThreads):
             )
 
     def process(self, job: dict[str, Any], worker: str) -> None:
-        from rlvitals.analyzers.batch import AuditBatch, audit_batch
+        from rlvitals.analyzers.contract.batch import AuditBatch
+        from rlvitals.analyzers.verdicts.batch_audit import audit_batch
         from rlvitals.service.batches import load_tensors
 
         _log_token_passes()
@@ -338,7 +340,7 @@ class AuditPool(WorkerThreads):
     def _add_histograms(self, job: dict[str, Any], batch, result: dict) -> None:
         """The dashboard's ratio/advantage histograms, after the result is already visible (so they
         never delay it); then the tensors are dropped unless ``keep_batches``."""
-        from rlvitals.analyzers.batch import batch_histograms
+        from rlvitals.analyzers.verdicts.batch_audit import batch_histograms
 
         histograms = None
         try:
@@ -472,6 +474,6 @@ def _log_token_passes() -> None:
     the audits run the compiled token passes or the slower torch ops, and why."""
     if not _TOKEN_PASSES_LOGGED.is_set():
         _TOKEN_PASSES_LOGGED.set()
-        from rlvitals.analyzers import native
+        from rlvitals.analyzers.fast import native
 
         (log.info if native.module() is not None else log.warning)("audit token passes: %s", native.STATUS)

@@ -22,7 +22,7 @@ upload, 1-128 printable ASCII characters without spaces: a resend with the same 
 Anything wrong -> ``InvalidInput`` (422) naming the tensor or field.
 
 The tensor rules, the config parse and the decoding of ``reported`` are the batch contract's
-(``rlvitals.analyzers.batch``, rule table in ``rlvitals.analyzers.batch_rules``); this module reads the
+(``rlvitals.analyzers.contract.batch``, rule table in ``rlvitals.analyzers.contract.batch_rules``); this module reads the
 safetensors bytes and the metadata fields only the upload has (``step``, ``rank``, ``record_id``...).
 """
 
@@ -34,13 +34,13 @@ import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rlvitals.analyzers import batch_rules as rules
+from rlvitals.analyzers.contract import batch_rules as rules
 from rlvitals.service.encoding import jsonable, storable_problem
 from rlvitals.service.errors import InvalidInput, PayloadTooLarge
 
 if TYPE_CHECKING:  # torch is imported with the first batch: a scalar-only server never loads it
     import torch
-    from rlvitals.analyzers.batch import AuditBatch
+    from rlvitals.analyzers.contract.batch import AuditBatch
 
 REQUIRED, OPTIONAL_FLOAT, ALLOWED = rules.REQUIRED, rules.OPTIONAL, rules.ALLOWED  # the contract's table
 RECORD_ID_MAX = 128  # the column's width
@@ -202,13 +202,6 @@ def _json_object(meta: dict[str, str], name: str, max_depth: int) -> dict[str, A
     return value
 
 
-def _reported(meta: dict[str, str], max_depth: int) -> dict[str, Any]:
-    try:
-        return rules.decode_reported(_json_object(meta, "reported", max_depth))
-    except ValueError as exc:
-        raise InvalidInput(str(exc)) from None
-
-
 def validate(
     body: Body, *, max_json_depth: int = JSON_DEPTH, max_tokens: int | None = None
 ) -> tuple[Batch, AuditBatch]:
@@ -216,48 +209,34 @@ def validate(
     batch (``AuditBatch``: tensors, parsed config, decoded ``reported``). ``config`` and ``reported``
     nested deeper than ``max_json_depth`` or holding invalid text are refused, and so (413) is a batch
     of more than ``max_tokens`` tokens (``batch x response_len``: the audit's CPU)."""
-    from rlvitals.analyzers.batch import (
-        AuditBatch,
-        BatchError,
-        TooManyTokens,
-        check_tensors,
-        parse_config,
-        parse_distillation,
-    )
+    from rlvitals.analyzers.contract.batch import AuditBatch, BatchError, ConfigError, TooManyTokens
 
     meta = read_metadata(body)
     tensors = load_tensors(body)
-    try:
-        shape = check_tensors(tensors, max_tokens=max_tokens)
+    config = _json_object(meta, "config", max_json_depth)
+    reported = _json_object(meta, "reported", max_json_depth)
+    try:  # the batch contract checks everything once: tensors, config, reported
+        checked = AuditBatch.validate(tensors, config=config, reported=reported, max_tokens=max_tokens)
     except TooManyTokens as exc:
         raise PayloadTooLarge(str(exc), detail=exc.detail) from None
+    except ConfigError as exc:
+        raise _config_error(exc) from exc
     except BatchError as exc:
         raise InvalidInput(str(exc), detail=exc.detail) from None
-    config = _json_object(meta, "config", max_json_depth)
-    loss, algorithm = _parse_config(parse_config, config)
-    distillation = _parse_config(parse_distillation, config)
-    step = _int_field(meta, "step", required=True)
-    reported = _reported(meta, max_json_depth)
     batch = Batch(
-        step=step,
+        step=_int_field(meta, "step", required=True),
         config=jsonable(config),
-        reported=reported,
+        reported=dict(checked.reported),
         rank=_int_field(meta, "rank", required=False),
         micro_batch=_int_field(meta, "micro_batch", required=False),
-        shape=shape,
+        shape=checked.shape,
         record_id=_record_id(meta),
     )
-    return batch, AuditBatch(tensors, config, loss, algorithm, reported, shape, distillation)
+    return batch, checked
 
 
-def _parse_config(parse, config: dict[str, Any]):
-    from rlvitals.analyzers.batch import ConfigError
-
-    try:
-        return parse(config)
-    except ConfigError as exc:
-        if exc.section in ("algorithm", "distillation"):
-            raise InvalidInput(
-                f"safetensors metadata 'config' has an invalid '{exc.section}' section: {exc}"
-            ) from exc
-        raise InvalidInput(f"safetensors metadata 'config' is not a valid loss config: {exc}") from exc
+def _config_error(exc) -> InvalidInput:
+    """The 422 of a config the contract refused (``ConfigError``), naming the section."""
+    if exc.section in ("algorithm", "distillation"):
+        return InvalidInput(f"safetensors metadata 'config' has an invalid '{exc.section}' section: {exc}")
+    return InvalidInput(f"safetensors metadata 'config' is not a valid loss config: {exc}")

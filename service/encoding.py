@@ -10,10 +10,10 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from rlvitals.analyzers.batch_rules import NON_FINITE, spell
+from rlvitals.analyzers.contract.batch_rules import NON_FINITE, spell
 from starlette.responses import Response
 
-NON_FINITE_STRINGS = NON_FINITE  # the one spelling table (rlvitals.analyzers.batch_rules)
+NON_FINITE_STRINGS = NON_FINITE  # the one spelling table (rlvitals.analyzers.contract.batch_rules)
 encode_float = spell
 
 

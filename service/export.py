@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from rlvitals.analyzers.batch_rules import NON_FINITE
+from rlvitals.analyzers.contract.batch_rules import NON_FINITE
 from rlvitals.service import metrics
 from rlvitals.service.context import Services
 from rlvitals.service.errors import BadRequest, NotFound

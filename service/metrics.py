@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import orjson
-from rlvitals.analyzers.batch_rules import NON_FINITE
+from rlvitals.analyzers.contract.batch_rules import NON_FINITE
 from rlvitals.service.context import Services
 from rlvitals.service.encoding import encode_float
 from rlvitals.service.errors import NotFound, PayloadTooLarge

@@ -261,7 +261,7 @@ class HistogramPublic(BaseModel):
 
 
 class HistogramsPublic(BaseModel):
-    """Importance-ratio and advantage histograms of an audited batch (``rlvitals.analyzers.histograms``)."""
+    """Importance-ratio and advantage histograms of an audited batch (``rlvitals.analyzers.verdicts.histograms``)."""
 
     model_config = ConfigDict(extra="allow")
     tokens: int

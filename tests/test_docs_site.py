@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from rlvitals.analyzers.health import RULES
-from rlvitals.analyzers.policy_losses import POLICY_LOSSES
+from rlvitals.analyzers.reference.policy_losses import POLICY_LOSSES
 
 REPO = Path(__file__).resolve().parents[1]
 MKDOCS = Path(sys.executable).with_name("mkdocs")

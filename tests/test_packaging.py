@@ -84,7 +84,7 @@ def test_wheel_ships_templates_migrations_and_the_demo_trainer(dist):
     names = set(zipfile.ZipFile(dist["wheel"]).namelist())
     for needed in (
         "rlvitals/cli.py",
-        "rlvitals/analyzers/losses.py",
+        "rlvitals/analyzers/reference/losses.py",
         "rlvitals/client/run.py",
         "rlvitals/service/app.py",
         "rlvitals/service/alembic.ini",
@@ -160,7 +160,7 @@ def _smoke(bin_dir: Path, tmp_path: Path) -> dict[str, str]:
     assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
     assert "Dashboard: http://" in demo.stdout, demo.stdout
     native = subprocess.run(
-        [str(bin_dir / "python"), "-c", "from rlvitals.analyzers import native; print(native.STATUS)"],
+        [str(bin_dir / "python"), "-c", "from rlvitals.analyzers.fast import native; print(native.STATUS)"],
         capture_output=True, text=True, env=env, timeout=120,
     )  # fmt: skip
     assert native.returncode == 0, native.stderr

@@ -1,4 +1,4 @@
-/* Fused token passes of rlvitals.analyzers.kernels: one loop over the tokens per loss, GIL released.
+/* Fused token passes of rlvitals.analyzers.fast (modes, modes_cov): one loop over the tokens per loss, GIL released.
  *
  * Each function reads row-major (rows, width) buffers, float32 or float64 (the token dtype T), and the
  * response mask as bytes (0 / non-zero), and writes per-row sums (float64) plus a few totals and counts.
@@ -14,7 +14,7 @@
  * multiplied by the 0/1 mask, and NaN * 0 is NaN): the Python side then takes verl's op-for-op path.
  * Clamps are written so that NaN stays NaN, as torch.clamp keeps it.
  *
- * The Python wrappers (analyzers/native.py) check every pointer's tensor: contiguous, CPU, the dtype
+ * The Python wrappers (analyzers/fast/native.py) check every pointer's tensor: contiguous, CPU, the dtype
  * and shape named here. Nothing here checks again.
  */
 #define PY_SSIZE_T_CLEAN

@@ -1,6 +1,6 @@
 /* Python entry points: rollout correction: IS weights, rejection masks, rollout_corr/... and training/rollout_... metrics.
  * Included by _fused.c after DISPATCH; ROLLOUT_METHODS lists the PyMethodDef entries.
- * The wrappers are native.Inputs.rc_* (analyzers/native.py): they check every buffer. */
+ * The wrappers are native.Inputs.rc_* (analyzers/fast/native_calls.py): they check every buffer. */
 
 static PyObject *py_rc_off(PyObject *self, PyObject *args) {
     int f64, big;

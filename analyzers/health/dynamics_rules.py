@@ -1,6 +1,6 @@
 """Built-in health rules that look ahead: the entropy collapse the audited tensors predict before the curve
 bends, the reward ceiling the entropy–reward law implies, and reward components pulling apart. Registered
-through :func:`register_rule` like any user rule; the covariance math is :mod:`rlvitals.analyzers.entropy_dynamics`.
+through :func:`register_rule` like any user rule; the covariance math is :mod:`rlvitals.analyzers.health.entropy_forecast`.
 """
 
 from __future__ import annotations
@@ -10,14 +10,9 @@ import re
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from ..entropy_dynamics import (
-    COV_SERIES,
-    ETA_SERIES,
-    FORECAST_SERIES,
-    EntropyForecaster,
-    reward_ceiling_fit,
-)
+from ..contract.series import COV_SERIES, ETA_SERIES, FORECAST_SERIES
 from .detectors import Window
+from .entropy_forecast import EntropyForecaster, reward_ceiling_fit
 from .findings import IDLE, Check, Severity
 from .registry import Rule, RuleId, register_rule, require
 from .runconfig import LEARNING_RATE_KEYS, learning_rate

@@ -7,7 +7,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from ..entropy_dynamics import ZERO_ADV_SERIES
+from ..contract.series import ZERO_ADV_SERIES
 from .detectors import Ewma, Hysteresis
 from .findings import IDLE, Check, Severity
 from .registry import Rule, RuleId, register_rule, require

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from ..batch_rules import NON_FINITE
+from ..contract.batch_rules import NON_FINITE
 
 FIRING = "firing"
 RESOLVED = "resolved"

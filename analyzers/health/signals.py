@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from enum import Enum
 
-from ..batch_rules import NON_FINITE
+from ..contract.batch_rules import NON_FINITE
 
 
 class Signal(str, Enum):

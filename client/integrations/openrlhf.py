@@ -10,7 +10,7 @@
   vllm_kl)`` or (0.11) ``(loss, clip_ratio, ppo_kl, vllm_kl, is_filter_ratio)``; ``loss`` is recorded as
   ``pg_loss``, ``clip_ratio`` as ``pg_clipfrac`` (its definition, ``surr2 < surr1``, is verl's) and
   ``ppo_kl`` as ``ppo_kl``. The loss configuration (``openrlhf_loss_config``: the one OpenRLHF
-  mapping, in ``rlvitals.analyzers.trainer_configs``, re-exported here) maps ``clip_eps_low`` /
+  mapping, in ``rlvitals.analyzers.contract.trainers``, re-exported here) maps ``clip_eps_low`` /
   ``clip_eps_high`` to the clip range, ``token_level_loss`` to ``token-mean`` (else
   ``seq-mean-token-mean``), ``dual_clip`` to ``clip_ratio_c`` (none: no dual clip), the ``dp_size`` /
   ``batch_num_tokens`` / ``global_batch_size`` the trainer passes to ``forward`` to verl's global
@@ -34,7 +34,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from rlvitals.analyzers.trainer_configs import OPENRLHF_NORMALISERS, openrlhf_loss_config
+from rlvitals.analyzers.contract.trainers import OPENRLHF_NORMALISERS, openrlhf_loss_config
 from rlvitals.client.integrations._common import (
     AuditSampler,
     Failures,

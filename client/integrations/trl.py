@@ -20,10 +20,10 @@
   micro-batches and iterations, so audits see clipping) whether to capture this call; the decision
   reads counters only. A captured call sends the policy's per-token log-probs and entropies, the
   batch's ``old_per_token_logps`` (the log-probs themselves when TRL stores none), ``ref_per_token_logps``,
-  ``advantages``, ``completion_mask x tool_mask``, the :class:`~rlvitals.analyzers.trl.TrlLossConfig`
+  ``advantages``, ``completion_mask x tool_mask``, the :class:`~rlvitals.analyzers.reference.trl.TrlLossConfig`
   as TRL held it at the call, and as ``reported`` the loss ``_compute_loss`` returned plus the metrics
   it logged for this micro-batch (one process: all of them; several: the loss only, the rest are
-  cross-process means). The server recomputes TRL's loss (``rlvitals.analyzers.trl_audit``).
+  cross-process means). The server recomputes TRL's loss (``rlvitals.analyzers.verdicts.trl_audit``).
   Where it cannot (``unaudited_reason``: vLLM importance-sampling correction, vLLM off-policy mask,
   MoE router aux loss, ``top_entropy_quantile < 1`` on several processes, a ``_compute_loss`` override
   or a loss type newer than TRL 1.16's) it warns once (:class:`NotAudited`) and sends the tensors with no
@@ -40,7 +40,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from rlvitals.analyzers.trainer_configs import (
+from rlvitals.analyzers.contract.trainers import (
     applied_entropy_coef,
     trainer_arg,
     trl_config_for,
@@ -196,7 +196,7 @@ def __getattr__(name: str) -> Any:
 
 
 # ------------------------------------------------------------------------------------------ the loss
-# The GRPOTrainer -> TrlLossConfig mapping lives beside the batch contract (analyzers/trainer_configs.py);
+# The GRPOTrainer -> TrlLossConfig mapping lives beside the batch contract (analyzers/contract/trainers/);
 # unaudited_reason, trl_config_for and applied_entropy_coef are re-exported here.
 
 
@@ -286,7 +286,7 @@ class RlvitalsGRPOMixin:
         return loss
 
     def _rlvitals_record(self, run, slot, capture, inputs, loss, logged, coef) -> None:
-        from rlvitals.analyzers.trl import LOCAL_METRICS
+        from rlvitals.analyzers.reference.trl import LOCAL_METRICS
 
         log_prob = capture["log_prob"]
         mask = inputs["completion_mask"]

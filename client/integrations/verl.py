@@ -62,7 +62,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from rlvitals.analyzers.trainer_configs import (
+from rlvitals.analyzers.contract.trainers import (
     VERL_DELEGATE,
     VERL_LOSS_MODE,
     config_get,
@@ -226,7 +226,7 @@ def recording_failures() -> int:
 def loss_config(
     config: Any, loss_agg_mode: str | None = None, *, loss_mode: str | None = None
 ) -> dict[str, Any]:
-    """``rlvitals.analyzers.trainer_configs.verl_loss_config`` (the one verl actor -> ``LossConfig``
+    """``rlvitals.analyzers.contract.trainers.verl_loss_config`` (the one verl actor -> ``LossConfig``
     mapping), with this process's delegate standing in for a config that selects ``rlvitals``."""
     return verl_loss_config(config, loss_agg_mode, loss_mode=loss_mode, delegate=_recorder.delegate)
 

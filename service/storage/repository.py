@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from operator import itemgetter
 from typing import Any
 
-from rlvitals.analyzers.batch_rules import spell
+from rlvitals.analyzers.contract.batch_rules import spell
 from rlvitals.service.storage import blobs
 from rlvitals.service.storage.models import (
     Alert,

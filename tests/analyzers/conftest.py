@@ -9,7 +9,7 @@ path, so parity with verl is shown for the code every kind of install runs.
 from __future__ import annotations
 
 import pytest
-from rlvitals.analyzers import native
+from rlvitals.analyzers.fast import native
 
 
 @pytest.fixture(params=["compiled", "compiled, exp between passes", "torch"])

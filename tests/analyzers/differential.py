@@ -13,10 +13,10 @@ import math
 
 import torch
 from hypothesis import strategies as st
-from rlvitals.analyzers.batch import token_batch
-from rlvitals.analyzers.config import AggMode, LossConfig
-from rlvitals.analyzers.losses import agg_loss
-from rlvitals.analyzers.policy_losses import POLICY_LOSSES
+from rlvitals.analyzers.contract.config import AggMode, LossConfig
+from rlvitals.analyzers.fast.dispatch import token_batch
+from rlvitals.analyzers.reference.losses import agg_loss
+from rlvitals.analyzers.reference.policy_losses import POLICY_LOSSES
 
 RTOL, ATOL = 1e-5, 1e-6
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)

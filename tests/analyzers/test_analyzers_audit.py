@@ -321,8 +321,8 @@ def test_batch_with_a_nan_token_is_audited_on_verl_semantics() -> None:
 # -- the reference path arbitrates ---------------------------------------------------------------------
 @pytest.mark.parametrize("mode", ["vanilla", "gspo", "dro"])
 def test_a_fast_path_defect_costs_time_never_a_false_alarm(monkeypatch, mode) -> None:
-    from rlvitals.analyzers import kernels
-    from rlvitals.analyzers.policy_losses import get_policy_loss
+    from rlvitals.analyzers.fast import kernels
+    from rlvitals.analyzers.reference.policy_losses import get_policy_loss
 
     config = LossConfig(loss_mode=mode, dro_beta=0.1 if mode == "dro" else None)
     tensors = _tensors(seed=11)

@@ -1,4 +1,4 @@
-"""The batch contract (``rlvitals.analyzers.batch``): one rule table, one validation, one config parse,
+"""The batch contract (``rlvitals.analyzers.contract.batch``): one rule table, one validation, one config parse,
 one decode of ``reported``, one ``audit_batch`` — and every caller (client capture, server upload,
 audit worker, dashboard histograms) goes through it."""
 
@@ -13,19 +13,20 @@ from pathlib import Path
 
 import pytest
 import torch
-from rlvitals.analyzers import LossConfig, audit, batch_rules, group_diagnostics, recompute
-from rlvitals.analyzers.algorithm import AlgorithmConfig
-from rlvitals.analyzers.batch import (
+from rlvitals.analyzers import LossConfig, audit, group_diagnostics, recompute
+from rlvitals.analyzers.contract import batch_rules
+from rlvitals.analyzers.contract.batch import (
     AuditBatch,
     BatchError,
     ConfigError,
     TooManyTokens,
-    audit_batch,
     check_tensors,
     parse_config,
 )
-from rlvitals.analyzers.histograms import batch_histograms
-from rlvitals.analyzers.trl import TrlLossConfig
+from rlvitals.analyzers.reference.trl import TrlLossConfig
+from rlvitals.analyzers.verdicts.algorithm import AlgorithmConfig
+from rlvitals.analyzers.verdicts.batch_audit import audit_batch
+from rlvitals.analyzers.verdicts.histograms import batch_histograms
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,7 +50,7 @@ def _reported(tensors, config: LossConfig) -> dict[str, float]:
 
 
 def test_rule_table_is_pure_python_and_every_part_reads_it():
-    code = "import sys, rlvitals.analyzers.batch_rules; print('torch' in sys.modules, 'numpy' in sys.modules)"
+    code = "import sys, rlvitals.analyzers.contract.batch_rules; print('torch' in sys.modules, 'numpy' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
     from rlvitals.client import capture
@@ -78,7 +79,7 @@ def test_the_non_finite_spelling_is_written_once():
                 )
                 if keys >= {"NaN", "Infinity", "-Infinity"} and not to_strings:
                     found.append(str(path.relative_to(ROOT)))
-    assert found == ["analyzers/batch_rules.py"], found
+    assert found == ["analyzers/contract/batch_rules.py"], found
 
 
 def test_spell_and_decode_invert_each_other():
@@ -257,7 +258,7 @@ def test_client_capture_uses_the_contracts_table_and_config_parse():
 
 def test_the_per_tensor_rules_run_once_per_audit_and_still_for_a_direct_caller(monkeypatch):
     from rlvitals.analyzers import audit, recompute
-    from rlvitals.analyzers import batch as contract
+    from rlvitals.analyzers.contract import batch as contract
 
     calls = []
     check = contract.check_token_tensors

@@ -22,8 +22,9 @@ from pathlib import Path
 import pytest
 import torch
 from rlvitals.analyzers import LossConfig, recompute
-from rlvitals.analyzers.algorithm import ADVANTAGE_ATOL, AlgorithmConfig, check_advantages
-from rlvitals.analyzers.batch import AuditBatch, audit_batch
+from rlvitals.analyzers.contract.batch import AuditBatch
+from rlvitals.analyzers.verdicts.algorithm import ADVANTAGE_ATOL, AlgorithmConfig, check_advantages
+from rlvitals.analyzers.verdicts.batch_audit import audit_batch
 from safetensors.torch import load_file
 
 GOLDEN = Path(__file__).resolve().parent / "golden"

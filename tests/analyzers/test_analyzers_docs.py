@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 from rlvitals.analyzers import LossConfig
-from rlvitals.analyzers.auditing import METRICS
-from rlvitals.analyzers.config import AggMode
-from rlvitals.analyzers.trl import TRL_LOSS_TYPES
+from rlvitals.analyzers.contract.config import AggMode
+from rlvitals.analyzers.reference.trl import TRL_LOSS_TYPES
+from rlvitals.analyzers.verdicts.auditing import METRICS
 
 from scripts.docs_hooks import render
 
@@ -35,7 +35,7 @@ def test_every_mode_and_trl_loss_type_is_documented(name: str) -> None:
 
 
 def test_every_loss_mode_has_a_formula_row_in_the_loss_pages() -> None:
-    from rlvitals.analyzers.policy_losses import LossMode
+    from rlvitals.analyzers.reference.policy_losses import LossMode
 
     losses_doc = (ROOT / "docs" / "losses.md").read_text()
     for mode in LossMode:

@@ -20,8 +20,8 @@ from rlvitals.analyzers import (
     ppo_loss,
     recompute,
 )
-from rlvitals.analyzers.config import AggMode, KLType
-from rlvitals.analyzers.kernels import TokenBatch
+from rlvitals.analyzers.contract.config import AggMode, KLType
+from rlvitals.analyzers.fast.token_batch import TokenBatch
 
 # every test on the compiled token passes and on the torch ops (conftest.py)
 pytestmark = pytest.mark.usefixtures("kernel_path")
@@ -550,7 +550,7 @@ def test_fast_path_equals_reference_on_random_batches(
 
 
 def test_registries_refuse_duplicates_and_unknown_names() -> None:
-    from rlvitals.analyzers.losses import register_agg_mode, register_kl_estimator
+    from rlvitals.analyzers.reference.losses import register_agg_mode, register_kl_estimator
 
     with pytest.raises(ValueError, match="already registered"):
         register_agg_mode("token-mean")(lambda *a, **k: None)
@@ -564,7 +564,7 @@ def test_registries_refuse_duplicates_and_unknown_names() -> None:
 
 
 def test_overflowing_and_infinite_rows_give_ieee_results_not_exceptions() -> None:
-    from rlvitals.analyzers.kernels import _total
+    from rlvitals.analyzers.fast.workspace import _total
 
     assert math.isnan(_total([math.inf, -math.inf])) and _total([1e308, 1e308]) == math.inf
     tensors = _batch(60, dtype=torch.float64)

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 from rlvitals.analyzers import HealthMonitor
-from rlvitals.analyzers.mismatch import is_bounds, mismatch_report
-from rlvitals.analyzers.rollout import rollout_correction
+from rlvitals.analyzers.fast.rollout import rollout_correction
+from rlvitals.analyzers.verdicts.mismatch import is_bounds, mismatch_report
 
 
 def _batch(seed: int = 0, b: int = 6, n: int = 40):
@@ -133,8 +133,8 @@ def test_rule_reads_the_other_frameworks_summaries():
 
 
 def test_an_audit_of_a_batch_without_valid_tokens_says_why_it_has_no_report():
-    from rlvitals.analyzers.algorithm import AlgorithmConfig
-    from rlvitals.analyzers.batch import batch_mismatch
+    from rlvitals.analyzers.verdicts.algorithm import AlgorithmConfig
+    from rlvitals.analyzers.verdicts.batch_audit import batch_mismatch
 
     train, rollout, mask = _batch()
     tensors = {"old_log_prob": train, "log_prob": train, "rollout_log_probs": rollout}

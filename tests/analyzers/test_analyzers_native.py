@@ -1,4 +1,4 @@
-"""The compiled token passes (analyzers/csrc, analyzers/native.py): in use, checked, and equal to the
+"""The compiled token passes (analyzers/csrc, analyzers/fast/native.py): in use, checked, and equal to the
 torch ops they replace. Parity with verl itself runs on both paths in the parity and loss modules."""
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from rlvitals.analyzers import LossConfig, native, recompute
-from rlvitals.analyzers.kernels import TokenBatch
+from rlvitals.analyzers import LossConfig, recompute
+from rlvitals.analyzers.fast import native
+from rlvitals.analyzers.fast.token_batch import TokenBatch
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,8 +62,8 @@ def test_a_build_older_than_its_sources_is_not_used(tmp_path):
 
 def test_rlvitals_native_0_runs_the_torch_ops():
     code = (
-        "from rlvitals.analyzers import native, recompute, LossConfig; import torch;"
-        "from rlvitals.analyzers.kernels import TokenBatch;"
+        "from rlvitals.analyzers import recompute, LossConfig; from rlvitals.analyzers.fast import native; import torch;"
+        "from rlvitals.analyzers.fast.token_batch import TokenBatch;"
         "t = dict(log_prob=torch.zeros(2, 8), old_log_prob=torch.zeros(2, 8), advantages=torch.ones(2, 8),"
         " response_mask=torch.ones(2, 8, dtype=torch.bool));"
         "assert TokenBatch(**t).native is None;"
@@ -344,9 +345,10 @@ def test_inline_exp_sends_a_non_finite_input_to_verls_ops(where, name):
 
 _ISA_SCRIPT = r"""
 import contextlib, json, sys, torch
-from rlvitals.analyzers import (LossConfig, native, recompute, rollout_corr_metrics, rollout_correction,
+from rlvitals.analyzers import (LossConfig, recompute, rollout_corr_metrics, rollout_correction,
                                 rollout_debug_metrics)
-from rlvitals.analyzers.policy_losses import LossMode
+from rlvitals.analyzers.fast import native
+from rlvitals.analyzers.reference.policy_losses import LossMode
 
 def batch(rows, width, dtype, seed):
     g = torch.Generator().manual_seed(seed)

@@ -10,8 +10,9 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from rlvitals.analyzers import LossConfig, native, recompute
-from rlvitals.analyzers.kernels import TokenBatch
+from rlvitals.analyzers import LossConfig, recompute
+from rlvitals.analyzers.fast import native
+from rlvitals.analyzers.fast.token_batch import TokenBatch
 
 MODES = ["dppo_tv", "dppo_kl", "clip_cov", "kl_cov"]
 

@@ -11,9 +11,10 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from rlvitals.analyzers import native, rollout_corr_metrics, rollout_correction, rollout_debug_metrics
-from rlvitals.analyzers.rollout import _Native, _native_debug
-from rlvitals.analyzers.rollout_config import RS_OPTIONS
+from rlvitals.analyzers import rollout_corr_metrics, rollout_correction, rollout_debug_metrics
+from rlvitals.analyzers.contract.rollout_config import RS_OPTIONS
+from rlvitals.analyzers.fast import native
+from rlvitals.analyzers.fast.rollout import _Native, _native_debug
 
 CONFIGS = {
     "off-policy": {},
@@ -553,7 +554,7 @@ def test_every_option_gives_the_same_numbers_with_exp_inline_and_between_passes(
     "dtype", [torch.int64, torch.int32, torch.int16, torch.uint8, torch.float32, torch.float64, torch.bool]
 )
 def test_a_mask_of_any_dtype_becomes_the_bytes_torch_makes_of_it(dtype):
-    from rlvitals.analyzers.rollout import _mask_bytes
+    from rlvitals.analyzers.fast.rollout import _mask_bytes
 
     g = torch.Generator().manual_seed(1)
     base = torch.rand(3, 1037, generator=g) < 0.6

@@ -90,7 +90,7 @@ def test_grpo_advantages_match_verl(case_id: str) -> None:
 def test_fixture_covers_every_mode_kl_type_dtype_and_edge() -> None:
     meta, store = _fixture()
     tags = {tag for case in meta["loss_cases"] for tag in case["tags"]}
-    from rlvitals.analyzers.config import AggMode, KLType
+    from rlvitals.analyzers.contract.config import AggMode, KLType
 
     required = {f"mode:{m.value}" for m in AggMode} | {f"kl:{k.value}" for k in KLType}
     required |= {f"dtype:{d}" for d in TOLERANCE}
@@ -147,11 +147,11 @@ def _mode_case(case_id: str) -> tuple[dict, dict[str, torch.Tensor]]:
 def _has_rollout_correction() -> bool:
     import importlib.util
 
-    return importlib.util.find_spec("rlvitals.analyzers.rollout") is not None
+    return importlib.util.find_spec("rlvitals.analyzers.reference.rollout") is not None
 
 
 def _expected_here(case: dict) -> dict[str, float] | None:
-    """verl's metrics, less the ``rollout_corr/*`` ones while rlvitals.analyzers.rollout is
+    """verl's metrics, less the ``rollout_corr/*`` ones while rlvitals.analyzers.reference.rollout is
     not there (bypass_mode then reports only its policy-loss metrics); None where bypass_mode needs it."""
     expected = case["expected"]
     if case["config"]["loss_mode"] != "bypass_mode" or _has_rollout_correction():
@@ -192,8 +192,8 @@ def test_every_differentiable_loss_mode_matches_verl(case_id: str) -> None:
 
 
 def test_mode_fixture_covers_every_loss_mode_agg_mode_dtype_weights_and_normalisation() -> None:
-    from rlvitals.analyzers.config import AggMode
-    from rlvitals.analyzers.policy_losses import LossMode
+    from rlvitals.analyzers.contract.config import AggMode
+    from rlvitals.analyzers.reference.policy_losses import LossMode
 
     meta, _store = _modes()
     assert meta["verl_version"] == "0.9.1"
@@ -264,8 +264,8 @@ def test_cancelling_rows_match_verl_to_its_rounding(case_id: str) -> None:
 
 
 def test_cancel_fixture_covers_every_loss_mode_agg_mode_dtype_and_kind() -> None:
-    from rlvitals.analyzers.config import AggMode
-    from rlvitals.analyzers.policy_losses import LossMode
+    from rlvitals.analyzers.contract.config import AggMode
+    from rlvitals.analyzers.reference.policy_losses import LossMode
 
     meta, _store = _cancel()
     assert meta["verl_version"] == "0.9.1"

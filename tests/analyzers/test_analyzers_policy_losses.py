@@ -8,14 +8,14 @@ import math
 import pytest
 import torch
 from rlvitals.analyzers import LossConfig, audit, ppo_loss, recompute
-from rlvitals.analyzers.losses import (
+from rlvitals.analyzers.reference.losses import (
     AGG_MODES,
     KL_ESTIMATORS,
     agg_loss,
     register_agg_mode,
     register_kl_estimator,
 )
-from rlvitals.analyzers.policy_losses import (
+from rlvitals.analyzers.reference.policy_losses import (
     POLICY_LOSSES,
     LossMode,
     compute_policy_loss_gpg,
@@ -117,7 +117,7 @@ def test_a_registered_agg_mode_and_kl_estimator_take_the_generic_path(scratch_re
     got = recompute(cfg, **t)
     mask = t["response_mask"]
     # the fused pass implements only the built-ins: the registered functions must be the ones used
-    from rlvitals.analyzers.losses import clipped_token_losses
+    from rlvitals.analyzers.reference.losses import clipped_token_losses
 
     mat, _ = clipped_token_losses(
         t["old_log_prob"], t["log_prob"], t["advantages"], mask, clip_low=0.2, clip_high=0.2, clip_ratio_c=3.0
@@ -237,7 +237,7 @@ def test_metrics_a_loss_mode_does_not_compute_are_noted_not_checked() -> None:
 
 def test_counterfactuals_give_every_loss_mode_under_every_agg_mode() -> None:
     from rlvitals.analyzers import counterfactuals
-    from rlvitals.analyzers.config import AggMode
+    from rlvitals.analyzers.contract.config import AggMode
 
     t = _batch(6)
     cfg = LossConfig(dro_beta=0.5, loss_agg_mode="seq-mean-token-mean")
@@ -323,12 +323,12 @@ def _wide_batch(
 def test_the_fused_passes_agree_with_verls_op_sequence_across_row_blocks(
     rows, width, prefix, strided, dtype, monkeypatch
 ) -> None:
-    # the fused passes walk the batch in blocks of whole rows (kernels.BLOCK_ELEMS tokens); with 4096
+    # the fused passes walk the batch in blocks of whole rows (workspace.BLOCK_ELEMS tokens); with 4096
     # these shapes give several blocks, a ragged last one, and one row per block (wider than a block);
     # the reference is verl's op sequence (ppo_loss through each loss's registered function)
-    from rlvitals.analyzers import kernels
+    from rlvitals.analyzers.fast import workspace
 
-    monkeypatch.setattr(kernels, "BLOCK_ELEMS", 4096)
+    monkeypatch.setattr(workspace, "BLOCK_ELEMS", 4096)
     tensors = _wide_batch(rows, width, dtype, prefix=prefix, strided=strided)
     tol = {"rel": 1e-5, "abs": 1e-6} if dtype == torch.float32 else {"rel": 1e-7, "abs": 1e-12}
     for i, mode in enumerate(LossMode):

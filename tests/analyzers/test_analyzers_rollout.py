@@ -18,7 +18,7 @@ from rlvitals.analyzers import (
     register_adv_estimator,
     rollout_correction,
 )
-from rlvitals.analyzers.algorithm import AlgorithmConfig, audit_rollout, check_advantages
+from rlvitals.analyzers.verdicts.algorithm import AlgorithmConfig, audit_rollout, check_advantages
 
 
 def _pair(seed: int = 0, b: int = 4, t: int = 10, scale: float = 0.3):

@@ -27,7 +27,7 @@ from rlvitals.analyzers import (
     rollout_correction,
     rollout_debug_metrics,
 )
-from rlvitals.analyzers.rollout_config import IS_LEVELS, RS_OPTIONS
+from rlvitals.analyzers.contract.rollout_config import IS_LEVELS, RS_OPTIONS
 from safetensors.torch import load_file
 
 # every test on the compiled token passes and on the torch ops (conftest.py)

@@ -1,4 +1,4 @@
-"""Sparse and dense batches (kernels.TokenBatch): the compiled passes of vanilla, gpg, dro, cispo and the
+"""Sparse and dense batches (fast.token_batch.TokenBatch): the compiled passes of vanilla, gpg, dro, cispo and the
 entropy / KL loop skip the groups of tokens with none valid, unread, unless the batch is dense; what lies
 under the mask counts only in verl's seq-mean aggregations, and those always see a dense batch."""
 
@@ -9,11 +9,12 @@ import math
 
 import pytest
 import torch
-from rlvitals.analyzers import LossConfig, native, recompute
-from rlvitals.analyzers.auditing import _batch as audit_batch_of
-from rlvitals.analyzers.batch import token_batch
-from rlvitals.analyzers.config import AggMode
-from rlvitals.analyzers.kernels import TokenBatch
+from rlvitals.analyzers import LossConfig, recompute
+from rlvitals.analyzers.contract.config import AggMode
+from rlvitals.analyzers.fast import native
+from rlvitals.analyzers.fast.dispatch import token_batch
+from rlvitals.analyzers.fast.token_batch import TokenBatch
+from rlvitals.analyzers.verdicts.auditing import _batch as audit_batch_of
 
 pytestmark = pytest.mark.skipif(
     native.module() is None or not native.inline_exp(), reason="the compiled passes with exp inline"

@@ -1,4 +1,4 @@
-"""The trainer -> config mappings (``rlvitals.analyzers.trainer_configs``): one per trainer, beside the batch
+"""The trainer -> config mappings (``rlvitals.analyzers.contract.trainers``): one per trainer, beside the batch
 contract, read back by its parser; the client integrations re-export them.
 
 The live trainer objects themselves run in the side-env tests (real verl ``ActorConfig`` in
@@ -14,9 +14,9 @@ from dataclasses import fields
 
 import pytest
 from rlvitals.analyzers import LossConfig
-from rlvitals.analyzers import trainer_configs as tc
-from rlvitals.analyzers.batch import parse_config
-from rlvitals.analyzers.config import GLOBAL_BATCH_FIELDS, NO_DUAL_CLIP, POLICY_LOSS_FIELDS
+from rlvitals.analyzers.contract import trainers as tc
+from rlvitals.analyzers.contract.batch import parse_config
+from rlvitals.analyzers.contract.config import GLOBAL_BATCH_FIELDS, NO_DUAL_CLIP, POLICY_LOSS_FIELDS
 
 # a value off verl's default for every LossConfig field (valid together: dro needs dro_beta)
 OFF_DEFAULT = {
@@ -116,8 +116,8 @@ def test_the_trl_loss_owner_is_the_class_below_the_recorder():
     class Overridden(Recorder, MyGRPO):
         pass
 
-    assert tc._loss_owner(Plain()) is GRPOTrainer and tc.unaudited_reason(Plain(), {}) is None
-    assert tc._loss_owner(Overridden()) is MyGRPO
+    assert tc.trl._loss_owner(Plain()) is GRPOTrainer and tc.unaudited_reason(Plain(), {}) is None
+    assert tc.trl._loss_owner(Overridden()) is MyGRPO
     assert "MyGRPO overrides GRPOTrainer._compute_loss" in tc.unaudited_reason(Overridden(), {})
 
 
@@ -136,7 +136,7 @@ def test_the_client_integrations_re_export_the_one_mapping():
 def test_the_mappings_import_without_torch_or_the_web_stack():
     code = (
         "import sys\n"
-        "from rlvitals.analyzers import trainer_configs as tc\n"
+        "from rlvitals.analyzers.contract import trainers as tc\n"
         "tc.openrlhf_loss_config(type('L', (), {})())\n"
         "tc.verl_loss_config({'clip_ratio': 0.3, 'policy_loss': {'loss_mode': 'gspo'}})\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in "

@@ -1,4 +1,4 @@
-"""TRL 1.16's GRPOTrainer loss (``rlvitals.analyzers.trl``) and its audit: properties that hold for every
+"""TRL 1.16's GRPOTrainer loss (``rlvitals.analyzers.reference.trl``) and its audit: properties that hold for every
 loss type, validation, and explanations in TRL's option names. Exactness against the real trainer is in
 ``tests/client/test_client_integrations_trl_real.py`` (TRL in a side environment)."""
 
@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 from rlvitals.analyzers import TrlLossConfig, trl_audit, trl_loss
-from rlvitals.analyzers.trl import TrlLossType, is_trl_config
+from rlvitals.analyzers.reference.trl import TrlLossType, is_trl_config
 
 
 def _batch(seed: int = 0, b: int = 6, t: int = 12) -> dict[str, torch.Tensor]:

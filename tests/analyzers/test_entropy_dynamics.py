@@ -10,16 +10,11 @@ import random
 
 import torch
 from rlvitals.analyzers import HealthMonitor, LossConfig, recompute
-from rlvitals.analyzers.batch import AuditBatch, audit_batch
-from rlvitals.analyzers.entropy_dynamics import (
-    COV_SERIES,
-    ETA_SERIES,
-    FORECAST_SERIES,
-    EntropyForecaster,
-    audit_points,
-    batch_covariance,
-    reward_ceiling_fit,
-)
+from rlvitals.analyzers.contract.batch import AuditBatch
+from rlvitals.analyzers.contract.series import COV_SERIES, ETA_SERIES, FORECAST_SERIES
+from rlvitals.analyzers.health.entropy_forecast import EntropyForecaster, reward_ceiling_fit
+from rlvitals.analyzers.verdicts.batch_audit import audit_batch
+from rlvitals.analyzers.verdicts.entropy_dynamics import audit_points, batch_covariance
 
 
 def _tensors(batch=6, length=10, seed=0):

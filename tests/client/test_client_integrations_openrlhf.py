@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 from rlvitals.analyzers import LossConfig, recompute
-from rlvitals.analyzers.batch import AuditBatch, audit_batch
+from rlvitals.analyzers.contract.batch import AuditBatch
+from rlvitals.analyzers.verdicts.batch_audit import audit_batch
 from rlvitals.client.integrations import openrlhf as ro
 from rlvitals.client.testing import FakeServer
 from safetensors.torch import load

@@ -33,7 +33,8 @@ import httpx
 import pytest
 import torch
 from rlvitals.analyzers import LossConfig, audit, recompute
-from rlvitals.analyzers.batch import AuditBatch, audit_batch
+from rlvitals.analyzers.contract.batch import AuditBatch
+from rlvitals.analyzers.verdicts.batch_audit import audit_batch
 from rlvitals.client.integrations import _common
 from rlvitals.client.integrations import verl as rv
 from rlvitals.client.testing import FakeServer

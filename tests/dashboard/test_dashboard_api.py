@@ -9,7 +9,7 @@ import time
 
 import pytest
 import torch
-from rlvitals.analyzers.histograms import batch_histograms
+from rlvitals.analyzers.verdicts.histograms import batch_histograms
 from rlvitals.service.settings import Settings
 from safetensors.torch import save
 

@@ -23,9 +23,9 @@ FORBIDDEN = (
     "rlvitals.service.metrics",
     "rlvitals.service.storage",
     "rlvitals.service.api",
-    "rlvitals.analyzers.batch",
-    "rlvitals.analyzers.histograms",
-    "rlvitals.analyzers.auditing",
+    "rlvitals.analyzers.contract.batch",
+    "rlvitals.analyzers.verdicts.histograms",
+    "rlvitals.analyzers.verdicts.auditing",
     "sqlalchemy",
     "torch",
 )
@@ -66,7 +66,7 @@ def test_importing_the_dashboard_loads_no_audit_code():
     code = (
         "import sys, rlvitals.service.dashboard; "
         "print([m for m in ('rlvitals.service.audits', 'rlvitals.service.batches', 'rlvitals.service.metrics',"
-        " 'rlvitals.analyzers.batch', 'torch', 'sqlalchemy') if m in sys.modules])"
+        " 'rlvitals.analyzers.contract.batch', 'torch', 'sqlalchemy') if m in sys.modules])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]", out.stdout

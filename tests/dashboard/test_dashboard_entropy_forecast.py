@@ -7,7 +7,7 @@ import itertools
 
 import torch
 from rlvitals.analyzers import LossConfig, grpo_advantages, recompute
-from rlvitals.analyzers.entropy_dynamics import batch_covariance
+from rlvitals.analyzers.verdicts.entropy_dynamics import batch_covariance
 
 from tests.service.batchdata import make_tensors
 

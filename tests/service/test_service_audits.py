@@ -197,7 +197,7 @@ def test_rollout_log_probs_are_validated_like_the_other_token_tensors(api):
 
 
 def test_histogram_clip_bounds_of_a_trl_batch_are_its_epsilons():
-    from rlvitals.analyzers.histograms import _clip_bounds
+    from rlvitals.analyzers.verdicts.histograms import _clip_bounds
 
     bounds = _clip_bounds({"trainer": "trl", "loss_type": "grpo", "epsilon_low": 0.2, "epsilon_high": 0.28})
     assert bounds == {"low": 0.8, "high": 1.28, "dual": 1e30}  # TRL has no dual clip

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from rlvitals.analyzers import ADV_ESTIMATORS, LossConfig, compute_advantages, recompute
-from rlvitals.analyzers.policy_losses import LossMode
+from rlvitals.analyzers.reference.policy_losses import LossMode
 from safetensors.torch import load_file
 
 from tests.service.batchdata import OCTET, make_batch, wait_done

@@ -10,7 +10,8 @@ import struct
 
 import pytest
 import torch
-from rlvitals.analyzers import LossConfig, kernels, recompute
+from rlvitals.analyzers import LossConfig, recompute
+from rlvitals.analyzers.fast import kernels
 
 from tests.service.batchdata import OCTET, make_batch, make_tensors, wait_done
 

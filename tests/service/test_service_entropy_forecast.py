@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 from rlvitals.analyzers import LossConfig, grpo_advantages, recompute
-from rlvitals.analyzers.entropy_dynamics import batch_covariance
+from rlvitals.analyzers.verdicts.entropy_dynamics import batch_covariance
 
 from tests.service.batchdata import OCTET, make_batch, make_tensors, wait_done
 

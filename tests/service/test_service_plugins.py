@@ -182,7 +182,7 @@ def test_a_broken_plugin_stops_the_server_with_the_reason(tmp_path, plugin_dir):
 def test_load_plugins_is_idempotent_and_reports_the_distribution(plugin_dir):
     script = (
         "from rlvitals.analyzers.plugins import load_plugins\n"
-        "from rlvitals.analyzers.policy_losses import POLICY_LOSSES\n"
+        "from rlvitals.analyzers.reference.policy_losses import POLICY_LOSSES\n"
         "first = load_plugins(); second = load_plugins()\n"
         "assert [str(p) for p in first] == [str(p) for p in second], (first, second)\n"
         "assert 'tanh_pg' in POLICY_LOSSES\n"

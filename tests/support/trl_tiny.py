@@ -187,8 +187,8 @@ def _decode(payload: bytes):
 
 def exact(out_path: str) -> None:
     """Every variant, every micro-batch: what TRL returned and logged vs ``trl_loss`` / ``trl_audit``."""
-    from rlvitals.analyzers.trl import TrlLossConfig, trl_loss
-    from rlvitals.analyzers.trl_audit import trl_audit
+    from rlvitals.analyzers.reference.trl import TrlLossConfig, trl_loss
+    from rlvitals.analyzers.verdicts.trl_audit import trl_audit
     from rlvitals.client.integrations.trl import RlvitalsCallback
     from rlvitals.client.settings import ClientSettings
     from rlvitals.client.testing import FakeServer

@@ -30,7 +30,7 @@ from safetensors.torch import save_file
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from rlvitals.analyzers.config import AggMode, KLType, LossConfig  # noqa: E402
+from rlvitals.analyzers.contract.config import AggMode, KLType, LossConfig  # noqa: E402
 from verl_loader import load_verl  # noqa: E402
 
 SEED = 20260512

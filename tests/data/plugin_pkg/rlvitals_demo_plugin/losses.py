@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from rlvitals.analyzers.losses import agg_loss, masked_mean, masked_sum
+from rlvitals.analyzers.reference.losses import agg_loss, masked_mean, masked_sum
 
 
 def compute_policy_loss_tanh(

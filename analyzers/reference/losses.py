@@ -4,7 +4,7 @@ The differentiable building blocks reproduce ``verl.trainer.ppo.core_algos`` (``
 ``compute_policy_loss_vanilla``, ``kl_penalty``) and ``verl.workers.utils.losses.ppo_loss`` with the
 same operations in the same order and dtype, so a trainer can use them as its loss and get verl's
 numbers. ``recompute`` answers the same question for an audit without autograd: it goes through
-:class:`rlvitals.analyzers.kernels.TokenBatch` (fused, in-place, one pass over the tokens) and falls back
+:class:`rlvitals.analyzers.fast.token_batch.TokenBatch` (fused, in-place, one pass over the tokens) and falls back
 to these reference ops only where the fast path could differ from verl (half precision, non-finite
 values anywhere in the batch).
 
@@ -24,8 +24,13 @@ from contextvars import ContextVar
 
 import torch
 
-from .batch import token_batch
-from .config import AggMode, KLType, LossConfig
+from ..contract.config import AggMode, KLType, LossConfig
+from ..contract.registries import (
+    AGG_MODES,
+    KL_ESTIMATORS,
+    register_agg_mode,
+    register_kl_estimator,
+)
 
 __all__ = [
     "AGG_MODES",
@@ -37,8 +42,6 @@ __all__ = [
     "kl_penalty",
     "masked_mean",
     "masked_sum",
-    "ppo_loss",
-    "recompute",
     "register_agg_mode",
     "register_kl_estimator",
 ]
@@ -61,24 +64,6 @@ def masked_mean(values: Tensor, mask: Tensor, axis: int | None = None) -> Tensor
 
 # -- aggregation modes ---------------------------------------------------------------------------------
 AggFn = Callable[..., Tensor]
-AGG_MODES: dict[str, AggFn] = {}  # keyed by name; the built-ins are AggMode's values
-
-
-def register_agg_mode(mode: AggMode | str) -> Callable[[AggFn], AggFn]:
-    """Register ``fn(loss_mat, loss_mask, *, dp_size, batch_num_tokens, global_batch_size,
-    loss_scale_factor) -> scalar`` under a loss_agg_mode name, built-in or new (a duplicate raises).
-    A registered name is then valid in ``LossConfig(loss_agg_mode=...)`` and every loss mode."""
-    key = mode.value if isinstance(mode, AggMode) else mode
-    if not isinstance(key, str) or not key:
-        raise ValueError(f"a loss_agg_mode name must be a non-empty string; got {mode!r}")
-
-    def decorate(fn: AggFn) -> AggFn:
-        if key in AGG_MODES:
-            raise ValueError(f"loss_agg_mode {key!r} is already registered")
-        AGG_MODES[key] = fn
-        return fn
-
-    return decorate
 
 
 def _need_global(name: str, dp_size: int) -> None:
@@ -195,22 +180,6 @@ def agg_loss(
 
 # -- KL estimators (http://joschu.net/blog/kl-approx.html) ------------------------------------------------
 KLFn = Callable[[Tensor, Tensor], Tensor]
-KL_ESTIMATORS: dict[str, KLFn] = {}
-
-
-def register_kl_estimator(name: str) -> Callable[[KLFn], KLFn]:
-    """Register a forward estimator ``fn(logprob, ref_logprob) -> (batch, response_len)`` by base name
-    (a duplicate raises). ``name`` and ``name + "+"`` (straight-through) are then valid kl_loss_types."""
-    if not isinstance(name, str) or not name or name.endswith("+"):
-        raise ValueError(f"a KL estimator name must be a non-empty string without '+'; got {name!r}")
-
-    def decorate(fn: KLFn) -> KLFn:
-        if name in KL_ESTIMATORS:
-            raise ValueError(f"KL estimator {name!r} is already registered")
-        KL_ESTIMATORS[name] = fn
-        return fn
-
-    return decorate
 
 
 @register_kl_estimator("k1")
@@ -331,81 +300,3 @@ def compute_policy_loss_vanilla(
     mode = config.loss_agg_mode if loss_agg_mode is None else loss_agg_mode
     pg_loss = agg_loss(pg_losses, response_mask, mode, **config.global_batch_info)
     return pg_loss, metrics
-
-
-def ppo_loss(
-    config: LossConfig,
-    *,
-    log_prob: Tensor,
-    old_log_prob: Tensor,
-    advantages: Tensor,
-    response_mask: Tensor,
-    ref_log_prob: Tensor | None = None,
-    entropy: Tensor | None = None,
-    rollout_is_weights: Tensor | None = None,
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """The actor loss of verl's ``ppo_loss``: ``pg_loss - entropy_coeff * entropy_loss
-    (+ kl_loss_coef * kl_loss when use_kl_loss)``; all terms share one aggregation.
-
-    The policy loss is ``config.loss_mode``'s registered function (:mod:`.policy_losses`);
-    ``rollout_is_weights`` multiply its per-token loss. Returns ``(policy_loss, metrics)`` with detached
-    scalar tensors ``pg_loss``, the loss mode's own metrics (vanilla: ``pg_clipfrac``, ``ppo_kl``,
-    ``pg_clipfrac_lower``), ``policy_loss``, plus ``entropy_loss`` when ``entropy`` is given and
-    ``kl_loss`` when ``ref_log_prob`` is given (added to the loss only when ``use_kl_loss``).
-    """
-    from .policy_losses import get_policy_loss
-
-    mask = response_mask.to(torch.bool)
-    pg_loss, pg_metrics = get_policy_loss(config.loss_mode).fn(
-        old_log_prob, log_prob, advantages, mask, config.loss_agg_mode, config, rollout_is_weights
-    )
-    metrics: dict[str, Tensor] = {"pg_loss": pg_loss.detach(), **pg_metrics}
-    policy_loss = pg_loss
-    info = config.global_batch_info
-    if entropy is not None:
-        entropy_loss = agg_loss(entropy, mask, config.loss_agg_mode, **info)
-        policy_loss = policy_loss - config.entropy_coeff * entropy_loss
-        metrics["entropy_loss"] = entropy_loss.detach()
-    if config.use_kl_loss and ref_log_prob is None:
-        raise ValueError("ref_log_prob is required when use_kl_loss is True")
-    if ref_log_prob is not None:
-        kld = kl_penalty(log_prob, ref_log_prob, config.kl_loss_type)
-        kl_loss = agg_loss(kld, mask, config.loss_agg_mode, **info)
-        if config.use_kl_loss:
-            policy_loss = policy_loss + kl_loss * config.kl_loss_coef
-        metrics["kl_loss"] = kl_loss.detach()
-    metrics["policy_loss"] = policy_loss.detach()
-    return policy_loss, metrics
-
-
-def recompute(
-    config: LossConfig,
-    *,
-    log_prob: Tensor,
-    old_log_prob: Tensor,
-    advantages: Tensor,
-    response_mask: Tensor,
-    ref_log_prob: Tensor | None = None,
-    entropy: Tensor | None = None,
-    rollout_is_weights: Tensor | None = None,
-) -> dict[str, float]:
-    """Every loss metric verl would report for this micro-batch, as python floats (no autograd).
-
-    Keys: ``pg_loss``, the loss mode's metrics (vanilla: ``pg_clipfrac``, ``ppo_kl``,
-    ``pg_clipfrac_lower``; see :mod:`.policy_losses`), ``policy_loss``, plus ``kl_loss`` when
-    ``ref_log_prob`` is given and ``entropy_loss`` when ``entropy`` is given. ``rollout_is_weights``
-    multiply the per-token policy loss as in verl. Shapes ``(batch, response_len)``;
-    float16/bfloat16/float32/float64.
-    """
-    batch = token_batch(
-        {
-            "log_prob": log_prob,
-            "old_log_prob": old_log_prob,
-            "advantages": advantages,
-            "response_mask": response_mask,
-            "ref_log_prob": ref_log_prob,
-            "entropy": entropy,
-            "rollout_is_weights": rollout_is_weights,
-        }
-    )
-    return batch.metrics(config)

@@ -1,7 +1,7 @@
 """The batch contract: one micro-batch of tensors, its loss config and the metrics the trainer reported.
 
 :class:`AuditBatch` is the value object every part builds instead of re-checking on its own: it
-validates the tensors against the rule table (``rlvitals.analyzers.batch_rules``) once, parses the
+validates the tensors against the rule table (``rlvitals.analyzers.contract.batch_rules``) once, parses the
 config once (verl's actor section -> :class:`LossConfig`, a TRL batch -> :class:`TrlLossConfig`, verl's
 ``algorithm`` section -> :class:`AlgorithmConfig`, verl's ``distillation`` section ->
 :class:`DistillationConfig`) and decodes ``reported`` once (non-finite
@@ -15,24 +15,24 @@ validated at upload is not validated again, only its config parsed) and the clie
 (``parse_config``: misuse raises in the trainer). The trainer -> config mappings live beside it: the
 parsers ``LossConfig.from_verl`` (verl, and OpenRLHF's verl-named fields), ``TrlLossConfig.from_dict``
 (TRL), ``AlgorithmConfig.from_verl``, which :func:`parse_config` picks from; and the readers of a live
-trainer object that produce what they parse, one per trainer, in :mod:`rlvitals.analyzers.trainer_configs`
+trainer object that produce what they parse, one per trainer, in :mod:`rlvitals.analyzers.contract.trainers`
 (``verl_loss_config``, ``trl_config_for``, ``openrlhf_loss_config``; the client integrations re-export them).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rlvitals.analyzers import batch_rules as rules
+from . import batch_rules as rules
+from .algorithm_config import AlgorithmConfig
+from .config import LossConfig
+from .distillation_config import DistillationConfig
+from .trl_config import TrlLossConfig, is_trl_config
 
 if TYPE_CHECKING:
     import torch
-    from rlvitals.analyzers.algorithm import AlgorithmConfig
-    from rlvitals.analyzers.config import LossConfig
-    from rlvitals.analyzers.distillation import DistillationConfig
-    from rlvitals.analyzers.trl import TrlLossConfig
 
 
 class BatchError(ValueError):
@@ -61,7 +61,6 @@ def _dtype(tensor: torch.Tensor) -> str:
 
 _FLOATS = ", ".join(rules.FLOAT_DTYPES[:-1]) + " or " + rules.FLOAT_DTYPES[-1]
 _TORCH_RULES: tuple[type, frozenset, frozenset] | None = None
-_TOKEN_BATCH: type | None = None  # kernels.TokenBatch, once token_batch first ran
 
 
 def _torch_rules() -> tuple[type, frozenset, frozenset]:
@@ -133,23 +132,8 @@ def check_token_tensors(tensors: Mapping[str, Any]) -> tuple[int, int]:
 
 class CheckedTensors(dict):
     """Tensors that passed the contract's check (:attr:`AuditBatch.tensors`, or derived from them by
-    :func:`audit_batch`): the audit builds its :class:`~rlvitals.analyzers.kernels.TokenBatch` from
+    :func:`audit_batch`): the audit builds its :class:`~rlvitals.analyzers.fast.token_batch.TokenBatch` from
     them without checking them again (:func:`token_batch`). Any other mapping is checked."""
-
-
-def token_batch(tensors: Mapping[str, Any], *, dense: bool = False):
-    """The :class:`~rlvitals.analyzers.kernels.TokenBatch` of ``tensors`` (its keyword names; None:
-    absent), the per-tensor rules checked once: by :func:`check_token_tensors` here, unless ``tensors``
-    is a :class:`CheckedTensors` (checked at validation). ``dense``: TokenBatch's (an audit's batch,
-    which aggregates every way)."""
-    global _TOKEN_BATCH
-    if _TOKEN_BATCH is None:  # kernels imports torch: loaded on first use (see _torch_rules)
-        from rlvitals.analyzers.kernels import TokenBatch
-
-        _TOKEN_BATCH = TokenBatch
-    if not isinstance(tensors, CheckedTensors):
-        check_token_tensors(tensors)
-    return _TOKEN_BATCH(**{k: v for k, v in tensors.items() if v is not None}, dense=dense)
 
 
 def check_tensors(tensors: Mapping[str, torch.Tensor], *, max_tokens: int | None = None) -> tuple[int, int]:
@@ -198,9 +182,6 @@ def parse_config(config: Mapping[str, Any] | None) -> tuple[LossConfig | TrlLoss
     (``"trainer": "trl"``) gets :class:`TrlLossConfig`, anything else verl's :class:`LossConfig`
     (``from_verl``: an actor section, a whole trainer config, or a flat ``LossConfig.to_dict()``).
     Raises :class:`ConfigError` with the parser's message."""
-    from rlvitals.analyzers.algorithm import AlgorithmConfig
-    from rlvitals.analyzers.config import LossConfig
-    from rlvitals.analyzers.trl import TrlLossConfig, is_trl_config
 
     config = config or {}
     try:
@@ -217,7 +198,6 @@ def parse_config(config: Mapping[str, Any] | None) -> tuple[LossConfig | TrlLoss
 def parse_distillation(config: Mapping[str, Any] | None) -> DistillationConfig | None:
     """verl's ``distillation`` section of a batch's config (None without one). Raises
     :class:`ConfigError` (``section="distillation"``) with the parser's message."""
-    from rlvitals.analyzers.distillation import DistillationConfig
 
     try:
         return DistillationConfig.from_verl(config or {})
@@ -280,192 +260,3 @@ class AuditBatch:
             shape,
             parse_distillation(config),
         )
-
-
-@dataclass
-class BatchAudit:
-    """What :func:`audit_batch` found. ``result`` is the audit (``AuditReport.to_dict()``, plus
-    ``groups``, ``advantages``, ``rollout``, ``distillation`` when they ran, and ``ok`` / ``explanation`` covering them
-    all), floats as floats (non-finite too: the health monitor reads it); ``groups`` the GRPO group
-    diagnostics; ``histograms`` the dashboard's ratio/advantage histograms (when asked for)."""
-
-    result: dict[str, Any]
-    groups: dict[str, Any] | None = None
-    advantages: dict[str, Any] | None = None
-    rollout: dict[str, Any] | None = None
-    distillation: dict[str, Any] | None = None
-    histograms: dict[str, Any] | None = field(default=None)
-
-    @property
-    def ok(self) -> bool | None:
-        return self.result.get("ok")
-
-    def to_dict(self) -> dict[str, Any]:
-        """``result``, JSON-safe (non-finite floats spelled ``"NaN"``/``"Infinity"``/``"-Infinity"``)."""
-        return _jsonable(self.result)
-
-
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, float):
-        return rules.spell(obj)
-    if isinstance(obj, Mapping):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    return obj
-
-
-def audit_batch(
-    batch: AuditBatch,
-    *,
-    run_config: Mapping[str, Any] | None = None,
-    histograms: bool = False,
-) -> BatchAudit:
-    """Every check of one batch: the loss audit (verl's, or TRL's own loss for a TRL batch), and as
-    the batch allows, the GRPO group diagnostics (``token_level_rewards`` + ``group_index``), the
-    advantages recomputed with ``algorithm.adv_estimator`` (``token_level_rewards``), the rollout
-    correction (``rollout_log_probs``: the reported ``rollout_corr/*`` checked), verl's on-policy
-    distillation loss (``teacher_log_probs``: the reported ``distillation/*`` and the PPO + distillation
-    total checked) and, with ``histograms=True``, the dashboard's histograms.
-
-    The ``algorithm`` and ``distillation`` sections come from the batch config, else from ``run_config``
-    (verl's ``algorithm.*`` / ``distillation.*`` of the run; verl's distillation defaults without
-    either). A mismatch in any check fails the result (``ok`` False) and adds to its explanation. With rollout correction (not in ``bypass_mode``) the loss is audited on the mask
-    after rejection, weighted by the IS weights, as verl's actor trains (the recomputed weights when
-    the trainer did not send the ones it applied).
-    """
-    from rlvitals.analyzers.advantages import group_diagnostics
-    from rlvitals.analyzers.algorithm import (
-        AlgorithmConfig,
-        audit_rollout,
-        check_advantages,
-        training_batch_size,
-    )
-    from rlvitals.analyzers.auditing import audit
-    from rlvitals.analyzers.trl import TrlLossConfig
-
-    tensors = batch.tensors
-    algorithm = batch.algorithm
-    if not algorithm.present and run_config:
-        algorithm = AlgorithmConfig.from_verl(run_config)
-    rollout = audit_rollout(algorithm, tensors, batch.reported)
-    loss_tensors = tensors
-    if rollout is not None and rollout["ok"] is not None and not rollout["config"]["bypass_mode"]:
-        loss_tensors = CheckedTensors({**tensors, "response_mask": rollout["_mask"]})  # ours: same shapes
-        if rollout["_weights"] is not None and "rollout_is_weights" not in tensors:
-            loss_tensors["rollout_is_weights"] = rollout["_weights"]
-    distillation = _distillation_config(batch, run_config)
-    loss_reported = batch.reported
-    if distillation is not None:  # verl's distillation_ppo_loss returns PPO + distillation: checked below
-        loss_reported = {k: v for k, v in batch.reported.items() if k.removeprefix("actor/") != "policy_loss"}
-    if isinstance(batch.loss, TrlLossConfig):  # a TRL GRPOTrainer batch: TRL's own loss, not verl's
-        from rlvitals.analyzers.trl_audit import trl_audit
-
-        report = trl_audit(batch.loss, loss_tensors, loss_reported)
-    else:
-        report = audit(batch.loss, loss_tensors, loss_reported)
-    result = report.to_dict()
-    out = BatchAudit(result)
-    extra: list[str] = []
-    if distillation is not None:
-        out.distillation = _audit_distillation(distillation, batch, loss_tensors, report)
-        result["distillation"] = out.distillation
-        if out.distillation["ok"] is False:
-            extra.append(out.distillation["explanation"])
-    if "token_level_rewards" in tensors and rules.GROUP_INDEX in tensors:
-        out.groups = group_diagnostics(
-            tensors["token_level_rewards"], tensors["response_mask"], tensors[rules.GROUP_INDEX]
-        ).to_dict()
-        result["groups"] = out.groups
-    if "token_level_rewards" in tensors and (
-        rules.GROUP_INDEX in tensors or algorithm.adv_estimator is not None
-    ):
-        size = training_batch_size(batch.config, run_config)  # the driver's whole batch, when known
-        out.advantages = check_advantages(algorithm, tensors, batch_size=size)
-        result["advantages"] = out.advantages
-        if out.advantages["ok"] is False:
-            extra.append(out.advantages["explanation"])
-    if rollout is not None:
-        rollout.pop("_mask", None)
-        rollout.pop("_weights", None)
-        out.rollout = result["rollout"] = rollout
-        if rollout["ok"] is False:
-            extra.append(rollout["explanation"])
-    if "rollout_log_probs" in tensors:
-        result["mismatch"] = batch_mismatch(tensors, algorithm)
-    if extra:
-        # the summary (what the audit_mismatch alert says) names these findings too
-        summary = str(result.get("summary") or "") if result["ok"] is False else ""
-        summary = " ".join(part for part in (summary, extra[0]) if part)
-        if len(extra) > 1:
-            summary += f" (and {len(extra) - 1} more finding(s): see the explanation)"
-        result["summary"] = summary
-        result["ok"] = False
-        result["explanation"] = " ".join([result["explanation"], *extra]).strip()
-    from rlvitals.analyzers.entropy_dynamics import batch_covariance
-
-    dynamics = batch_covariance(tensors)  # Cov(log π, A): the entropy forecast's input (health rules)
-    if dynamics is not None:
-        result["entropy_dynamics"] = dynamics
-    if histograms:
-        out.histograms = batch_histograms(batch)
-    return out
-
-
-def batch_mismatch(tensors: Mapping[str, Any], algorithm: AlgorithmConfig) -> dict[str, Any]:
-    """The rollout-vs-training mismatch report (:func:`rlvitals.analyzers.mismatch.mismatch_report`) of a
-    batch with ``rollout_log_probs``: the trainer's side is ``old_log_prob`` (``log_prob`` in verl's
-    bypass mode, where ``old_log_prob`` is the rollout's), the bounds verl's ``rollout_is_threshold``.
-    ``{"skipped": why}`` when there is no valid token."""
-    from rlvitals.analyzers.mismatch import mismatch_report
-
-    config = algorithm.rollout_correction
-    trainer = tensors["log_prob"] if config is not None and config.bypass_mode else tensors["old_log_prob"]
-    try:
-        return mismatch_report(
-            trainer,
-            tensors["rollout_log_probs"],
-            tensors["response_mask"],
-            group_index=tensors.get(rules.GROUP_INDEX),
-            is_threshold=None if config is None else config.rollout_is_threshold,
-        )
-    except (ValueError, RuntimeError) as exc:  # no valid token; the loss audit stands without the report
-        return {"skipped": f"{type(exc).__name__}: {exc}"}
-
-
-def _distillation_config(
-    batch: AuditBatch, run_config: Mapping[str, Any] | None
-) -> DistillationConfig | None:
-    """verl's distillation loss settings for this batch (its config, else the run's) when the teacher's
-    log-probs came along; else None (no distillation audit)."""
-    from rlvitals.analyzers.distillation import TENSOR, DistillationConfig
-
-    if TENSOR not in batch.tensors:
-        return None
-    found = batch.distillation
-    if found is None and run_config:
-        found = DistillationConfig.from_verl(run_config)
-    return found if found is not None else DistillationConfig()  # verl's defaults (k3, policy gradient)
-
-
-def _audit_distillation(distillation, batch: AuditBatch, tensors, report) -> dict[str, Any]:
-    """The distillation audit, with the reported total checked against the recomputed PPO total plus the
-    distillation term when the loss audit could recompute that total (KL/entropy tensors present)."""
-    from rlvitals.analyzers.config import LossConfig
-    from rlvitals.analyzers.distillation import audit_distillation
-
-    actor = batch.loss if isinstance(batch.loss, LossConfig) else LossConfig.from_verl(batch.config)
-    base = report.recomputed.get("policy_loss")
-    if (actor.use_kl_loss and "ref_log_prob" not in tensors) or (
-        actor.entropy_coeff != 0 and "entropy" not in tensors
-    ):
-        base = None  # the PPO part is not reproducible: the total is not checked
-    return audit_distillation(distillation, actor, tensors, batch.reported, policy_loss=base)
-
-
-def batch_histograms(batch: AuditBatch, *, bins: int | None = None) -> dict[str, Any]:
-    """The dashboard's ratio and advantage histograms of ``batch``, clip bounds from its parsed config."""
-    from rlvitals.analyzers import histograms
-
-    kwargs = {} if bins is None else {"bins": bins}
-    return histograms.batch_histograms(batch.tensors, config=batch.loss, **kwargs)

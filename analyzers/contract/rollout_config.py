@@ -1,5 +1,5 @@
 """verl 0.9.1's rollout-correction settings (``algorithm.rollout_correction``) and its threshold
-spellings, parsed and validated once; the computation is in :mod:`rlvitals.analyzers.rollout`.
+spellings, parsed and validated once; the computation is in :mod:`rlvitals.analyzers.reference.rollout`.
 
 ``rollout_is_threshold``: a number (TIS upper bound) or ``"lower_upper"`` (IcePop band).
 ``rollout_rs_threshold``: one value shared by every comma-separated ``rollout_rs`` option or one per

@@ -22,6 +22,12 @@ from typing import Any
 
 import torch
 
+from ..contract.audit_names import canonical_name
+from ..contract.batch import CheckedTensors
+from ..contract.batch_rules import NAN, POS_INF
+from ..contract.config import AggMode, KLType, LossConfig
+from ..fast.dispatch import token_batch
+from ..fast.token_batch import TokenBatch
 from .alternatives import (
     NO_DUAL_CLIP,
     Alternative,
@@ -29,11 +35,7 @@ from .alternatives import (
     implied_normaliser,
     loss_mode_counterfactuals,
 )
-from .audit_names import canonical_name
-from .batch import CheckedTensors, token_batch
 from .chunks import row_chunks
-from .config import AggMode, KLType, LossConfig
-from .kernels import TokenBatch
 
 METRICS = ("pg_loss", "pg_clipfrac", "ppo_kl", "pg_clipfrac_lower", "entropy_loss", "kl_loss", "policy_loss")
 DEFAULT_RTOL = 1e-4  # a trainer's GPU reductions differ from ours in summation order, not more
@@ -138,7 +140,7 @@ def _batch(tensors: Mapping[str, torch.Tensor]) -> TokenBatch:
         )
     # the contract's per-tensor check runs here for a direct caller, and not again for an AuditBatch's
     # tensors (checked when the batch was validated). Dense: the audit aggregates every way, the
-    # seq-mean modes included, and those count what lies under the mask (kernels.TokenBatch)
+    # seq-mean modes included, and those count what lies under the mask (token_batch.TokenBatch)
     kind = CheckedTensors if isinstance(tensors, CheckedTensors) else dict
     picked = kind((k, tensors[k]) for k in _BATCH_KEYS if k in tensors and tensors[k] is not None)
     return token_batch(picked, dense=True)
@@ -194,7 +196,7 @@ def audit(
                 given[key] = float(value)
             except (TypeError, ValueError):
                 raise ValueError(
-                    f"reported[{name!r}] must be a number (or 'NaN'/'Infinity'); got {value!r}"
+                    f"reported[{name!r}] must be a number (or {NAN!r}/{POS_INF!r}); got {value!r}"
                 ) from None
     notes: list[str] = []
     effective = config
@@ -402,7 +404,7 @@ def counterfactuals(config: LossConfig, tensors: Mapping[str, torch.Tensor]) -> 
 
 def _random_ranges(batch: TokenBatch, config: LossConfig, recomputed: dict[str, float]) -> dict[str, tuple]:
     """``{pg_loss: (lo, hi), policy_loss: (lo, hi)}`` for a loss that draws random numbers; else {}."""
-    from .policy_losses import get_policy_loss
+    from ..reference.policy_losses import get_policy_loss
 
     entry = get_policy_loss(config.loss_mode)
     if not entry.random or entry.bounds is None:

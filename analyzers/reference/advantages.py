@@ -17,10 +17,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from enum import Enum
 from typing import Any
 
 import torch
+
+from ..contract.registries import (  # noqa: F401  (re-exported: the registry lives in the contract layer)
+    ADV_ESTIMATORS,
+    AdvantageFn,
+    AdvEstimator,
+    get_adv_estimator,
+    register_adv_estimator,
+)
 
 Tensor = torch.Tensor
 
@@ -185,49 +192,6 @@ def group_diagnostics(
 
 
 # -- every outcome estimator verl 0.9.1 registers, on one open registry ------------------------------------
-class AdvEstimator(str, Enum):
-    """verl's ``algorithm.adv_estimator`` names reproduced here (outcome rewards, no critic)."""
-
-    GRPO = "grpo"
-    RLOO = "rloo"
-    REINFORCE_PLUS_PLUS = "reinforce_plus_plus"
-    REINFORCE_PLUS_PLUS_BASELINE = "reinforce_plus_plus_baseline"
-    GRPO_PASSK = "grpo_passk"
-    OPO = "opo"
-    GPG = "gpg"
-
-    def __str__(self) -> str:
-        return self.value
-
-
-AdvantageFn = Callable[..., tuple[Tensor, Tensor]]
-ADV_ESTIMATORS: dict[str, AdvantageFn] = {}
-
-
-def register_adv_estimator(name: str | AdvEstimator) -> Callable[[AdvantageFn], AdvantageFn]:
-    """Register ``fn(token_level_rewards, response_mask, index, *, gamma, epsilon,
-    norm_adv_by_std_in_grpo) -> (advantages, returns)`` under ``name``; a duplicate name raises. The
-    built-ins register through this decorator exactly as a user's estimator does."""
-    key = str(name)
-    if not key:
-        raise ValueError("an advantage estimator needs a non-empty name")
-
-    def decorator(fn: AdvantageFn) -> AdvantageFn:
-        if key in ADV_ESTIMATORS:
-            raise ValueError(f"advantage estimator {key!r} is already registered")
-        ADV_ESTIMATORS[key] = fn
-        return fn
-
-    return decorator
-
-
-def get_adv_estimator(name: str | AdvEstimator) -> AdvantageFn:
-    fn = ADV_ESTIMATORS.get(str(name))
-    if fn is None:
-        raise ValueError(f"unknown adv_estimator {str(name)!r}; valid: {', '.join(sorted(ADV_ESTIMATORS))}")
-    return fn
-
-
 @dataclass(frozen=True)
 class BatchNormalisation:
     """How an estimator's advantages depend on the whole batch verl computed them on (the driver's full

@@ -1,7 +1,7 @@
 """The batch contract's rule table, in pure Python (no torch, no numpy, no web stack).
 
 One table read by everything that touches a micro-batch: the client's ``log_batch`` capture
-(``rlvitals.client.capture``), the server's upload check and the audit (``rlvitals.analyzers.batch``),
+(``rlvitals.client.capture``), the server's upload check and the audit (``rlvitals.analyzers.contract.batch``),
 so the tensor names, their dtypes and the wire spelling of non-finite numbers are written once.
 
 Tensors, all ``(batch, response_len)`` unless noted:
@@ -92,3 +92,40 @@ def missing_partner(names: Any) -> str | None:
         if name in present and partner not in present:
             return f"{name} needs {partner} ({NEEDS_REASON[name]})"
     return None
+
+
+def token_shape(tensors: Mapping[str, Any], *, accepted: Any, kinds: str) -> tuple[int, int]:
+    """The metadata rules of the token tensors (``REQUIRED`` present; each given one ``accepted(value)``,
+    2-D and of ``log_prob``'s shape), read from ``.ndim`` / ``.shape`` only, so they hold for torch
+    tensors and numpy arrays alike without importing either. Returns ``(batch, response_len)``; raises
+    ``TypeError`` (missing, not ``kinds``) or ``ValueError`` (shape) naming the tensor. The client runs
+    it before copying anything; the server's :func:`~rlvitals.analyzers.contract.batch.check_tensors`
+    adds the dtype and device rules of its torch tensors."""
+    shape: tuple[int, ...] | None = None
+    for name in TOKEN_TENSORS:
+        value = tensors.get(name)
+        if value is None:
+            if name in REQUIRED:
+                raise TypeError(f"{name} is required")
+            continue
+        if not accepted(value):
+            raise TypeError(f"{name} must be a {kinds}, got {type(value).__name__}")
+        if value.ndim != 2:
+            raise ValueError(f"{name} must be 2-D (batch, response_len), got shape {tuple(value.shape)}")
+        if shape is None:
+            shape = tuple(value.shape)
+        elif tuple(value.shape) != shape:
+            raise ValueError(f"{name} has shape {tuple(value.shape)}, log_prob has {shape}")
+    assert shape is not None  # REQUIRED is not empty
+    return int(shape[0]), int(shape[1])
+
+
+def check_required(tensors: Mapping[str, Any]) -> None:
+    """The rules every call must meet even when its tensors are not sampled (so not copied): each
+    ``REQUIRED`` tensor present and array-like (has ``.shape``). ``TypeError`` naming the tensor."""
+    for name in REQUIRED:
+        value = tensors.get(name)
+        if value is None:
+            raise TypeError(f"{name} is required")
+        if not hasattr(value, "shape"):
+            raise TypeError(f"{name} must be a torch.Tensor or numpy.ndarray, got {type(value).__name__}")

@@ -39,8 +39,8 @@ from typing import Any
 
 import torch
 
-from .rollout import rollout_correction, rollout_debug_metrics
-from .rollout_config import parse_is_threshold
+from ..contract.rollout_config import parse_is_threshold
+from ..fast.rollout import rollout_correction, rollout_debug_metrics
 
 Tensor = torch.Tensor
 

@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from .advantages import ADV_ESTIMATORS, BATCH_NORMALISED, compute_advantages
-from .rollout import PREFIX, rollout_correction, rollout_debug_metrics
-from .rollout_config import RolloutCorrectionConfig
+from ..contract.algorithm_config import AlgorithmConfig, training_batch_size  # noqa: F401  (re-exported)
+from ..contract.rollout_config import RolloutCorrectionConfig
+from ..fast.rollout import rollout_correction, rollout_debug_metrics
+from ..reference.advantages import ADV_ESTIMATORS, BATCH_NORMALISED, compute_advantages
+from ..reference.rollout import PREFIX
 
 Tensor = torch.Tensor
 
@@ -32,75 +33,6 @@ METRIC_ATOL = 1e-6
 DEBUG_PREFIX = "training/rollout_"
 
 
-@dataclass(frozen=True)
-class AlgorithmConfig:
-    """The fields of verl's ``algorithm`` config the audit reads, with verl's defaults, except
-    ``adv_estimator``: None when the config does not say (the audit then assumes ``grpo``, the estimator
-    of every GRPO recipe; verl's own default is ``gae``, which needs a critic and is not checked)."""
-
-    adv_estimator: str | None = None
-    norm_adv_by_std_in_grpo: bool = True
-    gamma: float = 1.0
-    rollout_correction: RolloutCorrectionConfig | None = None
-
-    def __post_init__(self) -> None:
-        if self.adv_estimator is not None and not isinstance(self.adv_estimator, str):
-            raise ValueError(f"adv_estimator must be a string; got {self.adv_estimator!r}")
-        if not isinstance(self.norm_adv_by_std_in_grpo, bool):
-            raise ValueError(
-                f"norm_adv_by_std_in_grpo must be True or False; got {self.norm_adv_by_std_in_grpo!r}"
-            )
-        if (
-            isinstance(self.gamma, bool)
-            or not isinstance(self.gamma, (int, float))
-            or not math.isfinite(self.gamma)
-        ):
-            raise ValueError(f"gamma must be a finite number; got {self.gamma!r}")
-
-    @classmethod
-    def from_verl(cls, mapping: Mapping[str, Any] | None) -> AlgorithmConfig:
-        """From a whole verl config (reads ``algorithm``) or the ``algorithm`` section itself."""
-        if not hasattr(mapping, "get"):
-            return cls()
-        section = mapping.get("algorithm") if hasattr(mapping.get("algorithm"), "get") else mapping
-        values = {
-            k: section[k] for k in ("adv_estimator", "norm_adv_by_std_in_grpo", "gamma") if k in section
-        }
-        return cls(**values, rollout_correction=RolloutCorrectionConfig.from_verl(mapping))
-
-    @property
-    def present(self) -> bool:
-        return self != AlgorithmConfig()
-
-    def to_dict(self) -> dict[str, Any]:
-        """verl's shape: ``{"adv_estimator", "norm_adv_by_std_in_grpo", "gamma", "rollout_correction"}``."""
-        out: dict[str, Any] = {
-            "norm_adv_by_std_in_grpo": self.norm_adv_by_std_in_grpo,
-            "gamma": float(self.gamma),
-        }
-        if self.adv_estimator is not None:
-            out["adv_estimator"] = self.adv_estimator
-        if self.rollout_correction is not None:
-            out["rollout_correction"] = self.rollout_correction.to_dict()
-        return out
-
-
-def training_batch_size(*configs: Mapping[str, Any] | None) -> int | None:
-    """The number of responses verl computes advantages over in one step (the driver's whole batch):
-    ``data.train_batch_size`` x ``actor_rollout_ref.rollout.n`` of the first config holding both, else
-    None."""
-    for config in configs:
-        if not hasattr(config, "get"):
-            continue
-        data, rollout = config.get("data"), (config.get("actor_rollout_ref") or {})
-        rollout = rollout.get("rollout") if hasattr(rollout, "get") else None
-        prompts = data.get("train_batch_size") if hasattr(data, "get") else None
-        n = rollout.get("n", 1) if hasattr(rollout, "get") else None
-        if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (prompts, n)):
-            return prompts * n
-    return None
-
-
 def check_advantages(
     algorithm: AlgorithmConfig, tensors: Mapping[str, Tensor], *, batch_size: int | None = None
 ) -> dict[str, Any]:
@@ -109,7 +41,7 @@ def check_advantages(
 
     An estimator that normalises over the whole batch verl ran it on (``reinforce_plus_plus`` and
     ``reinforce_plus_plus_baseline`` whiten over it, ``gpg`` scales by a count over it; see
-    :data:`~rlvitals.analyzers.advantages.BATCH_NORMALISED`) is checked exactly when the upload is that
+    :data:`~rlvitals.analyzers.reference.advantages.BATCH_NORMALISED`) is checked exactly when the upload is that
     whole batch (``batch_size`` rows: :func:`training_batch_size`). An upload that is a part of it (fewer
     rows), or of unknown size that does not match exactly, is checked for what a part keeps: the sent
     advantages must be ``scale * raw + shift`` on valid tokens with one ``scale > 0`` (and ``shift``)

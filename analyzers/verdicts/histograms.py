@@ -4,7 +4,7 @@ The importance ratio is verl's ``exp(clamp(log_prob - old_log_prob, -20, 20))`` 
 (``response_mask`` = 1) tokens; the clip bounds ``1 - clip_low``, ``1 + clip_high`` and the dual-clip
 bound ``clip_ratio_c`` come from the batch's ``LossConfig`` (TRL: ``epsilon_low``/``epsilon_high``/``delta``)
 so the page can draw them over the bars. Pure torch; the result is JSON-safe. ``audit_batch``
-(``rlvitals.analyzers.batch``) computes them with the audit, from the batch's parsed config.
+(``rlvitals.analyzers.contract.batch``) computes them with the audit, from the batch's parsed config.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ def _clip_bounds(config: Any) -> dict[str, float] | None:
     """The ratio's clip bounds under ``config`` (a parsed ``LossConfig`` / ``TrlLossConfig``, or a
     mapping of their fields); None when a mapping's clip fields are not valid (the audit itself
     reports that), so the histograms still show."""
-    from rlvitals.analyzers.config import LossConfig
-    from rlvitals.analyzers.trl import TrlLossConfig
+    from ..contract.config import LossConfig
+    from ..contract.trl_config import TrlLossConfig
 
     if isinstance(config, TrlLossConfig):  # TRL: no dual clip (a big bound); delta caps the ratio instead
         low, high, delta = config.epsilon_low, config.epsilon_high, config.delta

@@ -7,7 +7,7 @@ For one mismatched metric, candidates are generated in order of simplicity: sing
 ignored, one clip side only, no ±20 clamp, policy and reference swapped), then every other registered
 ``loss_mode`` (each one a full recomputation, so only when nothing cheaper explains it), then pairs of
 changes. Each
-candidate is recomputed exactly (the :class:`~.kernels.TokenBatch` caches make that scalar arithmetic
+candidate is recomputed exactly (the :class:`~.token_batch.TokenBatch` caches make that scalar arithmetic
 on the fast path) and kept when it reproduces the reported value within the audit tolerance.
 """
 
@@ -22,8 +22,9 @@ from typing import Any
 
 import torch
 
-from .config import NO_DUAL_CLIP, AggMode, KLType, LossConfig
-from .kernels import TokenBatch, ieee_div
+from ..contract.config import NO_DUAL_CLIP, AggMode, KLType, LossConfig
+from ..fast.token_batch import TokenBatch
+from ..fast.workspace import ieee_div
 
 AGG_METRICS = ("pg_loss", "entropy_loss", "kl_loss", "policy_loss")
 _DP_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -108,7 +109,7 @@ def _mode_changes(config: LossConfig) -> Iterator[dict[str, Any]]:
 def _loss_mode_changes(config: LossConfig) -> Iterator[dict[str, Any]]:
     """Every other registered loss mode that gives one value per batch (``clip_cov`` draws at random;
     ``dro`` needs a ``dro_beta``; ``bypass_mode`` is vanilla on these tensors when nothing is rejected)."""
-    from .policy_losses import POLICY_LOSSES
+    from ..reference.policy_losses import POLICY_LOSSES
 
     for name, entry in POLICY_LOSSES.items():
         if name == config.loss_mode or entry.random or name == "bypass_mode":
@@ -425,8 +426,8 @@ def loss_mode_counterfactuals(batch: TokenBatch, config: LossConfig) -> dict[str
     other modes (``sapo`` and ``geo_mean`` ignore ``loss_agg_mode``, as in verl). ``clip_cov`` draws its
     tokens with ``torch.randperm``: it gets ``pg_loss_range``, the range over all draws. Left out: ``dro`` without a
     ``dro_beta``, and a mode verl would refuse on this batch (``bypass_mode`` on an empty mask)."""
-    from .losses import agg_loss
-    from .policy_losses import POLICY_LOSSES
+    from ..reference.losses import agg_loss
+    from ..reference.policy_losses import POLICY_LOSSES
 
     t = batch.tensors
     info = config.global_batch_info

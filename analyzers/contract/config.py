@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass, fields
 from enum import Enum
 from typing import Any
 
+from . import registries
+
 
 class AggMode(str, Enum):
     """verl's ``loss_agg_mode``: how a ``(batch, response_len)`` loss matrix becomes one scalar."""
@@ -93,9 +95,7 @@ def _parse_registered(enum: type[Enum], field: str, value: Any) -> Any:
         return enum(value)
     except ValueError:
         pass
-    from . import losses
-
-    registered = losses.AGG_MODES if enum is AggMode else losses.KL_ESTIMATORS
+    registered = registries.AGG_MODES if enum is AggMode else registries.KL_ESTIMATORS
     name = value.value if isinstance(value, Enum) else value
     if isinstance(name, str) and (name in registered or (enum is KLType and name.rstrip("+") in registered)):
         return name
@@ -227,10 +227,7 @@ class LossConfig:
                 )
 
     def _check_policy_loss(self, set_) -> None:
-        from .policy_losses import LossMode, get_policy_loss
-
-        name = self.loss_mode.value if isinstance(self.loss_mode, Enum) else self.loss_mode
-        get_policy_loss(name)  # unknown: ValueError listing the registered names
+        name = registries.loss_mode_name(self.loss_mode)  # unknown: ValueError listing the valid names
         set_("loss_mode", name)
         for field_, allowed in (
             ("clip_cov_ratio", "a number in (0, 1]"),
@@ -251,7 +248,7 @@ class LossConfig:
         beta = _number("dro_beta", self.dro_beta, allowed="None or a number > 0", optional=True)
         if beta is not None and beta <= 0:
             raise ValueError(f"dro_beta must be None or a number > 0; got {beta!r}")
-        if name == LossMode.DRO.value and beta is None:
+        if name == registries.LossMode.DRO.value and beta is None:
             raise ValueError(
                 "dro_beta must be a number > 0 when loss_mode is 'dro' (verl requires it); got None"
             )

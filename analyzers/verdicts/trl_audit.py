@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
+from ..reference.trl import METRICS, TrlLossConfig, TrlLossType, trl_loss
 from .auditing import DEFAULT_ATOL, DEFAULT_RTOL, AuditReport, _close, _errors, _fmt
-from .trl import METRICS, TrlLossConfig, TrlLossType, trl_loss
 
 TRL_VERSION = "TRL 1.16 GRPOTrainer"
 _TENSORS = ("log_prob", "old_log_prob", "advantages", "response_mask", "ref_log_prob", "entropy")

@@ -17,85 +17,23 @@ token-mean and the seq-* modes; ``bypass_mode`` refuses an empty mask (verl's ro
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 
 import torch
 
-from .losses import agg_loss, masked_mean
+from ..contract.config import LossConfig
+from ..contract.registries import (  # noqa: F401  (re-exported: the registry lives in the contract layer)
+    POLICY_LOSSES,
+    BoundsFn,
+    LossMode,
+    PolicyLoss,
+    PolicyLossFn,
+    get_policy_loss,
+    register_policy_loss,
+)
+from .losses import agg_loss, clipped_token_losses, kl_penalty, masked_mean
 
 Tensor = torch.Tensor
-PolicyLossFn = Callable[..., tuple[Tensor, dict[str, Tensor]]]
-BoundsFn = Callable[..., tuple[float, float]]
-
-
-class LossMode(str, Enum):
-    """The names verl 0.9.1 registers (``policy_loss.loss_mode``); the registry also takes others."""
-
-    VANILLA = "vanilla"
-    GSPO = "gspo"
-    SAPO = "sapo"
-    GPG = "gpg"
-    CLIP_COV = "clip_cov"
-    KL_COV = "kl_cov"
-    GEO_MEAN = "geo_mean"
-    DRO = "dro"
-    CISPO = "cispo"
-    DPPO_TV = "dppo_tv"
-    DPPO_KL = "dppo_kl"
-    BYPASS_MODE = "bypass_mode"
-
-    def __str__(self) -> str:
-        return self.value
-
-
-@dataclass(frozen=True)
-class PolicyLoss:
-    """A registered loss. ``random``: the loss draws from torch's RNG (``clip_cov``), so ``pg_loss`` is
-    only reproducible as a range, given by ``bounds(...) -> (low, high)`` (same arguments as ``fn``).
-    ``uses_agg_mode``: whether ``loss_agg_mode`` changes ``pg_loss`` (counterfactuals use it)."""
-
-    name: str
-    fn: PolicyLossFn
-    random: bool = False
-    bounds: BoundsFn | None = None
-    uses_agg_mode: bool = True  # False: the loss ignores loss_agg_mode (verl's sapo, geo_mean)
-
-
-POLICY_LOSSES: dict[str, PolicyLoss] = {}
-
-
-def register_policy_loss(
-    name: str, *, random: bool = False, bounds: BoundsFn | None = None, uses_agg_mode: bool = True
-) -> Callable[[PolicyLossFn], PolicyLossFn]:
-    """Register ``fn`` as ``policy_loss.loss_mode = name`` (a duplicate name raises ``ValueError``)."""
-    key = name.value if isinstance(name, Enum) else name
-    if not isinstance(key, str) or not key:
-        raise ValueError(f"a policy loss name must be a non-empty string; got {name!r}")
-
-    def decorate(fn: PolicyLossFn) -> PolicyLossFn:
-        if key in POLICY_LOSSES:
-            raise ValueError(f"policy loss {key!r} is already registered")
-        POLICY_LOSSES[key] = PolicyLoss(key, fn, random=random, bounds=bounds, uses_agg_mode=uses_agg_mode)
-        return fn
-
-    return decorate
-
-
-def get_policy_loss(name: str) -> PolicyLoss:
-    """The registered loss ``name``; an unknown name raises ``ValueError`` listing the valid ones."""
-    # a str enum member (LossMode) is a str equal to its value: looked up as it is (``.value`` is a
-    # Python-level descriptor, read on every recompute())
-    entry = POLICY_LOSSES.get(name) if isinstance(name, str) else None
-    if entry is None:
-        key = name.value if isinstance(name, Enum) else name
-        entry = POLICY_LOSSES.get(key) if isinstance(key, str) else None
-    if entry is None:
-        allowed = ", ".join(repr(n) for n in POLICY_LOSSES)
-        raise ValueError(f"loss_mode must be one of {allowed}; got {name!r}")
-    return entry
 
 
 def _info(config) -> dict[str, Any]:
@@ -119,8 +57,6 @@ def compute_policy_loss_vanilla(
 ):
     """``l = max(-A r, -A clip(r, 1-eps_low, 1+eps_high))``, for ``A < 0`` at most ``-A c``;
     ``r = exp(clamp(logp - logp_old, ±20))``. Metrics: pg_clipfrac, ppo_kl, pg_clipfrac_lower."""
-    from .losses import clipped_token_losses
-
     pg_losses, metrics = clipped_token_losses(
         old_log_prob,
         log_prob,
@@ -544,7 +480,7 @@ def _rollout_correction(log_prob, rollout_log_prob, response_mask, rc):
     except ImportError:
         if rc["rollout_rs"] is not None or (rc["loss_type"] == "reinforce" and rc["rollout_is"] is not None):
             raise ValueError(
-                "bypass_mode with rollout_rs, or reinforce with rollout_is, needs rlvitals.analyzers.rollout"
+                "bypass_mode with rollout_rs, or reinforce with rollout_is, needs rlvitals.analyzers.reference.rollout"
             ) from None
         return None, response_mask, {}
     weights, mask, metrics = rollout_correction(
@@ -558,3 +494,47 @@ def _rollout_correction(log_prob, rollout_log_prob, response_mask, rc):
         rollout_rs_threshold=rc["rollout_rs_threshold"],
     )
     return weights, mask.to(torch.bool), {k: torch.as_tensor(v) for k, v in metrics.items()}
+
+
+# -- verl's ppo_loss: the policy loss of config.loss_mode plus the entropy and KL terms --------------------
+def ppo_loss(
+    config: LossConfig,
+    *,
+    log_prob: Tensor,
+    old_log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    ref_log_prob: Tensor | None = None,
+    entropy: Tensor | None = None,
+    rollout_is_weights: Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The actor loss of verl's ``ppo_loss``: ``pg_loss - entropy_coeff * entropy_loss
+    (+ kl_loss_coef * kl_loss when use_kl_loss)``; all terms share one aggregation.
+
+    The policy loss is ``config.loss_mode``'s registered function (this module's registry);
+    ``rollout_is_weights`` multiply its per-token loss. Returns ``(policy_loss, metrics)`` with detached
+    scalar tensors ``pg_loss``, the loss mode's own metrics (vanilla: ``pg_clipfrac``, ``ppo_kl``,
+    ``pg_clipfrac_lower``), ``policy_loss``, plus ``entropy_loss`` when ``entropy`` is given and
+    ``kl_loss`` when ``ref_log_prob`` is given (added to the loss only when ``use_kl_loss``).
+    """
+    mask = response_mask.to(torch.bool)
+    pg_loss, pg_metrics = get_policy_loss(config.loss_mode).fn(
+        old_log_prob, log_prob, advantages, mask, config.loss_agg_mode, config, rollout_is_weights
+    )
+    metrics: dict[str, Tensor] = {"pg_loss": pg_loss.detach(), **pg_metrics}
+    policy_loss = pg_loss
+    info = config.global_batch_info
+    if entropy is not None:
+        entropy_loss = agg_loss(entropy, mask, config.loss_agg_mode, **info)
+        policy_loss = policy_loss - config.entropy_coeff * entropy_loss
+        metrics["entropy_loss"] = entropy_loss.detach()
+    if config.use_kl_loss and ref_log_prob is None:
+        raise ValueError("ref_log_prob is required when use_kl_loss is True")
+    if ref_log_prob is not None:
+        kld = kl_penalty(log_prob, ref_log_prob, config.kl_loss_type)
+        kl_loss = agg_loss(kld, mask, config.loss_agg_mode, **info)
+        if config.use_kl_loss:
+            policy_loss = policy_loss + kl_loss * config.kl_loss_coef
+        metrics["kl_loss"] = kl_loss.detach()
+    metrics["policy_loss"] = policy_loss.detach()
+    return policy_loss, metrics
