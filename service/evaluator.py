@@ -31,7 +31,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import orjson
-from rlvitals.analyzers.batch_rules import NON_FINITE
+from rlvitals.analyzers.contract.batch_rules import NON_FINITE
 from rlvitals.service.alerts import apply_findings
 from rlvitals.service.encoding import jsonable
 from rlvitals.service.events import Event

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import orjson
-from rlvitals.analyzers.contract.batch_rules import NON_FINITE
+from rlvitals.analyzers.contract.batch_rules import NAN, NON_FINITE, spell
 from rlvitals.service.context import Services
 from rlvitals.service.encoding import encode_float
 from rlvitals.service.errors import NotFound, PayloadTooLarge
@@ -270,11 +270,11 @@ def _column_rows(rows: list[tuple], sqlite: bool):
     """Stored rows as ``(name, step, value)`` the way a history query reads them back."""
     for _, name, step, value, flag, _ in rows:
         if value is None:
-            yield name, step, ("NaN" if flag else None)
+            yield name, step, (NAN if flag else None)
         elif value == 0.0:
             yield name, step, (0.0 if sqlite else value)  # SQLite stores -0.0 as 0.0
         elif value - value != 0.0:
-            yield name, step, ("Infinity" if value > 0 else "-Infinity")
+            yield name, step, spell(value)
         else:
             yield name, step, value
 
@@ -371,7 +371,7 @@ def _points(steps: list[int], values: list) -> list[tuple[int, float | None, int
             (None if value is None else _SPELLED[value])
             if value is None or value.__class__ is str
             else value,
-            1 if value == "NaN" else 0,
+            1 if value == NAN else 0,
         )
         for step, value in zip(steps, values, strict=True)
     ]
@@ -483,7 +483,7 @@ def _series(points: list[tuple[int, float | None, int]], max_points: int) -> dic
     # find these: a comparison with NaN is always false, and orjson would write NaN as null.
     if None in values or not all(map(math.isfinite, values)):
         values = [
-            ("NaN" if flag else None)
+            (NAN if flag else None)
             if value is None
             else (value if math.isfinite(value) else encode_float(value))
             for _, value, flag in points

@@ -9,11 +9,12 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
+from rlvitals.analyzers.contract.batch_rules import NAN, NEG_INF, POS_INF
 
 MAX_STEP = 2**63 - 1
 
 # A metric value: a JSON number, null, or one of the non-finite spellings (stored, never rejected).
-MetricValue = StrictFloat | None | Literal["NaN", "Infinity", "-Infinity"]
+MetricValue = StrictFloat | None | Literal[NAN, POS_INF, NEG_INF]  # the contract's spelling
 NO_NUL = r"^[^\x00]*$"  # PostgreSQL text cannot hold NUL characters
 MetricName = Annotated[str, Field(min_length=1, max_length=250, pattern=NO_NUL)]
 Step = Annotated[StrictInt, Field(ge=0, le=MAX_STEP)]

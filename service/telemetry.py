@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Iterable
 
+from rlvitals.analyzers.contract.batch_rules import NAN, NEG_INF, POS_INF
 from rlvitals.service.storage import repository as repo
 from rlvitals.service.storage.database import Database
 
@@ -224,7 +225,7 @@ def _escape(value: object) -> str:
 
 def _fmt(value: object) -> str:
     if isinstance(value, str):  # non-finite values are stored spelled out
-        return {"NaN": "NaN", "Infinity": "+Inf", "-Infinity": "-Inf"}.get(value, "NaN")
+        return {NAN: "NaN", POS_INF: "+Inf", NEG_INF: "-Inf"}.get(value, "NaN")
     if isinstance(value, float):
         if value != value:
             return "NaN"

@@ -7,17 +7,12 @@ import math
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from ..contract.batch_rules import spell
 from ..contract.series import ZERO_ADV_SERIES
 from .detectors import Ewma, Hysteresis
 from .findings import IDLE, Check, Severity
 from .registry import Rule, RuleId, register_rule, require
 from .signals import Signal, signal_of
-
-_SPELLING = {True: "Infinity", False: "-Infinity"}
-
-
-def _spell(value: float) -> str:
-    return "NaN" if math.isnan(value) else _SPELLING[value > 0]
 
 
 @register_rule(RuleId.NON_FINITE)
@@ -58,14 +53,14 @@ class NonFinite(Rule):
         names = sorted(bad)
         vital = [name for name in names if _vital(name)]
         first = (vital or names)[0]
-        shown = ", ".join(f"{name}={_spell(bad[name])}" for name in names[:5])
+        shown = ", ".join(f"{name}={spell(bad[name])}" for name in names[:5])
         more = f" and {len(names) - 5} more" if len(names) > 5 else ""
         return Check(
             active=True,
             value=bad[first],
             signal=signal_of(first) or first,
             evidence={
-                "non_finite": {name: _spell(bad[name]) for name in names},
+                "non_finite": {name: spell(bad[name]) for name in names},
                 "count": len(names),
                 "vital": vital,
             },

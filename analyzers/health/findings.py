@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from ..contract.batch_rules import NON_FINITE
+from ..contract.batch_rules import NON_FINITE, spell
 
 FIRING = "firing"
 RESOLVED = "resolved"
@@ -178,7 +178,7 @@ def encode_floats(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [encode_floats(v) for v in obj]
     if isinstance(obj, float) and not math.isfinite(obj):
-        return {_TAG: "NaN" if math.isnan(obj) else ("Infinity" if obj > 0 else "-Infinity")}
+        return {_TAG: spell(obj)}
     return obj
 
 
