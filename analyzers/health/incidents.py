@@ -258,6 +258,13 @@ class IncidentUpdate:
         return str(self.incident["severity"])
 
 
+def _update(kind: str, step: int, incident: Incident) -> IncidentUpdate:
+    """The update saying ``incident`` changed at ``step`` (its severity unchanged by it)."""
+    return IncidentUpdate(
+        kind=kind, step=step, previous_severity=incident.severity, incident=incident.to_dict()
+    )
+
+
 class IncidentTracker:
     """Folds one run's findings into incidents (see the module docstring). Not thread-safe."""
 
@@ -297,14 +304,7 @@ class IncidentTracker:
         for incident in self.incidents.values():
             if incident.state == "open" and not incident.confirmed:
                 incident.confirmed = True
-                updates.append(
-                    IncidentUpdate(
-                        kind=UPDATED,
-                        step=step,
-                        previous_severity=incident.severity,
-                        incident=incident.to_dict(),
-                    )
-                )
+                updates.append(_update(UPDATED, step, incident))
         return updates
 
     def critical_open(self) -> bool:
@@ -515,12 +515,7 @@ class IncidentTracker:
             incident.last_step = max(incident.last_step, finding.step)
             if all(m["state"] != "firing" for m in incident.members.values()):
                 incident.quiet_since, incident.quiet_points = finding.step, 0
-            return IncidentUpdate(
-                kind=UPDATED,
-                step=finding.step,
-                previous_severity=incident.severity,
-                incident=incident.to_dict(),
-            )
+            return _update(UPDATED, finding.step, incident)
         return None
 
     def _advance_quiet(self, step: int, *, skip: set[int]) -> list[IncidentUpdate]:
@@ -540,14 +535,7 @@ class IncidentTracker:
                     and incident.held_points >= self.settings.hold_points
                 ):
                     incident.confirmed = True
-                    updates.append(
-                        IncidentUpdate(
-                            kind=UPDATED,
-                            step=step,
-                            previous_severity=incident.severity,
-                            incident=incident.to_dict(),
-                        )
-                    )
+                    updates.append(_update(UPDATED, step, incident))
             if incident.quiet_since is None or number in skip:
                 continue
             if step > incident.quiet_since:
@@ -559,14 +547,7 @@ class IncidentTracker:
                 incident.state = "resolved"
                 incident.resolved_step = step
                 incident.quiet_since, incident.quiet_points = None, 0
-                updates.append(
-                    IncidentUpdate(
-                        kind=RESOLVED,
-                        step=step,
-                        previous_severity=incident.severity,
-                        incident=incident.to_dict(),
-                    )
-                )
+                updates.append(_update(RESOLVED, step, incident))
         return updates
 
     def _add_finding(self, incident: Incident, record: dict[str, Any]) -> None:
