@@ -467,14 +467,9 @@ def ddp(out_prefix: str) -> None:
     Path(f"{out_prefix}.rank{rank}.json").write_text(json.dumps({"returned": returned, "backend": backend}))
 
 
-def halt(out_path: str) -> None:
-    """A run that collapses on purpose (learning rate 1e4: after the first update the policy is uniform
-    and every gradient is exactly 0 while the rewards still differ) with ``halt_on=("critical",)`` and
-    ``save_on_halt``, against $RLVITALS_URL: where it stopped, what the trainer logged, the checkpoint."""
+def _rlvitals_log_records() -> list[str]:
+    """Every message the ``rlvitals`` loggers emit from now on (what the trainer's log shows of a halt)."""
     import logging
-
-    from rlvitals.client.integrations.trl import RlvitalsCallback
-    from trl import GRPOTrainer
 
     records: list[str] = []
 
@@ -483,6 +478,17 @@ def halt(out_path: str) -> None:
             records.append(record.getMessage())
 
     logging.getLogger("rlvitals").addHandler(Keep())
+    return records
+
+
+def halt(out_path: str) -> None:
+    """A run that collapses on purpose (learning rate 1e4: after the first update the policy is uniform
+    and every gradient is exactly 0 while the rewards still differ) with ``halt_on=("critical",)`` and
+    ``save_on_halt``, against $RLVITALS_URL: where it stopped, what the trainer logged, the checkpoint."""
+    from rlvitals.client.integrations.trl import RlvitalsCallback
+    from trl import GRPOTrainer
+
+    records = _rlvitals_log_records()
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["RLVITALS_SPOOL_DIR"] = tmp
         callback = RlvitalsCallback(halt_on=("critical",), save_on_halt=True)
@@ -512,20 +518,12 @@ def ddp_halt(out_prefix: str) -> None:
     ``halt``), with ``halt_on=("critical",)`` and ``save_on_halt``, and no run name shared by the
     processes: rank 0 records the run, rank 1 records none yet must stop with it. Each rank writes
     where it stopped to ``OUT_PREFIX.rank<r>.json``."""
-    import logging
-
     import torch.distributed as dist
     from rlvitals.client.integrations.trl import RlvitalsCallback
     from trl import GRPOTrainer
 
     rank = int(os.environ["RANK"])
-    records: list[str] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            records.append(record.getMessage())
-
-    logging.getLogger("rlvitals").addHandler(Keep())
+    records = _rlvitals_log_records()
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["RLVITALS_SPOOL_DIR"] = f"{tmp}/spool-{rank}"
         callback = RlvitalsCallback(halt_on=("critical",), save_on_halt=True)
