@@ -32,10 +32,12 @@ class KlLossRunaway(Rule):
     healthy creep — linear or slowing — stays near or below 1×), (3) fast > ``min_level``, after
     ``warmup`` steps (and 5 points). It resolves when fast/slow − 1 drops below growth/2. ``ceiling`` is absolute (critical).
 
-    A point above ``spike_clamp`` × the slow average (once that is above ``min_level``) enters both averages
-    at that bound: a one-step spike that the next step forgets (``kl_spike``'s finding) is no trend, and
+    After ``warmup``, a point above ``spike_clamp`` × the fast average (once that is above ``min_level``)
+    enters both averages at that bound (before, the KL is growing from 0 as every run's does, and the
+    averages must follow it; the bound follows the fast average, not the slow one, which lags a growing
+    KL far behind): a one-step spike that the next step forgets (``kl_spike``'s finding) is no trend, and
     unclamped it would lift the fast average above the slow one for the next dozen steps. A KL that stays
-    up keeps pushing the fast average toward the bound and still reads as growth.
+    up lifts the fast average, and with it the bound, by a fifth on every point, and still reads as growth.
     """
 
     signal = Signal.KL_LOSS.value
@@ -85,8 +87,9 @@ class KlLossRunaway(Rule):
         s = self.settings
         if self.first_step is None:
             self.first_step = step
-        bound = self.slow.value
-        clamped = min(x, s["spike_clamp"] * bound) if bound is not None and bound > s["min_level"] else x
+        bound = self.fast.value
+        settled = step - self.first_step >= s["warmup"] and bound is not None and bound > s["min_level"]
+        clamped = min(x, s["spike_clamp"] * bound) if settled else x
         fast, slow = self.fast.update(clamped), self.slow.update(clamped)
         above_ceiling = self.ceiling.update(x)
         ratio = fast / slow - 1.0 if slow > 0 else 0.0
