@@ -215,7 +215,7 @@ class KlSpike(Rule):
     fire_after = 1
     resolve_after = 20
     evidence_note = (
-        "TRL Qwen GRPO runs whose kl jumps 16-150× its median for one or two logged points (kl 17.8 at "
+        "TRL Qwen GRPO runs whose kl jumps 16–150× its median for one or two logged points (kl 17.8 at "
         "step 71 between 0.37 and 0.13); healthy runs of the same family reach 6× at most"
     )
     advice = (
