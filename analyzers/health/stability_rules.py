@@ -256,9 +256,7 @@ class KlSpike(Rule):
             return None
         median = calm.median
         relative = x / median if median > 0 else 0.0  # a KL of exactly 0 so far: no level to compare
-        active = (
-            relative >= s["ratio"] and x >= s["min_kl"] and x >= s["step_ratio"] * max(calm.values[-3:])
-        )
+        active = relative >= s["ratio"] and x >= s["min_kl"] and x >= s["step_ratio"] * max(calm.values[-3:])
         if not active:
             calm.update(x)
             if self.idle:

@@ -78,7 +78,9 @@ def test_a_lone_spike_fires_when_the_clipping_left_the_update_large():
 
 def test_exact_zeros_stay_out_of_the_calm_median():
     # most logged points 0 (no gradient): the spike is measured against the non-zero level
-    rows = [(s, {"grad_norm": 3.0 if s == 90 else (0.0 if s % 3 else 0.1), "kl": 0.05}) for s in range(1, 120)]
+    rows = [
+        (s, {"grad_norm": 3.0 if s == 90 else (0.0 if s % 3 else 0.1), "kl": 0.05}) for s in range(1, 120)
+    ]
     assert _firing(rows, "grad_norm_spike") == [(90, "warning")]
 
 
