@@ -228,9 +228,9 @@ class KlSpike(Rule):
     def validate(cls, s: Mapping[str, Any]) -> None:
         rid = cls.id
         require(
-            s["window"] >= 3 and 2 <= s["min_points"] <= s["window"],
+            3 <= s["min_points"] <= s["window"],
             rid,
-            "need 2 <= min_points <= window, window >= 3",
+            "need 3 <= min_points <= window (the jump is measured against the three points before)",
         )
         require(1.0 < s["ratio"] <= s["critical_ratio"], rid, "need 1 < ratio <= critical_ratio")
         require(s["step_ratio"] >= 1.0, rid, "step_ratio must be >= 1")
@@ -254,9 +254,14 @@ class KlSpike(Rule):
         if len(calm.values) < s["min_points"]:
             calm.update(x)
             return None
+        values = calm.values
+        # the two cheap tests first: on almost every step of a calm run one of them fails
+        if self.idle and (x < s["min_kl"] or x < s["step_ratio"] * max(values[-3], values[-2], values[-1])):
+            calm.update(x)
+            return IDLE
         median = calm.median
         relative = x / median if median > 0 else 0.0  # a KL of exactly 0 so far: no level to compare
-        active = relative >= s["ratio"] and x >= s["min_kl"] and x >= s["step_ratio"] * max(calm.values[-3:])
+        active = relative >= s["ratio"] and x >= s["min_kl"] and x >= s["step_ratio"] * max(values[-3:])
         if not active:
             calm.update(x)
             if self.idle:
