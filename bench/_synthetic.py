@@ -204,6 +204,18 @@ def grad_spike(point: Point, rng: random.Random, since: int) -> None:
         point.metrics["actor/grad_norm"] = 30.0
 
 
+def lone_grad_spike(point: Point, rng: random.Random, since: int) -> None:
+    # 20x the stream's median of ~0.3, no KL with it: clipped at 1.0, the update is still ~3x the usual
+    if since == 0:
+        point.metrics["actor/grad_norm"] = 6.0
+
+
+def kl_spike(point: Point, rng: random.Random, since: int) -> None:
+    # one logged point of kl far above a median of ~0.01-0.04, forgotten the next step
+    if since == 0:
+        point.metrics["actor/kl_loss"] = 0.6
+
+
 SINGLE_UPDATE = {
     "actor_rollout_ref": {"actor": {"ppo_epochs": 1, "ppo_mini_batch_size": 64}},
     "data": {"train_batch_size": 64},
@@ -277,6 +289,13 @@ HEALTHY: dict[str, Scenario] = {
     "healthy_single_update_no_config": Scenario(
         "healthy_single_update_no_config", single_update=True, seeds=(7,)
     ),
+    # every step clipped (median ~0.3 above grad_clip 0.2): a 20x pre-clip spike is a step of the usual size
+    "healthy_clipped_grad_spike": Scenario(
+        "healthy_clipped_grad_spike",
+        perturb=lone_grad_spike,
+        run_config={"actor_rollout_ref": {"actor": {"grad_clip": 0.2}}},
+        length=2,
+    ),
 }
 
 INCIDENTS: dict[str, Scenario] = {
@@ -319,6 +338,9 @@ INCIDENTS: dict[str, Scenario] = {
             20,
         ),
         Scenario("kl_loss_runaway", "kl_loss_runaway", kl_runaway, 120, 60),
+        # one point each (the perturbation acts at the onset only; the label spans two steps)
+        Scenario("grad_norm_lone_spike", "grad_norm_spike", lone_grad_spike, 0, 25, length=2),
+        Scenario("kl_spike", "kl_spike", kl_spike, 0, 25, length=2),
         Scenario("entropy_collapse", "entropy_collapse", entropy_collapse, 60, 80),
         Scenario("non_finite", "non_finite", nan, 1, 13, Severity.CRITICAL, active=NAN_STEPS),
         Scenario("entropy_explosion", "entropy_explosion", scale("actor/entropy", 4.0), 10, 30),
@@ -397,6 +419,8 @@ INCIDENTS: dict[str, Scenario] = {
             10,
             60,
             Severity.CRITICAL,
+            # the step onto the new level is kl_spike's finding too; this scenario checks the ceiling
+            settings={"kl_spike": {"enabled": False}},
             length=100,
             seeds=(6,),
         ),

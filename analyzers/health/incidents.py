@@ -81,6 +81,7 @@ FAMILIES: dict[str, str] = {
     # the update itself unstable
     "grad_norm_spike": "instability",
     "grad_norm_extreme": "instability",
+    "kl_spike": "instability",
     "kl_loss_runaway": "instability",
     "ppo_kl_drift": "instability",
     "pg_clipfrac_range": "instability",

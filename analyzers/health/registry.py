@@ -57,6 +57,7 @@ class RuleId(str, Enum):
     REWARD_STAGNATION = "reward_stagnation"
     REWARD_STD_COLLAPSE = "reward_std_collapse"
     GRAD_NORM_SPIKE = "grad_norm_spike"
+    KL_SPIKE = "kl_spike"
     GRAD_NORM_ZERO = "grad_norm_zero"
     ROLLOUT_MISMATCH = "rollout_mismatch"
     POLICY_COLLAPSE = "policy_collapse"

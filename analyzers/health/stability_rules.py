@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 from .detectors import Hysteresis, Window
 from .findings import CORROBORATED_BY, IDLE, Check, Severity
 from .registry import Rule, RuleId, register_rule, require
+from .runconfig import GRAD_CLIP_KEYS, grad_clip
 from .signals import Signal
 
 # canonical names read on every point, resolved once (an Enum member's .value is a property lookup)
@@ -17,6 +18,9 @@ _KL_LOSS = Signal.KL_LOSS.value
 _PPO_KL = Signal.PPO_KL.value
 _REWARD_STD = Signal.REWARD_STD.value
 _ZERO_STD_FRAC = Signal.ZERO_STD_FRAC.value
+
+
+_DEFAULT_CLIP = 1.0  # verl grad_clip, TRL/HF max_grad_norm and OpenRLHF max_norm all default to 1.0
 
 
 def _load(target: Any, state: Mapping[str, Any] | None) -> None:
@@ -36,12 +40,21 @@ class GradNormSpike(Rule):
     A smaller spike, ``moved_ratio`` ×, fires too when the policy visibly moved with it: the KL (to the
     reference, or between the old and new policy) on the same point at ``kl_ratio`` × its median over the
     same window and ``kl_step_ratio`` × the points just before. A pre-clip spike that the clipping
-    absorbed leaves the KL where it was; one that moved the weights does not."""
+    absorbed leaves the KL where it was; one that moved the weights does not.
+
+    A spike ``lone_ratio`` × fires on its own, without the KL, when the clipping did not absorb it: the
+    update it fed, clipped at the run's threshold (``grad_clip``; 0: the run config's, else 1.0, the default
+    of verl, TRL and OpenRLHF), is still ``update_ratio`` × the usual one. A run whose every step is
+    clipped (a median above the threshold) takes steps of one size whatever the pre-clip norm says, so its
+    pre-clip spikes never fire this way. Exact zeros (a step with no gradient at all:
+    ``grad_norm_zero``'s concern) stay out of the median too, or a GRPO run whose logged points are
+    mostly 0 would have no level to measure a spike against."""
 
     signal = Signal.GRAD_NORM.value
     inputs = (signal,)
     state_components = ("calm", "kl")
     summary = "gradient norm spiking far above its recent median"
+    config_keys = tuple(key for key, _ in GRAD_CLIP_KEYS)
     defaults: ClassVar[Mapping[str, Any]] = {
         "window": 50,
         "min_points": 10,
@@ -50,6 +63,9 @@ class GradNormSpike(Rule):
         "moved_ratio": 15.0,
         "kl_ratio": 5.0,
         "kl_step_ratio": 2.0,
+        "lone_ratio": 17.0,
+        "update_ratio": 3.0,
+        "grad_clip": 0.0,
     }
     fire_after = 1
     resolve_after = 20
@@ -76,11 +92,22 @@ class GradNormSpike(Rule):
         require(
             s["kl_ratio"] > 1.0 and s["kl_step_ratio"] > 1.0, cls.id, "kl_ratio, kl_step_ratio must be > 1"
         )
+        require(1.0 < s["lone_ratio"] <= s["ratio"], cls.id, "need 1 < lone_ratio <= ratio")
+        require(s["update_ratio"] >= 1.0, cls.id, "update_ratio must be >= 1")
+        require(s["grad_clip"] >= 0.0, cls.id, "grad_clip must be >= 0 (0: read it from the run config)")
 
     def __init__(self, settings: Mapping[str, Any], run_config: Mapping[str, Any]) -> None:
         super().__init__(settings, run_config)
         self.calm = Window(size=settings["window"])
         self.kl = Window(size=settings["window"])
+        if settings["grad_clip"] > 0:
+            self.clip = float(settings["grad_clip"])
+        else:
+            self.clip = grad_clip(run_config)[0] or _DEFAULT_CLIP
+
+    def _unclipped(self, x: float, median: float) -> bool:
+        """Whether the update this point fed, after clipping, is ``update_ratio`` × the usual one."""
+        return min(x, self.clip) >= self.settings["update_ratio"] * min(median, self.clip)
 
     def _kl_jump(self, signals: Mapping[str, float]) -> tuple[float, float] | None:
         """The KL on this point and its median over the window, when it jumped: ``kl_ratio`` × that median
@@ -112,20 +139,22 @@ class GradNormSpike(Rule):
             return None
         s = self.settings
         kl_jump = self._kl_jump(signals)
+        calm = x > 0.0 and signals.get(_REWARD_STD) != 0.0  # a point that may enter the median
         if len(self.calm.values) < s["min_points"]:
-            if signals.get(_REWARD_STD) != 0.0:
+            if calm:
                 self.calm.update(x)
             return None
         median = self.calm.median
         relative = x / median if median > 0 else 0.0  # no calm level (all-zero gradients): no opinion
         moved = kl_jump is not None and relative >= s["moved_ratio"]
-        active = relative >= s["ratio"] or moved
+        lone = relative >= s["lone_ratio"] and self._unclipped(x, median)
+        active = relative >= s["ratio"] or moved or lone
         if not active:
-            if signals.get(_REWARD_STD) != 0.0:
+            if calm:
                 self.calm.update(x)
             if self.idle:
                 return IDLE
-        evidence = {"median": median, "relative": relative, "ratio": s["ratio"]}
+        evidence = {"median": median, "relative": relative, "ratio": s["ratio"], "grad_clip": self.clip}
         if not active:
             return Check(
                 active=False, value=x, evidence=evidence, message="gradient norm is back near its median"
@@ -143,12 +172,113 @@ class GradNormSpike(Rule):
                     f", and the KL jumped to {kl_jump[0]:.3g} (median {kl_jump[1]:.3g}): the step "
                     "moved the policy"
                 )
+        elif relative < s["ratio"]:
+            evidence["lone_ratio"] = s["lone_ratio"]
+            message += (
+                f"; clipped at {self.clip:g}, the update was still "
+                f"{min(x, self.clip) / min(median, self.clip):.0f}× the usual one"
+            )
         return Check(
             active=True,
             value=x,
             evidence=evidence,
             severity=Severity.CRITICAL if relative >= s["critical_ratio"] else Severity.WARNING,
             message=message,
+        )
+
+
+@register_rule(RuleId.KL_SPIKE)
+class KlSpike(Rule):
+    """A one-point jump of the KL to the reference (``kl_loss``; TRL's ``kl``): ``ratio`` × the median of
+    the previous ``window`` calm points (at least ``min_points``), ``step_ratio`` × the highest of the
+    three calm points just before (a KL that grows from zero step by step, as every run's does early on,
+    passes the first test, never the second) and at least ``min_kl`` nats (a tenfold jump from 0.002 is
+    noise). Critical at ``critical_ratio`` ×. Points inside a spike stay out of the median, so a burst of
+    spikes is measured against the calm level.
+
+    ``kl_loss_runaway`` judges the KL's trend and needs it up on three steps in a row; a spike the next
+    step forgets is the policy moved far on one batch (the k3 estimator blown up by a few tokens whose
+    probability collapsed), which that rule never sees."""
+
+    signal = Signal.KL_LOSS.value
+    inputs = (signal,)
+    state_components = ("calm",)
+    summary = "the KL to the reference jumping far above its recent median on one step"
+    defaults: ClassVar[Mapping[str, Any]] = {
+        "window": 50,
+        "min_points": 10,
+        "ratio": 10.0,
+        "critical_ratio": 100.0,
+        "step_ratio": 2.0,
+        "min_kl": 0.1,
+    }
+    fire_after = 1
+    resolve_after = 20
+    evidence_note = (
+        "TRL Qwen GRPO runs whose kl jumps 16–150× its median for one or two logged points (kl 17.8 at "
+        "step 71 between 0.37 and 0.13); healthy runs of the same family reach 6× at most"
+    )
+    advice = (
+        "One batch moved the policy far from the reference: look at that step's completions (a degenerate "
+        "or very long response, tokens whose log-prob collapsed), tighten gradient clipping or lower the "
+        "learning rate; spikes that repeat point at the precision of the log-probs (rollout_mismatch)."
+    )
+
+    @classmethod
+    def validate(cls, s: Mapping[str, Any]) -> None:
+        rid = cls.id
+        require(
+            3 <= s["min_points"] <= s["window"],
+            rid,
+            "need 3 <= min_points <= window (the jump is measured against the three points before)",
+        )
+        require(1.0 < s["ratio"] <= s["critical_ratio"], rid, "need 1 < ratio <= critical_ratio")
+        require(s["step_ratio"] >= 1.0, rid, "step_ratio must be >= 1")
+        require(s["min_kl"] >= 0.0, rid, "min_kl must be >= 0")
+
+    def __init__(self, settings: Mapping[str, Any], run_config: Mapping[str, Any]) -> None:
+        super().__init__(settings, run_config)
+        self.calm = Window(size=settings["window"])
+
+    def chart_marks(self) -> list[dict[str, Any]]:
+        if len(self.calm.values) < self.settings["min_points"]:
+            return []
+        y = max(self.settings["ratio"] * self.calm.median, self.settings["min_kl"])
+        return [{"kind": "line", "y": y, "label": "spike"}]
+
+    def observe(self, step: int, signals: Mapping[str, float], metrics: Mapping[str, float]) -> Check | None:
+        x = signals.get(self.signal)
+        if x is None:
+            return None
+        s, calm = self.settings, self.calm
+        if len(calm.values) < s["min_points"]:
+            calm.update(x)
+            return None
+        values = calm.values
+        # the two cheap tests first: on almost every step of a calm run one of them fails
+        if self.idle and (x < s["min_kl"] or x < s["step_ratio"] * max(values[-3], values[-2], values[-1])):
+            calm.update(x)
+            return IDLE
+        median = calm.median
+        relative = x / median if median > 0 else 0.0  # a KL of exactly 0 so far: no level to compare
+        active = relative >= s["ratio"] and x >= s["min_kl"] and x >= s["step_ratio"] * max(values[-3:])
+        if not active:
+            calm.update(x)
+            if self.idle:
+                return IDLE
+            return Check(
+                active=False,
+                value=x,
+                evidence={"median": median, "relative": relative, "ratio": s["ratio"]},
+                message="the KL is back near its median",
+            )
+        return Check(
+            active=True,
+            value=x,
+            evidence={"median": median, "relative": relative, "ratio": s["ratio"], "min_kl": s["min_kl"]},
+            severity=Severity.CRITICAL if relative >= s["critical_ratio"] else Severity.WARNING,
+            message=f"kl {x:.3g} is {relative:.0f}× its recent median {median:.3g}: one step moved the "
+            "policy far from the reference",
         )
 
 

@@ -31,6 +31,13 @@ class KlLossRunaway(Rule):
     slope exceeds ``slope_ratio`` × the run's average slope fast/step (kl_loss starts near 0 at step 0, so
     healthy creep — linear or slowing — stays near or below 1×), (3) fast > ``min_level``, after
     ``warmup`` steps (and 5 points). It resolves when fast/slow − 1 drops below growth/2. ``ceiling`` is absolute (critical).
+
+    After ``warmup``, a point above ``spike_clamp`` × the fast average (once that is above ``min_level``)
+    enters both averages at that bound (before, the KL is growing from 0 as every run's does, and the
+    averages must follow it; the bound follows the fast average, not the slow one, which lags a growing
+    KL far behind): a one-step spike that the next step forgets (``kl_spike``'s finding) is no trend, and
+    unclamped it would lift the fast average above the slow one for the next dozen steps. A KL that stays
+    up lifts the fast average, and with it the bound, by a fifth on every point, and still reads as growth.
     """
 
     signal = Signal.KL_LOSS.value
@@ -45,6 +52,7 @@ class KlLossRunaway(Rule):
         "min_level": 1e-3,
         "warmup": 50,
         "ceiling": 0.5,
+        "spike_clamp": 3.0,
     }
     fire_after = 3
     resolve_after = 20
@@ -60,6 +68,7 @@ class KlLossRunaway(Rule):
         require(s["growth"] > 0.0 and s["slope_ratio"] > 0.0, rid, "growth and slope_ratio must be > 0")
         require(s["min_level"] >= 0.0 and s["warmup"] >= 0, rid, "min_level and warmup must be >= 0")
         require(s["ceiling"] > 0.0, rid, "ceiling must be > 0 (use inf to disable)")
+        require(s["spike_clamp"] > 1.0, rid, "spike_clamp must be > 1 (use inf to disable)")
 
     def __init__(self, settings: Mapping[str, Any], run_config: Mapping[str, Any]) -> None:
         super().__init__(settings, run_config)
@@ -78,7 +87,10 @@ class KlLossRunaway(Rule):
         s = self.settings
         if self.first_step is None:
             self.first_step = step
-        fast, slow = self.fast.update(x), self.slow.update(x)
+        bound = self.fast.value
+        settled = step - self.first_step >= s["warmup"] and bound is not None and bound > s["min_level"]
+        clamped = min(x, s["spike_clamp"] * bound) if settled else x
+        fast, slow = self.fast.update(clamped), self.slow.update(clamped)
         above_ceiling = self.ceiling.update(x)
         ratio = fast / slow - 1.0 if slow > 0 else 0.0
         slope = (fast - slow) / self.lag_gap

@@ -56,12 +56,55 @@ def test_a_spike_the_kl_jumped_with_fires_below_the_plain_spike_ratio():
             for s in range(1, 200)
         ]
 
-    assert _firing(rows(0.9), "grad_norm_spike") == [(160, "warning")]  # 20x, the KL 15x
-    assert _firing(rows(0.06), "grad_norm_spike") == []  # 20x, clipped away: the KL did not move
+    def spike_of(ratio, kl_at_spike):
+        return [
+            (s, {"grad_norm": 0.12 * ratio if s == 160 else 0.12, "kl": kl_at_spike if s == 160 else 0.06})
+            for s in range(1, 200)
+        ]
+
+    assert _firing(spike_of(16, 0.9), "grad_norm_spike") == [(160, "warning")]  # 16x, the KL 15x
+    assert _firing(spike_of(16, 0.06), "grad_norm_spike") == []  # 16x alone: under lone_ratio
+
+
+def test_a_lone_spike_fires_when_the_clipping_left_the_update_large():
+    # 2.4 against a median of 0.12: 20x; clipped at 1.0 (the default) the update is still 8x the usual
+    rows = [(s, {"grad_norm": 2.4 if s == 160 else 0.12, "kl": 0.06}) for s in range(1, 200)]
+    assert _firing(rows, "grad_norm_spike") == [(160, "warning")]
+    # every step clipped at 0.1 (the median is above it): the spike's step is the usual size
+    monitor = HealthMonitor(run_config={"max_grad_norm": 0.1})
+    found = [f for step, metrics in rows for f in monitor.observe(step, metrics)]
+    assert [f for f in found if f.rule == "grad_norm_spike"] == []
+
+
+def test_exact_zeros_stay_out_of_the_calm_median():
+    # most logged points 0 (no gradient): the spike is measured against the non-zero level
+    rows = [
+        (s, {"grad_norm": 3.0 if s == 90 else (0.0 if s % 3 else 0.1), "kl": 0.05}) for s in range(1, 120)
+    ]
+    assert _firing(rows, "grad_norm_spike") == [(90, "warning")]
+
+
+def test_a_one_point_kl_spike_fires_on_the_point_itself():
+    # TRL-style: logged every 5 steps, kl ~0.38 with one point at 180 (470x) that the next point forgets
+    rows = _trl(120, kl=lambda i: 180.0 if i == 100 else 0.38 + 0.02 * (i % 3), grad_norm=lambda i: 0.6)
+    assert _firing(rows, "kl_spike") == [(505, "critical")]
+    # kl_loss_runaway's ceiling (0.5) needs three steps: it fires one logged point later, past a
+    # one-point window
+    assert _firing(rows, "kl_loss_runaway") == [(510, "critical")]
+    smaller = _trl(120, kl=lambda i: 6.0 if i == 100 else 0.38 + 0.02 * (i % 3), grad_norm=lambda i: 0.6)
+    assert _firing(smaller, "kl_spike") == [(505, "warning")]  # 15x
+
+
+def test_a_kl_growing_from_zero_or_wandering_is_no_kl_spike():
+    growing = [(s, {"kl": 0.0005 * s, "grad_norm": 0.2}) for s in range(1, 300)]
+    assert _firing(growing, "kl_spike") == []
+    # 6x a tiny median (0.004 -> 0.024): under both the ratio and the floor
+    small = [(s, {"kl": 0.024 if s == 150 else 0.004, "grad_norm": 0.2}) for s in range(1, 300)]
+    assert _firing(small, "kl_spike") == []
 
 
 def test_a_kl_that_grows_from_zero_is_no_jump():
-    rows = [(s, {"grad_norm": 3.0 if s == 40 else 0.15, "kl": 0.0005 * s}) for s in range(1, 120)]
+    rows = [(s, {"grad_norm": 2.4 if s == 40 else 0.15, "kl": 0.0005 * s}) for s in range(1, 120)]
     assert _firing(rows, "grad_norm_spike") == []
 
 

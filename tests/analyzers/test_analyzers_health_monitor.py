@@ -35,6 +35,7 @@ BUILTINS = {
     "reward_stagnation",
     "reward_std_collapse",
     "grad_norm_spike",
+    "kl_spike",
     "grad_norm_zero",
     "rollout_mismatch",
     "policy_collapse",
