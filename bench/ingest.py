@@ -8,7 +8,9 @@ gets the same workload in the same run (one run, 12 metrics per step, PPO/GRPO-l
 3. 8 trainers: eight runs at once, one request per step each, 250 steps each;
 4. history:    every point of one metric, and of all 12, over the 20,000 batched steps (median of up
                to 5 repeats, fewer once a server's reads pass the time cap; every answer is counted
-               and must hold all 20,000 points per metric);
+               and must hold all 20,000 points per metric). rlvitals is read as its client reads it
+               (``format=binary``, decoded into arrays by ``rlvitals.client.history``); its default
+               JSON answer for all 12 is timed too and printed beside;
 5. alerts:     while each ingest round runs on rlvitals, a probe on a run of its own sends a NaN loss
                every ~0.4 s and times how long until the API shows its alert (``_alerts.py``: the
                health rules run after the write answers); p50/p99 over every round;
@@ -162,7 +164,7 @@ class Live:
     rss_idle: int = 0
     plans: dict[str, list] = field(default_factory=dict)  # phase -> per-round op lists
     phases: dict[str, Phase] = field(default_factory=dict)
-    history: dict[str, list[float]] = field(default_factory=lambda: {"1": [], "12": []})
+    history: dict[str, list[float]] = field(default_factory=lambda: {"1": [], "12": [], "12json": []})
     history_cpu: dict[str, float] = field(default_factory=lambda: {"1": 0.0, "12": 0.0})
     batched_run: RunRef | None = None
     alerts: AlertProbe | None = None  # rlvitals: point-to-alert latency while the ingest phases run
@@ -243,6 +245,10 @@ def history_round(live: Live) -> None:
         cpu0 = tree_cpu_seconds(pid)
         live.history[key].append(timed_history(live.conn, live.target, live.batched_run, names, steps))
         live.history_cpu[key] += tree_cpu_seconds(pid) - cpu0
+    if live.target.kind == "rlvitals":  # the same read in the default JSON form, for the record
+        live.history["12json"].append(
+            timed_history(live.conn, live.target, live.batched_run, METRIC_NAMES, steps, as_json=True)
+        )
 
 
 def result_of(live: Live, workdir: Path) -> dict:
@@ -271,6 +277,11 @@ def result_of(live: Live, workdir: Path) -> dict:
         **{name: phase.summary() for name, phase in live.phases.items()},
         "history_1": hist("1", 1),
         "history_12": hist("12", len(METRIC_NAMES)),
+        **(
+            {"history_12_json_seconds_median": statistics.median(live.history["12json"])}
+            if live.history["12json"]
+            else {}
+        ),
         "history_steps": steps,
         "rss_idle_mib": round(live.rss_idle / 2**20, 1),
         "rss_peak_mib": round(live.sampler.peak / 2**20, 1),

@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 from rlvitals.analyzers.contract.batch_rules import NAN, NON_FINITE, spell
+from rlvitals.service import series_format
 from rlvitals.service.context import Services
 from rlvitals.service.encoding import encode_float
 from rlvitals.service.errors import NotFound, PayloadTooLarge
@@ -387,6 +388,7 @@ def query_encoded(
     start: int | None = None,
     end: int | None = None,
     wall_time: bool = False,
+    binary: bool = False,
 ) -> tuple[str, bytes | None]:
     """``(etag, JSON body)`` of ``{"series": {name: {"step": [...], "value": [...]}}}``: at most
     ``max_points`` per series (0: all), downsampled keeping each bucket's minimum and maximum so
@@ -394,24 +396,25 @@ def query_encoded(
     downsampling so a zoomed-in chart gets it at full resolution. Served from the cache while the
     run's data is unchanged; the body is ``None`` when ``if_none_match`` already names this version
     (-> 304). ``wall_time`` adds each kept point's wall time (``"wall_time": [...]``, null where the
-    trainer sent none): the dashboard's x axis in wall-clock time."""
+    trainer sent none): the dashboard's x axis in wall-clock time. ``binary``: the same series as
+    fixed-width columns (``service/series_format.py``) instead of JSON."""
     key_names = tuple(names) if names is not None else None
     with ctx.db.read() as session:
         version = repo.data_version(session=session, run_id=run_id)  # before the data it stands for
         if version is None:
             raise NotFound(f"run {run_id} does not exist")
         tag = hashlib.blake2s(
-            repr((key_names, max_points, start, end, wall_time)).encode(), digest_size=6
+            repr((key_names, max_points, start, end, wall_time, binary)).encode(), digest_size=6
         ).hexdigest()
         etag = f'W/"{run_id}.{version}.{tag}"'
         if if_none_match and etag in (part.strip() for part in if_none_match.split(",")):
             return etag, None
-        key = (run_id, version, key_names, max_points, start, end, wall_time)
+        key = (run_id, version, key_names, max_points, start, end, wall_time, binary)
         cache = ctx.series_cache
         body = cache.get(key) if cache is not None else None
         fresh = body is None
         if fresh:
-            body = _encode_series(
+            body = (series_format.encode_series if binary else _encode_series)(
                 _query_series(
                     session,
                     run_id,
