@@ -41,6 +41,25 @@ def _column(code: str, values: Iterable) -> bytes:
     return col.tobytes()
 
 
+def _held(values: array, odd: dict) -> tuple[bytes, bytes | None]:
+    """A held ``array('d')`` whose ``odd`` positions hold values that are not floats (null or a
+    spelled non-finite value) -> (float64 column, null mask)."""
+    nulls = None
+    if odd:
+        mask = bytearray(len(values))
+        for at, value in odd.items():
+            if value is None:
+                values[at] = _NAN
+                mask[at] = 1
+            else:
+                values[at] = NON_FINITE[value]
+        if any(mask):
+            nulls = bytes(mask) + _pad(len(mask))
+    if _SWAP:
+        values.byteswap()
+    return values.tobytes(), nulls
+
+
 def _values(values: list) -> tuple[bytes, bytes | None]:
     """API-spelled values (floats, None, "NaN", "Infinity", "-Infinity") -> (float64 column, null mask)."""
     try:
@@ -54,15 +73,21 @@ def _values(values: list) -> tuple[bytes, bytes | None]:
     return _column("d", floats), (nulls + _pad(len(nulls)) if any(nulls) else None)
 
 
-def encode_series(parts: Iterator[tuple[str, dict[str, list]]]) -> bytes:
-    """``(name, {"step", "value"[, "wall_time"]})`` series -> the binary answer."""
+def encode_series(parts: Iterator[tuple[str, dict]]) -> bytes:
+    """``(name, {"step", "value"[, "wall_time"]})`` series (lists of API-spelled values, or the
+    columns' arrays with their ``"odd"`` values) -> the binary answer."""
     header: list[dict] = []
     body: list[bytes] = []
     for name, series in parts:
         steps, values = series["step"], series["value"]
         walls = series.get("wall_time")
-        values_col, nulls = _values(values)
-        body += [_column("q", steps), values_col]
+        if "odd" in series:  # arrays copied from the in-memory columns
+            values_col, nulls = _held(values, series["odd"])
+            body.append(_column("q", steps) if _SWAP else steps.tobytes())
+            body.append(values_col)
+        else:
+            values_col, nulls = _values(values)
+            body += [_column("q", steps), values_col]
         if nulls is not None:
             body.append(nulls)
         if walls is not None:

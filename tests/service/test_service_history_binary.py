@@ -154,3 +154,20 @@ def test_metrics_body_bare_nan_tokens_and_big_ints_still_parse(api):
 def test_health_spacing_is_a_setting(app_client, database_url):
     api = app_client(database_url, health_spacing=0.7)
     assert api.services.evaluator.spacing == 0.7
+
+
+@pytest.mark.parametrize("memory_points", [0, 4_000_000])
+def test_binary_answer_with_and_without_the_in_memory_columns(app_client, database_url, memory_points):
+    api = app_client(database_url, series_memory_points=memory_points)
+    run_id = api.create_run()
+    steps = [{"step": s, "metrics": {"v": [1.5, None, "NaN", "-Infinity"][s % 4]}} for s in range(40)]
+    api.log(run_id, steps[:20])
+    _binary(api, run_id, max_points=0)  # the columns (when on) hold the run from here
+    api.log(run_id, steps[20:])  # ...and are extended by this write
+    for params in ({"max_points": 0}, {"max_points": 0, "start": 5, "end": 33}, {"max_points": 10}):
+        expected = _json_series(api, run_id, **params)["v"]
+        _, got = _binary(api, run_id, **params)
+        series = got["v"]
+        nulls = series.null or bytes(len(series))
+        assert list(series.step) == expected["step"]
+        assert [_spelled(v, bool(n)) for v, n in zip(series.value, nulls, strict=True)] == expected["value"]
