@@ -408,13 +408,17 @@ def private_pg_database(admin_url: str) -> Iterator[str]:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+# The peer versions the published numbers were measured against.
+PEER_REQUIREMENTS = {"mlflow": "mlflow", "trackio": "trackio==0.43.*"}
+
+
 def install_peers(venvs: Path) -> None:
     """Create ``venvs/mlflow`` and ``venvs/trackio`` with the peers from PyPI (no torch needed)."""
-    for name in ("mlflow", "trackio"):
+    for name, requirement in PEER_REQUIREMENTS.items():
         env = venvs / name
         if not (env / "bin" / "python").exists():
             subprocess.run([sys.executable, "-m", "venv", str(env)], check=True)
-        subprocess.run([str(env / "bin" / "python"), "-m", "pip", "install", "-q", name], check=True)
+        subprocess.run([str(env / "bin" / "python"), "-m", "pip", "install", "-q", requirement], check=True)
 
 
 def select_targets(args: argparse.Namespace, log) -> list[Target]:
