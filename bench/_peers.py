@@ -3,7 +3,9 @@
 Each target turns the same workload into the requests its own client would send:
 
 - rlvitals: ``POST /api/v1/runs/{id}/metrics`` with ``{"steps": [...]}``; history from
-  ``GET /api/v1/runs/{id}/metrics?names=...&max_points=0`` (every point, one request for all names).
+  ``GET /api/v1/runs/{id}/metrics?names=...&max_points=0&format=binary`` (every point, one request
+  for all names, decoded by the client's ``rlvitals.client.history.decode_series`` into arrays, as
+  ``read_series`` does); the JSON form of the same read is timed beside it.
 - MLflow (tracking server, SQLite backend, uvicorn as ``mlflow server`` starts it):
   ``POST /api/2.0/mlflow/runs/log-batch``, split at 1,000 metrics per request as MLflow's client does;
   history from ``GET /api/2.0/mlflow/metrics/get-history`` per metric, paged at 25,000 like
@@ -152,11 +154,22 @@ class Rlvitals(Target):
         payload = {"steps": [{"step": s, "metrics": dict(m), "wall_time": t} for s, m, t in steps]}
         return [Req("POST", f"/api/v1/runs/{run.id}/metrics", _json(payload))]
 
-    def history(self, conn: Conn, run: RunRef, names: Sequence[str]) -> dict[str, int]:
-        query = urlencode({"names": ",".join(names), "max_points": 0})
-        data = json.loads(conn.call(Req("GET", f"/api/v1/runs/{run.id}/metrics?{query}")))
-        series = data["series"]
-        return {name: len(series.get(name, {}).get("step", ())) for name in names}
+    def history(
+        self, conn: Conn, run: RunRef, names: Sequence[str], *, as_json: bool = False
+    ) -> dict[str, int]:
+        """Every point, as a user of the client reads them: ``format=binary`` decoded by
+        ``rlvitals.client.history.decode_series`` (the arrays ``read_series`` returns; here on the
+        bench's keep-alive connection). ``as_json``: the default JSON answer, parsed with ``json``."""
+        if as_json:
+            query = urlencode({"names": ",".join(names), "max_points": 0})
+            data = json.loads(conn.call(Req("GET", f"/api/v1/runs/{run.id}/metrics?{query}")))
+            series = data["series"]
+            return {name: len(series.get(name, {}).get("step", ())) for name in names}
+        from rlvitals.client.history import decode_series
+
+        query = urlencode({"names": ",".join(names), "max_points": 0, "format": "binary"})
+        decoded = decode_series(conn.call(Req("GET", f"/api/v1/runs/{run.id}/metrics?{query}")))
+        return {name: len(decoded[name].value) if name in decoded else 0 for name in names}
 
     def probe_path(self) -> str:
         return "/healthz"

@@ -168,10 +168,10 @@ def keepalive_probe(conn: Conn, path: str, n: int = 100) -> float:
     return statistics.median(times)
 
 
-def timed_history(conn: Conn, target: Target, run: RunRef, names: Sequence[str], expect: int) -> float:
+def timed_history(conn: Conn, target: Target, run: RunRef, names: Sequence[str], expect: int, **kw) -> float:
     """Seconds to fetch every point of ``names``; each must come back with ``expect`` points."""
     t = time.perf_counter()
-    counts = target.history(conn, run, names)
+    counts = target.history(conn, run, names, **kw)
     seconds = time.perf_counter() - t
     short = {k: v for k, v in counts.items() if v != expect}
     if short:

@@ -90,6 +90,12 @@ def render(results: list[dict], work, metric_count: int, floor: dict | None = No
             f"{_fmt_ms(r['history_12']['seconds_median'] * 1e3)} | {r['rss_peak_mib']:,.0f} | "
             f"{r['pss_end_mib']:,.0f} | {r['processes']} | {_fmt_ms(r['keepalive_get_p50_ms'])} | {r['startup_s']} |"
         )
+    for r in results:
+        if "history_12_json_seconds_median" in r:
+            lines.append(f"| {r['label']}, 12 metrics as JSON (`format=json`, parsed with `json`; read after "
+                         f"the workload, RSS peak with these reads) | — | "
+                         f"{_fmt_ms(r['history_12_json_seconds_median'] * 1e3)} | "
+                         f"{r['rss_peak_with_json_reads_mib']:,.0f} | | | | |")  # fmt: skip
     lines.append("")
     lines.append("Server CPU (user+system over the process tree; unaffected by other load on the machine)")
     lines.append("")

@@ -8,11 +8,15 @@ gets the same workload in the same run (one run, 12 metrics per step, PPO/GRPO-l
 3. 8 trainers: eight runs at once, one request per step each, 250 steps each;
 4. history:    every point of one metric, and of all 12, over the 20,000 batched steps (median of up
                to 5 repeats, fewer once a server's reads pass the time cap; every answer is counted
-               and must hold all 20,000 points per metric);
+               and must hold all 20,000 points per metric). rlvitals is read as its client reads it
+               (``format=binary``, decoded into arrays by ``rlvitals.client.history``); its default
+               JSON answer for all 12 is timed too and printed beside;
 5. alerts:     while each ingest round runs on rlvitals, a probe on a run of its own sends a NaN loss
                every ~0.4 s and times how long until the API shows its alert (``_alerts.py``: the
                health rules run after the write answers); p50/p99 over every round;
-6. memory:     peak RSS (sampled every 0.5 s) summed over the server's process tree (supervisor + workers), and PSS;
+6. memory:     peak RSS (sampled every 0.5 s) summed over the server's process tree (supervisor + workers),
+               over the workload above (rlvitals' JSON-form reads come after it; the peak with them
+               is in the JSON output as ``rss_peak_with_json_reads_mib`` and printed), and PSS;
 7. ceiling:    SQLite's own insert rate for the same rows (executemany + commit per request, no server,
                ``_ceiling.py``), and where one rlvitals request's time goes (parse, health rules, insert,
                the rest of the transaction), timed in this process with the server's code.
@@ -162,10 +166,11 @@ class Live:
     rss_idle: int = 0
     plans: dict[str, list] = field(default_factory=dict)  # phase -> per-round op lists
     phases: dict[str, Phase] = field(default_factory=dict)
-    history: dict[str, list[float]] = field(default_factory=lambda: {"1": [], "12": []})
+    history: dict[str, list[float]] = field(default_factory=lambda: {"1": [], "12": [], "12json": []})
     history_cpu: dict[str, float] = field(default_factory=lambda: {"1": 0.0, "12": 0.0})
     batched_run: RunRef | None = None
     alerts: AlertProbe | None = None  # rlvitals: point-to-alert latency while the ingest phases run
+    rss_workload_peak: int = 0  # the sampler's peak at the end of the workload (before the JSON reads)
 
 
 @contextlib.contextmanager
@@ -245,6 +250,15 @@ def history_round(live: Live) -> None:
         live.history_cpu[key] += tree_cpu_seconds(pid) - cpu0
 
 
+def json_history_round(live: Live) -> None:
+    """rlvitals only: the 12-metric read in the default JSON form, for the record (after the
+    workload's memory peak was taken: the answer cache then holds it too)."""
+    steps = live.phases["batched"].points // len(METRIC_NAMES)
+    live.history["12json"].append(
+        timed_history(live.conn, live.target, live.batched_run, METRIC_NAMES, steps, as_json=True)
+    )
+
+
 def result_of(live: Live, workdir: Path) -> dict:
     pid = live.server.pid
     rss_end = live.sampler.sample()
@@ -271,9 +285,15 @@ def result_of(live: Live, workdir: Path) -> dict:
         **{name: phase.summary() for name, phase in live.phases.items()},
         "history_1": hist("1", 1),
         "history_12": hist("12", len(METRIC_NAMES)),
+        **(
+            {"history_12_json_seconds_median": statistics.median(live.history["12json"])}
+            if live.history["12json"]
+            else {}
+        ),
         "history_steps": steps,
         "rss_idle_mib": round(live.rss_idle / 2**20, 1),
-        "rss_peak_mib": round(live.sampler.peak / 2**20, 1),
+        "rss_peak_mib": round(live.rss_workload_peak / 2**20, 1),
+        "rss_peak_with_json_reads_mib": round(live.sampler.peak / 2**20, 1),
         "rss_end_mib": round(rss_end / 2**20, 1),
         "pss_end_mib": round(tree_pss(pid) / 2**20, 1),
         "processes": len(tree_pids(pid)),
@@ -321,6 +341,11 @@ def run_all(targets: list[Target], work: Workload, root: Path, args: argparse.Na
                 # server gets at least one repeat.
                 if rep == 0 or sum(live.history["1"]) + sum(live.history["12"]) < work.max_seconds:
                     history_round(live)
+        for live in lives:
+            live.rss_workload_peak = live.sampler.peak
+            if live.target.kind == "rlvitals":
+                for _ in range(len(live.history["12"])):
+                    json_history_round(live)
         for live in lives:
             log(f"  history   {live.target.label:34s} 1 metric {statistics.median(live.history['1']) * 1e3:9.1f} ms"
                 f"   12 metrics {statistics.median(live.history['12']) * 1e3:9.1f} ms")  # fmt: skip
@@ -383,13 +408,17 @@ def private_pg_database(admin_url: str) -> Iterator[str]:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+# The peer versions the published numbers were measured against.
+PEER_REQUIREMENTS = {"mlflow": "mlflow", "trackio": "trackio==0.43.*"}
+
+
 def install_peers(venvs: Path) -> None:
     """Create ``venvs/mlflow`` and ``venvs/trackio`` with the peers from PyPI (no torch needed)."""
-    for name in ("mlflow", "trackio"):
+    for name, requirement in PEER_REQUIREMENTS.items():
         env = venvs / name
         if not (env / "bin" / "python").exists():
             subprocess.run([sys.executable, "-m", "venv", str(env)], check=True)
-        subprocess.run([str(env / "bin" / "python"), "-m", "pip", "install", "-q", name], check=True)
+        subprocess.run([str(env / "bin" / "python"), "-m", "pip", "install", "-q", requirement], check=True)
 
 
 def select_targets(args: argparse.Namespace, log) -> list[Target]:

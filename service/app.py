@@ -78,7 +78,7 @@ def build_services(settings: Settings) -> Services:
         plugins=plugins,
     )
     services.writer = IngestWriter(services)
-    services.evaluator = HealthEvaluator(services)
+    services.evaluator = HealthEvaluator(services, spacing=settings.health_spacing)
     services.audits.evaluator = services.evaluator
     return services
 

@@ -96,6 +96,20 @@ class SeriesColumns:
             self.misses += len(names) - len(found)
             return found
 
+    def get_arrays(self, run_id: int, version: int, name: str) -> tuple[array, array, dict] | None:
+        """A copy of one held series as ``(steps, values, odd)`` arrays (``odd``: position -> the value
+        that is not a float; its slot in ``values`` holds 0.0), for exactly ``version``; ``None`` when
+        not held. The binary history answer copies these straight out, making no Python object per point."""
+        with self._lock:
+            run = self._runs.get(run_id)
+            held = run.series.get(name) if run is not None and run.version == version else None
+            if held is None:
+                self.misses += 1
+                return None
+            self._runs.move_to_end(run_id)
+            self.hits += 1
+            return array("q", held.steps), array("d", held.values), dict(held.odd)
+
     def put(self, run_id: int, version: int, loaded: dict[str, Column]) -> None:
         """Remember series read from the database at ``version`` (read after the version)."""
         size = sum(len(steps) for steps, _ in loaded.values())

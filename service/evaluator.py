@@ -73,6 +73,7 @@ class HealthEvaluator(WorkerThreads):
         self._done = threading.Condition()
         self._generation = 0  # evaluations committed (wakes ``wait``)
         self.evaluations = 0
+        self.ahead = 0  # evaluations whose rules ran before their transaction
         self.busy = 0  # runs found claimed by another replica
 
     def _thread_count(self) -> int:
@@ -239,7 +240,18 @@ class HealthEvaluator(WorkerThreads):
     # --- one evaluation ----------------------------------------------------------------------------
     def evaluate(self, run_id: int) -> str:
         """Evaluate the run's oldest feed rows in one transaction: ``"done"``, ``"more"`` (rows are
-        left), ``"empty"`` (nothing to do) or ``"busy"`` (another replica holds the run)."""
+        left), ``"empty"`` (nothing to do) or ``"busy"`` (another replica holds the run).
+
+        When every feed row is one of this process's own writes and the process holds the run's live
+        monitor, the rules run first, outside the transaction (``_ahead``): on SQLite the write
+        transaction locks the whole database, and the rules' milliseconds would stall every other
+        write meanwhile. The transaction then stores the outcome if the run's stored health version
+        is still the one the monitor was at (nobody else evaluated it meanwhile); otherwise the
+        monitor is dropped and the rows are evaluated in the transaction, from the stored state."""
+        return self._commit(run_id, self._ahead(run_id))
+
+    def _commit(self, run_id: int, ahead: _AheadRun | None) -> str:
+        """``evaluate``'s transaction, given what ran ahead of it (or ``None``)."""
         ctx = self.services
         now = time.time()
         events: list[Event] = []
@@ -248,14 +260,22 @@ class HealthEvaluator(WorkerThreads):
             with ctx.db.write() as session:
                 claimed, version = repo.claim_health(session=session, run_id=run_id)
                 if not claimed:
-                    return "busy"
-                feed = repo.feed_of(session=session, run_id=run_id, limit=self.batch)
-                if not feed:
-                    return "empty"
-                if version is None:  # a run made before health states existed: give it one
-                    repo.ensure_health_row(session=session, run_id=run_id, now=now)
-                    version = 0
-                changed, events = self._apply(session, run_id, feed, version, now)
+                    return "busy"  # (an Ahead is dropped: the next evaluation reloads the stored state)
+                if ahead is not None and version == ahead.state.base:
+                    self.ahead += 1
+                    feed = ahead.feed
+                    observation = ctx.health.commit_ahead(
+                        session=session, run_id=run_id, ahead=ahead.state, signals=ahead.signals, now=now
+                    )
+                    changed, events = self._record(session, run_id, observation, ahead.read, now)
+                else:
+                    feed = repo.feed_of(session=session, run_id=run_id, limit=self.batch)
+                    if not feed:
+                        return "empty"
+                    if version is None:  # a run made before health states existed: give it one
+                        repo.ensure_health_row(session=session, run_id=run_id, now=now)
+                        version = 0
+                    changed, events = self._apply(session, run_id, feed, version, now)
                 repo.drop_feed(session=session, ids=[row[0] for row in feed])
             self._forget_offered([row[0] for row in feed])
         except BaseException:
@@ -269,6 +289,36 @@ class HealthEvaluator(WorkerThreads):
             self._done.notify_all()
         self.evaluations += 1
         return "more" if len(feed) >= self.batch else "done"
+
+    def _ahead(self, run_id: int) -> _AheadRun | None:
+        """The rules on the run's oldest feed rows, before the transaction (see ``evaluate``); ``None``
+        when they cannot run ahead (a row this process did not write, or no live monitor here)."""
+        ctx = self.services
+        try:
+            with ctx.db.read() as session:
+                feed = repo.feed_of(session=session, run_id=run_id, limit=self.batch)
+        except Exception:  # the transaction's path reports the database's trouble
+            return None
+        if not feed:
+            return None
+        offered = self._offered_for([row[0] for row in feed])
+        if offered is None:
+            return None
+        first = min(row[1] for row in feed)
+        last = max(row[2] for row in feed)
+        read: dict[str, Any] = {"by_step": {}, "wall": {}}
+
+        def observe(monitor, cursor):
+            lo = first if cursor["step"] is None else max(first, cursor["step"])
+            if lo <= last:
+                read["by_step"], read["wall"] = _merged(offered, lo)
+            return observe_steps(monitor, cursor, read["by_step"])
+
+        state = ctx.health.observe_ahead(run_id, observe)
+        if state is None:
+            return None
+        by_step = read["by_step"]
+        return _AheadRun(feed, state, read, _signals(by_step[max(by_step)]) if by_step else None)
 
     def _apply(self, session, run_id: int, feed: list, version: int, now: float) -> tuple[list, list[Event]]:
         ctx = self.services
@@ -313,6 +363,19 @@ class HealthEvaluator(WorkerThreads):
         )
         if observation is None:
             return [], []
+        return self._record(session, run_id, observation, read, now, run_row)
+
+    def _record(self, session, run_id: int, observation, read: dict[str, Any], now: float, run_row=None):
+        """Store an observation's alerts, incidents, live events and webhook job (in ``session``)."""
+        ctx = self.services
+        if run_row is None:
+            run_cache: dict[str, Any] = {}
+
+            def run_row() -> dict[str, Any]:
+                if "row" not in run_cache:
+                    run_cache["row"] = repo.get_run(session=session, run_id=run_id)
+                return run_cache["row"]
+
         by_step = read["by_step"]
         newest = max(by_step) if by_step else None
         changed = apply_findings(
@@ -344,6 +407,16 @@ class HealthEvaluator(WorkerThreads):
         if (changed or incidents) and ctx.webhooks.enabled:
             ctx.bus.stage_job(session=session, kind="webhook")
         return changed or incidents, events
+
+
+class _AheadRun:
+    """``HealthEvaluator._ahead``'s outcome: the feed rows it covered, the advanced monitor
+    (``service.health.Ahead``), the points it read and the newest step's canonical signals."""
+
+    __slots__ = ("feed", "read", "signals", "state")
+
+    def __init__(self, feed, state, read, signals):
+        self.feed, self.state, self.read, self.signals = feed, state, read, signals
 
 
 def observe_steps(monitor, cursor: dict[str, Any], by_step: dict[int, dict[str, float | None]]):

@@ -104,6 +104,16 @@ class Observation:
     critical_open: bool = False  # an incident of the run is open and critical now
 
 
+@dataclass
+class Ahead:
+    """The rules run on a live monitor before the transaction that stores them
+    (``HealthEngine.observe_ahead``): valid while the stored version is still ``base``."""
+
+    cached: _Cached
+    base: int
+    findings: list
+
+
 class HealthEngine:
     """Runs the analyzers' HealthMonitor for every run and persists its state in every update's
     transaction (under a row lock on PostgreSQL); the in-process copy is reused only while the
@@ -226,6 +236,42 @@ class HealthEngine:
             self._cache[run_id] = cached
         return Observation(
             findings=findings,
+            firing=list(cached.monitor.firing()),
+            last_step=cached.cursor["step"],
+            incident_updates=cached.monitor.take_incident_updates(),
+            critical_open=cached.monitor.incidents.critical_open(),
+        )
+
+    # --- the rules ahead of the transaction ------------------------------------------------------
+    def observe_ahead(
+        self, run_id: int, observe: Callable[[Any, dict[str, Any]], tuple[list, dict[str, Any]]]
+    ) -> Ahead | None:
+        """``observe`` on this process's live monitor of the run, outside any transaction (so no
+        database lock is held while the rules run): ``None`` when the process holds no live monitor
+        of the run. The monitor leaves the cache until ``commit_ahead`` stores what it did; a caller
+        that does not commit just drops the ``Ahead``, and the next update rebuilds the monitor from
+        the stored state."""
+        with self._lock:
+            cached = self._cache.pop(run_id, None)
+        if cached is None:
+            return None
+        base = cached.version
+        findings, cached.cursor = observe(cached.monitor, cached.cursor)
+        return Ahead(cached=cached, base=base, findings=findings)
+
+    def commit_ahead(
+        self, *, session: Session, run_id: int, ahead: Ahead, signals: Mapping[str, Any] | None, now: float
+    ) -> Observation:
+        """Store what ``observe_ahead`` did, in the caller's transaction, which found the stored
+        version still at ``ahead.base`` (under the claim: nobody else evaluated the run meanwhile)."""
+        cached = ahead.cached
+        if signals:
+            cached.signals = {**(cached.signals or {}), **signals}
+        self._save(session, run_id, cached, now)
+        with self._lock:
+            self._cache[run_id] = cached
+        return Observation(
+            findings=ahead.findings,
             firing=list(cached.monitor.firing()),
             last_step=cached.cursor["step"],
             incident_updates=cached.monitor.take_incident_updates(),

@@ -196,6 +196,15 @@ class Settings(BaseSettings):
         le=300,
         description="Seconds between housekeeping rounds (SQLite WAL checkpoints).",
     )
+    health_spacing: float = Field(
+        0.1,
+        ge=0,
+        le=10,
+        description="Seconds a run's health rules wait after one evaluation before the next: under a "
+        "steady stream of writes one evaluation takes every write of that spell (the rules' state is "
+        "written once per evaluation), while the first write after a quiet spell is evaluated at once. "
+        "Larger: less evaluation overhead, alerts up to this much later; 0: evaluate every write alone.",
+    )
     health_wait: float = Field(
         2.0,
         ge=0,

@@ -6,14 +6,15 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Query
 from fastapi.concurrency import run_in_threadpool
-from rlvitals.service import metrics
+from rlvitals.service import metrics, series_format
 from rlvitals.service.api.deps import MAX_ID, RunId, ServicesDep, WriteAuth
+from rlvitals.service.api.fastjson import FastJsonRoute
 from rlvitals.service.encoding import JSONResponse
 from rlvitals.service.errors import BadRequest
 from rlvitals.service.schemas import AcceptedPublic, MetricNamesPublic, MetricsIn, MetricsPublic
 from starlette.responses import Response
 
-router = APIRouter(prefix="/api/v1", tags=["metrics"])
+router = APIRouter(prefix="/api/v1", tags=["metrics"], route_class=FastJsonRoute)
 
 
 async def post_metrics(
@@ -47,7 +48,12 @@ router.add_api_route(
 
 
 @router.get(
-    "/runs/{run_id}/metrics", response_model=MetricsPublic, responses={304: {"description": "Not modified"}}
+    "/runs/{run_id}/metrics",
+    response_model=MetricsPublic,
+    responses={
+        200: {"content": {series_format.MEDIA_TYPE: {}}},
+        304: {"description": "Not modified"},
+    },
 )
 async def get_metrics(
     run_id: RunId,
@@ -61,6 +67,14 @@ async def get_metrics(
     wall_time: Annotated[
         bool, Query(description="Add each kept point's wall time (Unix seconds; null where none was sent).")
     ] = False,
+    fmt: Annotated[
+        Literal["json", "binary"],
+        Query(
+            alias="format",
+            description="`binary`: the same series as little-endian int64/float64 columns "
+            f"(`{series_format.MEDIA_TYPE}`, see the server docs), read without parsing numbers.",
+        ),
+    ] = "json",
     if_none_match: Annotated[str | None, Header()] = None,
 ) -> Response:
     """Series of the run's metrics; ``start``/``end`` keep a step range (before downsampling, so a
@@ -84,14 +98,15 @@ async def get_metrics(
         start=start,
         end=end,
         wall_time=wall_time,
+        binary=fmt == "binary",
     )
-    return _tagged(etag, body)
+    return _tagged(etag, body, series_format.MEDIA_TYPE if fmt == "binary" else "application/json")
 
 
-def _tagged(etag: str, body: bytes | None) -> Response:
+def _tagged(etag: str, body: bytes | None, media_type: str = "application/json") -> Response:
     if body is None:
         return Response(status_code=304, headers={"ETag": etag})
-    return Response(body, media_type="application/json", headers={"ETag": etag})
+    return Response(body, media_type=media_type, headers={"ETag": etag})
 
 
 @router.get(

@@ -178,3 +178,36 @@ def test_two_replicas_evaluate_each_point_once(serve, app_client, pg_url, tmp_pa
     with api.services.db.read() as session:
         for run_id in run_ids:
             assert repo.feed_newest(session=session, run_id=run_id) is None
+
+
+def test_rules_run_ahead_of_the_write_transaction_and_a_stale_run_ahead_is_redone(
+    app_client, database_url, tmp_path
+):
+    """The rules run on this process's own writes before the evaluation's transaction (no database
+    lock held meanwhile); when the run was evaluated by someone else in between (its stored health
+    version moved), what ran ahead is dropped and the rows are evaluated from the stored state:
+    the alerts and incidents are the reference's, each point counted once."""
+    writes = _writes(300, 50)
+    expected = _reference(app_client, tmp_path, writes)
+    api = app_client(database_url)
+    ev = api.services.evaluator
+    run_id = api.create_run("ahead")
+    assert api.log(run_id, writes[0]).status_code == 200
+    api.get(f"/api/v1/runs/{run_id}/alerts")  # waits: evaluated, the live monitor is cached
+    ev.stop()  # from here the test evaluates, step by step, in its own thread
+    assert api.log(run_id, writes[1]).status_code == 200
+    stale = ev._ahead(run_id)  # the rules ran on writes[1] ...
+    assert stale is not None and stale.feed
+    assert ev._commit(run_id, None) == "done"  # ... but "another evaluator" stored them first
+    for steps in writes[2:4]:
+        assert api.log(run_id, steps).status_code == 200
+    before = ev.ahead
+    assert ev._commit(run_id, stale) == "done"  # stale: dropped, writes[2:4] evaluated from the state
+    assert ev.ahead == before
+    for steps in writes[4:]:
+        assert api.log(run_id, steps).status_code == 200
+        assert ev.evaluate(run_id) == "done"  # the live monitor is back: these ran ahead
+    assert ev.ahead >= before + len(writes[4:])
+    with api.services.db.read() as session:
+        assert repo.feed_newest(session=session, run_id=run_id) is None
+    assert _outcome(lambda path: api.get(f"/api/v1/runs/{run_id}/{path}").json()) == expected

@@ -78,3 +78,18 @@ def test_the_schema_is_migrated_in_a_child_and_a_current_one_is_left_alone(tmp_p
         assert db.at_head()
     finally:
         db.dispose()
+
+
+def test_the_rlvitals_command_loads_no_client_sender_before_serving():
+    """``rlvitals serve`` builds the whole command line first (the client's ``sync``/``import``/``demo``
+    included): that must not load the training-side client and httpx into the server (~5 MiB)."""
+    script = textwrap.dedent(
+        """
+        import json, sys
+        from rlvitals.cli import build_parser
+        build_parser().parse_args(["serve", "--help"][:1])
+        print(json.dumps({name: name in sys.modules
+                          for name in ("httpx", "rlvitals.client.run", "rlvitals.client.sender")}))
+        """
+    )
+    assert _run(script) == {"httpx": False, "rlvitals.client.run": False, "rlvitals.client.sender": False}
