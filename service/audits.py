@@ -169,6 +169,8 @@ class AuditPool(WorkerThreads):
         bus: EventBus,
         health: HealthEngine,
         telemetry: Telemetry,
+        *,
+        threads_here: bool | None = None,
     ):
         self.settings = settings
         self.db = db
@@ -178,6 +180,21 @@ class AuditPool(WorkerThreads):
         self.telemetry = telemetry
         super().__init__()
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{_PROCESS}"
+        # audits run in a worker process (audit_process) unless told to run here: in that process
+        # itself, or with audit_process=false
+        if threads_here is None:
+            threads_here = not settings.audit_process
+        self.child = None
+        if not threads_here and settings.audit_workers:
+            from rlvitals.service.audit_process import AuditProcess
+
+            self.child = AuditProcess(
+                settings,
+                telemetry,
+                waiting=self._waiting,
+                on_frame=bus.deliver_frame,
+                on_job=bus.notify_job,
+            )
 
     # --- producer side -----------------------------------------------------------------------------
     def submit(self, *, run_id: int, batch: Batch, blob: bytes) -> tuple[int, str | None]:
@@ -223,7 +240,7 @@ class AuditPool(WorkerThreads):
                     return audit_id, self._status(session, audit_id)
             self.bus.stage_job(session=session, kind="audit")
         self.telemetry.count_batch()
-        self._wake.set()
+        self.wake()
         return audit_id, None
 
     @staticmethod
@@ -234,7 +251,26 @@ class AuditPool(WorkerThreads):
     def _thread_count(self) -> int:
         return self.settings.audit_workers
 
+    def _waiting(self) -> bool:
+        with self.db.read() as session:
+            return repo.count_waiting_audits(session=session) > 0
+
+    def wake(self, _kind: str | None = None) -> None:
+        if self.child is not None:
+            self.child.wake()
+        else:
+            self._wake.set()
+
+    def stop(self) -> None:
+        if self.child is not None:
+            self.child.stop()
+        else:
+            super().stop()
+
     def start(self) -> None:
+        if self.child is not None:  # the worker process reclaims the dead's jobs when it starts
+            self.child.start()
+            return
         try:
             reclaimed = self.reclaim_dead()
         except Exception as exc:  # the claim timeout still hands them out
