@@ -108,7 +108,13 @@ class MetricsBodyParser:
         if self._peek() != "{":
             self._value()  # not JSON: FastAPI's JSON error; else its validation error
             raise _Invalid(
-                [{"type": "model_attributes_type", "loc": ("body",), "msg": "Input should be a valid dictionary"}]
+                [
+                    {
+                        "type": "model_attributes_type",
+                        "loc": ("body",),
+                        "msg": "Input should be a valid dictionary",
+                    }
+                ]
             )
         self.i += 1
         steps: list[StepIn] | None = None
