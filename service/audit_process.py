@@ -129,6 +129,7 @@ class AuditProcess:
                         f" in {pause:.0f} s" if pause else "",
                     )
                     with self._lock:
+                        self.proc = None
                         self._wanted = True
                     if pause and self._stop.wait(pause):
                         break
