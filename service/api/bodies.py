@@ -118,14 +118,16 @@ class MetricsBodyParser:
             )
         self.i += 1
         steps: list[StepIn] | None = None
+        extras: list[dict[str, Any]] = []
         if self._peek() == "}":
             self.i += 1
         else:
             while True:
                 key = self._key()
-                if key != "steps":
-                    raise _Invalid([_extra(("body", key))])
-                if self._peek() == "[":
+                if key != "steps":  # refused, after the steps' own errors (pydantic's order)
+                    extras.append(_extra(("body", key)))
+                    self._value()
+                elif self._peek() == "[":
                     steps = self._steps()
                 else:  # not a list: pydantic says what is wrong with it
                     value = self._value()
@@ -139,7 +141,9 @@ class MetricsBodyParser:
         if self.i != len(self.s):
             raise json.JSONDecodeError("Extra data", self.s, self.i)
         if steps is None:
-            raise _Invalid([{"type": "missing", "loc": ("body", "steps"), "msg": "Field required"}])
+            raise _Invalid([{"type": "missing", "loc": ("body", "steps"), "msg": "Field required"}, *extras])
+        if extras:
+            raise _Invalid(extras)
         return steps
 
     def _steps(self) -> list[StepIn]:

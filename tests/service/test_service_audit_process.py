@@ -183,3 +183,24 @@ def test_an_upload_left_unfinished_by_a_dead_process_is_removed_at_start(app_cli
     api.restart()
     assert api.get(f"/api/v1/audits/{audit_id}").status_code == 404
     assert api.get(f"/api/v1/runs/{run_id}/audits").json()["count"] == 0
+
+
+@pytest.mark.parametrize("db", ["sqlite", "postgresql"])
+def test_the_workers_audit_events_reach_live_streams(serve, db, request):
+    """The worker's events reach the server's subscribers: over its pipe on SQLite (one process
+    delivers events in memory), by NOTIFY on PostgreSQL."""
+    from tests.service.sse import SSEClient
+
+    url = request.getfixturevalue("pg_url") if db == "postgresql" else None
+    server = serve(url, env={"RLVITALS_SSE_HEARTBEAT": "1"})
+    run_id = httpx.post(f"{server.url}/api/v1/runs", json={"name": "live"}).json()["id"]
+    stream = SSEClient(f"{server.url}/api/v1/runs/{run_id}/events")
+    try:
+        response = httpx.post(
+            f"{server.url}/api/v1/runs/{run_id}/batches", content=make_batch(3), headers=OCTET, timeout=60
+        )
+        assert response.status_code == 202, response.text
+        _, data = stream.wait_for(lambda kind, d: kind == "audit" and d["status"] == "done", timeout=90)
+        assert data["id"] == response.json()["id"] and data["step"] == 3
+    finally:
+        stream.close()
