@@ -11,7 +11,9 @@ second process), claims them from the database queue exactly as worker threads i
 
 - **It dies with the server.** On Linux the kernel kills it when the server process exits
   (``PR_SET_PDEATHSIG``, even after ``kill -9``); elsewhere it exits when its stdin (a pipe from the
-  server) closes. A stopping server asks it to finish the audits it is running first (SIGTERM).
+  server) closes. A stopping server closes that pipe: it finishes the audits it is running, then
+  exits. It ignores SIGINT and SIGTERM (a Ctrl-C or a stop sent to the whole process group reaches
+  the server, which stops it in order).
 - **It is restarted if it dies.** The server's supervisor thread starts a new one at once (after a
   crash loop: with a growing pause, at most 30 s). The jobs the dead one had claimed go back to the
   queue when the new one starts (their claimer's pid is gone), as after a ``kill -9`` of a server.
@@ -216,8 +218,9 @@ class AuditProcess:
         if proc is None:
             return
         if proc.poll() is None:
-            with contextlib.suppress(OSError):
-                proc.send_signal(signal.SIGTERM)
+            if proc.stdin is not None:  # end of its stdin: finish the running audits, then exit
+                with contextlib.suppress(OSError):
+                    proc.stdin.close()
             try:
                 proc.wait(timeout=_STOP_GRACE)
             except subprocess.TimeoutExpired:
@@ -366,7 +369,10 @@ def main(argv: list[str] | None = None) -> int:
             pool.wake()
         stop.set()  # the server closed the pipe (it stops, or it is gone)
 
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    # The server decides when this process stops (it closes the pipe): a Ctrl-C or a SIGTERM sent to
+    # the whole process group reaches the server, which then stops this process after its audits.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     pool.start()
     threading.Thread(target=watch_stdin, name="rlvitals-audit-stdin", daemon=True).start()
     while not stop.wait(0.5):
