@@ -204,3 +204,50 @@ def test_the_workers_audit_events_reach_live_streams(serve, db, request):
         assert data["id"] == response.json()["id"] and data["step"] == 3
     finally:
         stream.close()
+
+
+def test_sqlite_passes_the_writer_lock_to_others_while_a_large_batch_is_stored(app_client, sqlite_url):
+    """SQLite has one writer at a time: a large batch is written a chunk per transaction, so a
+    trainer's write commits while the batch is half stored, and the batch is not claimed before it is
+    whole. (Before: the whole batch was written in the upload's one transaction.)"""
+    from rlvitals.service import batches
+    from rlvitals.service.storage.blobs import SpooledBody
+
+    api = app_client(sqlite_url, audit_workers=1)
+    run_id, other = api.create_run("flood"), api.create_run("trainer")
+    data = make_batch(0, batch=64, length=8192)  # ~8 MB: over the 4 MiB written in one transaction
+    halfway, go_on = threading.Event(), threading.Event()
+
+    class Gated(SpooledBody):
+        def chunks(self, size: int = 1024 * 1024):
+            for n, chunk in enumerate(super().chunks(size)):
+                if n == 2:
+                    halfway.set()
+                    assert go_on.wait(60)
+                yield chunk
+
+    body = Gated()
+    body.write(data)
+    batch = batches.validate(data)[0]
+    submitted: list = []
+    thread = threading.Thread(
+        target=lambda: submitted.append(api.services.audits.submit(run_id=run_id, batch=batch, blob=body))
+    )
+    thread.start()
+    try:
+        assert halfway.wait(30)
+        started = time.monotonic()
+        assert api.log(other, [{"step": 0, "metrics": {"loss": 1.0}}]).status_code == 200
+        assert time.monotonic() - started < 10  # not behind the rest of the batch
+        time.sleep(1.0)  # an idle worker polls meanwhile: the half-stored batch is not claimable
+        with api.services.db.read() as session:
+            (audit,) = repo.list_audits(session=session, run_id=run_id)[0]
+        assert audit["status"] == "receiving"
+        assert api.get(f"/api/v1/audits/{audit['id']}").json()["status"] == "pending"
+    finally:
+        go_on.set()
+        thread.join(timeout=60)
+        body.close()
+    audit_id, resent = submitted[0]
+    assert resent is None
+    assert wait_done(api, audit_id, timeout=90)["status"] == "done"
