@@ -16,8 +16,11 @@ by itself:
 
 Printed per phase: the well-behaved clients' metric-write latency p50/p99 (ms), their audit wait
 (upload accepted -> audit done: p50 and max, s), how many of their uploads were refused (429), the
-server's peak RSS over the phase (MB, the process tree, sampled every 0.2 s) and the 5xx count
-(anyone's). Targets: p99 < 250 ms, audits done < 30 s, RSS < 600 MB, no 5xx.
+server's peak RSS over the phase (MB, the process tree: the server and its audit worker process,
+sampled every 0.2 s; pages both map are counted twice), its peak PSS (shared pages counted once) and
+most processes, the 5xx count (anyone's) and the machine's 1-minute load average at the phase's
+start and end (other work on the machine shows there). Targets: p99 < 250 ms, audits done < 30 s,
+RSS < 600 MB, no 5xx.
 
     .venv/bin/python bench/tenants.py                      # every phase, 20 s each
     .venv/bin/python bench/tenants.py --seconds 5 --phases none,slow-uploads
@@ -28,6 +31,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import os
 import socket
 import statistics
 import sys
@@ -37,7 +41,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _servers import RssSampler, Server, free_port
+from _servers import RssSampler, Server, free_port, tree_pids, tree_pss
 from upload import make_body
 
 MIB = 1024 * 1024
@@ -295,6 +299,22 @@ class HostileReceiver:
         self.sock.close()
 
 
+class PssSampler(threading.Thread):
+    """Peak proportional set size of the server's process tree (pages shared between the server and
+    its audit worker process, e.g. the torch libraries both map, counted once), and its most
+    processes, every 0.5 s."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.peak, self.processes = pid, 0, 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(0.5):
+            self.peak = max(self.peak, tree_pss(self.pid))
+            self.processes = max(self.processes, len(list(tree_pids(self.pid))))
+
+
 def run_phase(port: int, pid: int, phase: str, seconds: float, trainers: int, batch: bytes) -> dict:
     tally, attacker_tally = Tally(), Tally()
     stop = threading.Event()
@@ -306,13 +326,19 @@ def run_phase(port: int, pid: int, phase: str, seconds: float, trainers: int, ba
         threads.append(
             threading.Thread(target=ATTACKS[phase], args=(port, stop, attacker_tally), daemon=True)
         )
+    pss = PssSampler(pid)
+    pss.start()
+    load_before = os.getloadavg()[0]
     with RssSampler(pid, interval=0.2) as rss:
         for thread in threads:
             thread.start()
         time.sleep(seconds)
+        load_after = os.getloadavg()[0]
         stop.set()
         for thread in threads:
             thread.join(timeout=90)
+    pss.stop.set()
+    pss.join(timeout=5)
     lat = sorted(tally.latency) or [float("nan")]
     waits = sorted(tally.audit_wait) or [float("nan")]
     return {
@@ -324,7 +350,10 @@ def run_phase(port: int, pid: int, phase: str, seconds: float, trainers: int, ba
         "audit_max_s": waits[-1],
         "uploads_refused": tally.refused,
         "rss_mb": rss.peak / 1e6,
+        "pss_mb": pss.peak / 1e6,
+        "processes": pss.processes,
         "5xx": tally.server_errors + attacker_tally.server_errors,
+        "load": (load_before, load_after),
     }
 
 
@@ -366,14 +395,16 @@ def main(argv: list[str] | None = None) -> int:
     receiver.close()
     print()
     print(
-        "| attack | writes | p50 ms | p99 ms | audit p50 s | audit max s | uploads 429 | peak RSS MB | 5xx | targets |"
+        "| attack | writes | p50 ms | p99 ms | audit p50 s | audit max s | uploads 429 | peak RSS MB | peak PSS MB "
+        "| processes | 5xx | load avg | targets |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         ok = (r["p99_ms"] < TARGETS["p99_ms"] and r["audit_max_s"] < TARGETS["audit_s"]
               and r["rss_mb"] < TARGETS["rss_mb"] and r["5xx"] == 0)  # fmt: skip
         print(f"| {r['phase']} | {r['writes']} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['audit_p50_s']:.2f} | "
-              f"{r['audit_max_s']:.2f} | {r['uploads_refused']} | {r['rss_mb']:.0f} | {r['5xx']} | "
+              f"{r['audit_max_s']:.2f} | {r['uploads_refused']} | {r['rss_mb']:.0f} | {r['pss_mb']:.0f} | "
+              f"{r['processes']} | {r['5xx']} | {r['load'][0]:.1f}-{r['load'][1]:.1f} | "
               f"{'met' if ok else 'MISSED'} |")  # fmt: skip
     return 0
 

@@ -52,7 +52,7 @@ def audit_public(row: dict[str, Any]) -> dict[str, Any]:
         "step": row["step"],
         "rank": row["rank"],
         "micro_batch": row["micro_batch"],
-        "status": "pending" if status in ("pending", "running") else status,
+        "status": "pending" if status in ("receiving", "pending", "running") else status,
         "reported": row["reported"] or {},
         "recomputed": result.get("recomputed"),
         "verdicts": result.get("verdicts"),
@@ -139,6 +139,7 @@ class _Superseded(Exception):
     """The job was handed to another worker meanwhile (this one stalled past the claim timeout)."""
 
 
+_CHUNKED_BYTES = 4 * 1024 * 1024  # SQLite: batches larger than this are written a chunk per transaction
 _PROCESS = secrets.token_hex(4)  # tells this process from an earlier one with the same pid
 
 
@@ -169,6 +170,8 @@ class AuditPool(WorkerThreads):
         bus: EventBus,
         health: HealthEngine,
         telemetry: Telemetry,
+        *,
+        threads_here: bool | None = None,
     ):
         self.settings = settings
         self.db = db
@@ -178,6 +181,22 @@ class AuditPool(WorkerThreads):
         self.telemetry = telemetry
         super().__init__()
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{_PROCESS}"
+        self._filling = threading.Lock()
+        # audits run in a worker process (audit_process) unless told to run here: in that process
+        # itself, or with audit_process=false
+        if threads_here is None:
+            threads_here = not settings.audit_process
+        self.child = None
+        if not threads_here and settings.audit_workers:
+            from rlvitals.service.audit_process import AuditProcess
+
+            self.child = AuditProcess(
+                settings,
+                telemetry,
+                waiting=self._waiting,
+                on_frame=bus.deliver_frame,
+                on_job=bus.notify_job,
+            )
 
     # --- producer side -----------------------------------------------------------------------------
     def submit(self, *, run_id: int, batch: Batch, blob: bytes) -> tuple[int, str | None]:
@@ -185,6 +204,9 @@ class AuditPool(WorkerThreads):
         stored (same ``record_id`` on this run) -> (its id, its current public status); a resend is
         neither stored, counted nor queued again, and never refused as ``Busy``."""
         now = time.time()
+        # SQLite has one writer at a time: a large batch is written a chunk per transaction (the
+        # trainers' writes pass between chunks) and joins the queue when it is whole
+        chunked = self.db.is_sqlite and len(blob) > _CHUNKED_BYTES
         with self.db.write() as session:
             if not repo.run_exists(session=session, run_id=run_id):
                 raise NotFound(f"run {run_id} does not exist")
@@ -206,7 +228,8 @@ class AuditPool(WorkerThreads):
                 "step": batch.step,
                 "rank": batch.rank,
                 "micro_batch": batch.micro_batch,
-                "status": "pending",
+                "status": "receiving" if chunked else "pending",
+                "claimed_by": self.worker_id if chunked else None,
                 "config": batch.config,
                 "reported": jsonable(batch.reported),
                 "blob": blob,
@@ -221,10 +244,45 @@ class AuditPool(WorkerThreads):
                 )
                 if not inserted:  # an identical upload committed meanwhile
                     return audit_id, self._status(session, audit_id)
-            self.bus.stage_job(session=session, kind="audit")
+            if not chunked:
+                self.bus.stage_job(session=session, kind="audit")
+        if chunked:
+            self._fill(audit_id, blob)
         self.telemetry.count_batch()
-        self._wake.set()
+        self.wake()
         return audit_id, None
+
+    def _fill(self, audit_id: int, blob) -> None:
+        """Write a ``receiving`` audit's blob chunk by chunk, then queue it; on failure remove it."""
+        from rlvitals.service.storage import blobs
+
+        try:
+            with self._filling:  # one at a time: the trainers' writes wait for one upload's chunk at most
+                blobs.fill_blob(self.db, repo.AUDIT_BLOBS, audit_id, blob)
+            with self.db.write() as session:
+                repo.received_audit(session=session, audit_id=audit_id)
+                self.bus.stage_job(session=session, kind="audit")
+        except BaseException:
+            try:
+                with self.db.write() as session:
+                    repo.delete_audits(session=session, ids=[audit_id])
+            except Exception as exc:  # left as 'receiving': the next start removes it
+                log.warning("removing the unfinished upload of audit %s failed: %s", audit_id, exc)
+            raise
+
+    def drop_unfinished(self) -> int:
+        """At start: uploads whose blob a process on this host that is gone was still writing (or,
+        from any host, older than ``audit_claim_timeout``) are removed; their clients got no answer."""
+        host = f"{socket.gethostname()}:"
+        stale = time.time() - self.settings.audit_claim_timeout
+        with self.db.write() as session:
+            dead = [
+                audit_id
+                for audit_id, claimer, created in repo.receiving_audits(session=session)
+                if created < stale
+                or ((claimer or "").startswith(host) and not _alive((claimer or "")[len(host) :]))
+            ]
+            return repo.delete_audits(session=session, ids=dead)
 
     @staticmethod
     def _status(session, audit_id: int) -> str:
@@ -234,7 +292,33 @@ class AuditPool(WorkerThreads):
     def _thread_count(self) -> int:
         return self.settings.audit_workers
 
+    def _waiting(self) -> bool:
+        with self.db.read() as session:
+            return repo.count_waiting_audits(session=session) > 0
+
+    def wake(self, _kind: str | None = None) -> None:
+        if self.child is not None:
+            self.child.wake()
+        else:
+            self._wake.set()
+
+    def stop(self) -> None:
+        if self.child is not None:
+            self.child.stop()
+        else:
+            super().stop()
+
     def start(self) -> None:
+        try:
+            dropped = self.drop_unfinished()
+        except Exception as exc:
+            log.warning("removing unfinished uploads failed: %s", exc)
+        else:
+            if dropped:
+                log.info("removed %d upload(s) left unfinished by processes that are gone", dropped)
+        if self.child is not None:  # the worker process reclaims the dead's jobs when it starts
+            self.child.start()
+            return
         try:
             reclaimed = self.reclaim_dead()
         except Exception as exc:  # the claim timeout still hands them out
@@ -280,11 +364,23 @@ class AuditPool(WorkerThreads):
             release_memory()
 
     def _claim(self, worker: str) -> dict[str, Any] | None:
+        """Claim a job in a short write transaction, then read its blob in a read transaction (on
+        SQLite, reading it under the writer lock would hold every other writer for that long)."""
         now = time.time()
         with self.db.write() as session:
-            return repo.claim_audit(
-                session=session, worker=worker, now=now, stale_before=now - self.settings.audit_claim_timeout
+            job = repo.claim_audit(
+                session=session,
+                worker=worker,
+                now=now,
+                stale_before=now - self.settings.audit_claim_timeout,
+                with_blob=False,
             )
+        if job is not None:
+            with self.db.read() as session:
+                job["blob"] = repo.get_audit_blob(session=session, audit_id=job["id"])
+            if job["blob"] is None:  # finished meanwhile by a worker that had claimed it before
+                return None
+        return job
 
     def process(self, job: dict[str, Any], worker: str) -> None:
         from rlvitals.analyzers.contract.batch import AuditBatch

@@ -113,6 +113,15 @@ def error_response(
     return JSONResponse(body, status_code=status, headers=headers)
 
 
+class BodyError(StarletteHTTPException):
+    """A refusal raised while FastAPI reads a request body: its reader passes only HTTPExceptions on
+    to the handlers, so the error (a ``ServiceError`` or a ``RequestValidationError``) travels inside."""
+
+    def __init__(self, error: ServiceError | RequestValidationError):
+        super().__init__(getattr(error, "status", 422), str(error))
+        self.error = error
+
+
 def _validation_detail(exc: RequestValidationError) -> list[dict[str, Any]]:
     out = []
     for err in exc.errors():
@@ -150,6 +159,12 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         detail = _validation_detail(exc)
         return error_response(422, "validation_error", _describe(detail), detail)
+
+    @app.exception_handler(BodyError)
+    async def _body_error(request: Request, exc: BodyError) -> JSONResponse:
+        if isinstance(exc.error, RequestValidationError):
+            return await _validation_error(request, exc.error)
+        return await _service_error(request, exc.error)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -121,6 +121,15 @@ class EventBus:
         """Tell idle workers on other replicas that work is waiting (PostgreSQL only)."""
 
     # --- delivery to this process's subscribers -------------------------------------------------
+    def deliver_frame(self, run_id: int, frame: str) -> None:
+        """An SSE frame built elsewhere (the audit worker process) to this process's subscribers."""
+        self._deliver(run_id, frame)
+
+    def notify_job(self, kind: str) -> None:
+        """Work was queued elsewhere (``audit`` / ``webhook``): tell the listeners of ``on_job``."""
+        for callback in self._job_listeners:
+            callback(kind)
+
     def _deliver(self, run_id: int, frame: str) -> None:
         loop = self._loop
         if loop is None or loop.is_closed():

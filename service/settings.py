@@ -150,7 +150,24 @@ class Settings(BaseSettings):
 
     # --- audits ----------------------------------------------------------------------------------
     audit_workers: int = Field(
-        2, ge=0, le=64, description="Audit worker threads per process (0: this replica only ingests)."
+        2,
+        ge=0,
+        le=64,
+        description="Audit threads per server process (0: this replica only ingests), run in its audit "
+        "worker process (see audit_process).",
+    )
+    audit_process: bool = Field(
+        True,
+        description="Run audits in a separate worker process that the server starts when the first audit "
+        "is queued, restarts if it dies and takes down with it, so audits never take the request-serving "
+        "process's CPU (false: audit threads inside the server process).",
+    )
+    audit_nice: int = Field(
+        10,
+        ge=0,
+        le=19,
+        description="How much lower the audit worker process's CPU priority is than the server's (added "
+        "to its nice value; 0: the same), so requests win the cores while audits wait.",
     )
     audit_queue_size: int = Field(
         64,

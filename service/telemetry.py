@@ -43,6 +43,16 @@ class Telemetry:
         self.audit_latency = Histogram()
         self.webhook_attempts: dict[str, int] = {}
         self.fast_path_defects = 0
+        self.audit_worker_pid: int | None = None  # the audit worker process running now (if any)
+        self.audit_worker_restarts = 0
+
+    def audit_worker(self, *, pid: int | None, restarted: bool) -> None:
+        """The audit worker process started (``pid``) or is gone (``None``; ``restarted``: it died
+        and is being replaced)."""
+        with self._lock:
+            self.audit_worker_pid = pid
+            if restarted:
+                self.audit_worker_restarts += 1
 
     def observe_ingest(self, *, points: int, seconds: float) -> None:
         with self._lock:
@@ -138,6 +148,27 @@ class Telemetry:
                 "counter",
                 "Audits whose compiled fast path disagreed with the reference path (the reference decided).",
                 [({}, self.fast_path_defects)],
+            )
+            _metric(
+                out,
+                "rlvitals_audit_worker_up",
+                "gauge",
+                "1 while this server's audit worker process runs (it starts with the first queued audit).",
+                [({}, int(self.audit_worker_pid is not None))],
+            )
+            _metric(
+                out,
+                "rlvitals_audit_worker_pid",
+                "gauge",
+                "The process id of this server's audit worker process (0: none running).",
+                [({}, self.audit_worker_pid or 0)],
+            )
+            _metric(
+                out,
+                "rlvitals_audit_worker_restarts_total",
+                "counter",
+                "Times this server's audit worker process died and was started again.",
+                [({}, self.audit_worker_restarts)],
             )
             _metric(
                 out,

@@ -11,10 +11,16 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.concurrency import run_in_threadpool
 from rlvitals.service.api.access import DOCS_PATHS, AccessPolicy, with_docs_headers
 from rlvitals.service.api.limits import ParseGate
 from rlvitals.service.errors import error_response
+from rlvitals.service.workers import release_memory
 from starlette.exceptions import HTTPException
+
+# after a JSON request this heavy (weighted bytes: a 4 MiB body), freed heap pages go back to the
+# system (glibc keeps them otherwise, and RSS stays at the parse's peak)
+RELEASE_WEIGHT = 32 * 1024 * 1024
 
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -53,6 +59,8 @@ class App(FastAPI):
                 await self._serve(scope, receive, send)
             finally:
                 gate.release(weight)
+                if weight >= RELEASE_WEIGHT:  # the parsed objects are gone: their pages go back too
+                    await run_in_threadpool(release_memory)
             return
         await self._serve(scope, receive, send)
 

@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Header, Query
 from fastapi.concurrency import run_in_threadpool
 from rlvitals.service import metrics, series_format
+from rlvitals.service.api.bodies import MetricsRoute
 from rlvitals.service.api.deps import MAX_ID, RunId, ServicesDep, WriteAuth
 from rlvitals.service.api.fastjson import FastJsonRoute
 from rlvitals.service.encoding import JSONResponse
@@ -44,6 +45,7 @@ router.add_api_route(
     methods=["POST"],
     response_model=AcceptedPublic,
     dependencies=[WriteAuth],
+    route_class_override=MetricsRoute,
 )
 
 

@@ -20,6 +20,7 @@ import mmap
 import os
 import struct
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -88,13 +89,14 @@ def _chunks(blob: Any) -> Iterator[bytes | memoryview]:
         yield view[start : start + CHUNK]
 
 
-def write_blob(session, table, audit_id: int, blob: Any) -> None:
+def write_blob(session, table, audit_id: int, blob: Any, *, fill: bool = True) -> None:
     """Insert row ``audit_id`` of ``table`` (``audit_blobs``: ``id``, then ``blob``) with ``blob``
-    written in chunks, in the caller's transaction."""
+    written in chunks, in the caller's transaction. SQLite with ``fill=False``: only its room
+    (``zeroblob``); ``fill_blob`` writes the bytes later, one short transaction a chunk."""
     raw = session.connection.driver_connection
     if session.dialect.name == "sqlite":
         raw.execute(f"INSERT INTO {table.name} (id, blob) VALUES (?, zeroblob(?))", (audit_id, len(blob)))
-        if len(blob):
+        if len(blob) and fill:
             with raw.blobopen(table.name, "blob", audit_id) as handle:
                 for chunk in _chunks(blob):
                     handle.write(chunk)
@@ -105,6 +107,32 @@ def write_blob(session, table, audit_id: int, blob: Any) -> None:
         for chunk in _chunks(blob):
             copy.write(chunk)
         copy.write(struct.pack("!h", -1))  # trailer
+
+
+def fill_blob(db, table, audit_id: int, blob: Any, *, chunk: int = CHUNK, pause: float = 0.001) -> None:
+    """SQLite: write ``blob`` into the room ``write_blob(fill=False)`` made, one transaction per
+    ``chunk`` bytes, so the database's single writer lock passes to other writers (the trainers'
+    metric writes) between chunks instead of being held for the whole batch (``pause`` seconds
+    between chunks let a waiting writer take it)."""
+    offset = 0
+    for part in _chunks(blob) if chunk == CHUNK else _rechunk(blob, chunk):
+        if offset and pause:
+            time.sleep(pause)
+        with db.write() as session:
+            raw = session.connection.driver_connection
+            with raw.blobopen(table.name, "blob", audit_id) as handle:
+                handle.seek(offset)
+                handle.write(part)
+        offset += len(part)
+
+
+def _rechunk(blob: Any, size: int) -> Iterator[bytes | memoryview]:
+    if isinstance(blob, SpooledBody):
+        yield from blob.chunks(size)
+        return
+    view = memoryview(blob)
+    for start in range(0, len(view), size):
+        yield view[start : start + size]
 
 
 def read_blob(session, table, audit_id: int) -> bytearray | None:

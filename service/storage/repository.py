@@ -580,13 +580,39 @@ def firing_counts(*, session: Session) -> list[dict]:
 
 def insert_audit(*, session: Session, values: dict[str, Any]) -> int:
     """Insert an audit row; its ``blob`` (bytes or a ``SpooledBody``) goes to ``audit_blobs`` in
-    chunks (storage/blobs.py)."""
+    chunks (storage/blobs.py). A row inserted with status ``receiving`` gets only the blob's room on
+    SQLite: ``blobs.fill_blob`` writes it, then ``received_audit`` queues it."""
     blob = values.get("blob")
     values = {**values, "blob": None}
     audit_id = session.execute(AUDITS.insert().values(**values).returning(AUDITS.c.id)).scalar_one()
     if blob is not None:
-        blobs.write_blob(session, AUDIT_BLOBS, audit_id, blob)
+        blobs.write_blob(session, AUDIT_BLOBS, audit_id, blob, fill=values.get("status") != "receiving")
     return audit_id
+
+
+def received_audit(*, session: Session, audit_id: int) -> None:
+    """A ``receiving`` audit's blob is written whole: it joins the queue."""
+    session.execute(
+        update(AUDITS)
+        .where(AUDITS.c.id == audit_id)
+        .values(status="pending", claimed_by=None, claimed_at=None)
+    )
+
+
+def receiving_audits(*, session: Session) -> list[tuple[int, str | None, float]]:
+    """(id, claimed_by, created_at) of the audits whose blob is still being written."""
+    rows = session.execute(
+        select(AUDITS.c.id, AUDITS.c.claimed_by, AUDITS.c.created_at).where(AUDITS.c.status == "receiving")
+    ).all()
+    return [(int(r[0]), r[1], float(r[2])) for r in rows]
+
+
+def delete_audits(*, session: Session, ids: list[int]) -> int:
+    """Remove audits (and their blobs) that never joined the queue (their upload did not finish)."""
+    if not ids:
+        return 0
+    session.execute(delete(AUDIT_BLOBS).where(AUDIT_BLOBS.c.id.in_(ids)))
+    return session.execute(delete(AUDITS).where(AUDITS.c.id.in_(ids))).rowcount
 
 
 def lock_audit_queue(*, session: Session) -> None:
@@ -597,11 +623,15 @@ def lock_audit_queue(*, session: Session) -> None:
 
 def count_waiting_audits(*, session: Session) -> int:
     return session.execute(
-        select(func.count()).select_from(AUDITS).where(AUDITS.c.status.in_(("pending", "running")))
+        select(func.count())
+        .select_from(AUDITS)
+        .where(AUDITS.c.status.in_(("receiving", "pending", "running")))
     ).scalar_one()
 
 
-def claim_audit(*, session: Session, worker: str, now: float, stale_before: float) -> dict | None:
+def claim_audit(
+    *, session: Session, worker: str, now: float, stale_before: float, with_blob: bool = True
+) -> dict | None:
     """Claim one waiting job (pending, or running under a claimer that died) exactly once, blob
     included, fairly across runs: round robin over the runs with waiting jobs, the run served least
     recently first (its newest claim is the oldest; never served: first), its oldest job first. The
@@ -651,7 +681,10 @@ def claim_audit(*, session: Session, worker: str, now: float, stale_before: floa
         .values(status="running", claimed_by=worker, claimed_at=now)
     )
     job = _row(session.execute(select(*_AUDIT_COLUMNS).where(AUDITS.c.id == job_id)).first())
-    job["blob"] = blobs.read_blob(session, AUDIT_BLOBS, job_id)  # a bytearray: its tensors are views of it
+    if with_blob:
+        job["blob"] = blobs.read_blob(
+            session, AUDIT_BLOBS, job_id
+        )  # a bytearray: its tensors are views of it
     return job
 
 
@@ -1048,7 +1081,7 @@ def insert_audit_once(*, session: Session, values: dict[str, Any]) -> tuple[int,
     ).scalar()
     if audit_id is not None:
         if blob is not None:
-            blobs.write_blob(session, AUDIT_BLOBS, audit_id, blob)
+            blobs.write_blob(session, AUDIT_BLOBS, audit_id, blob, fill=values.get("status") != "receiving")
         return audit_id, True
     existing = audit_id_for_record(session=session, run_id=values["run_id"], record_id=values["record_id"])
     if existing is None:  # a conflict on anything but (run_id, record_id): not an idempotent resend

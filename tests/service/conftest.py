@@ -112,6 +112,9 @@ def app_client(tmp_path) -> Iterator:
         # the webhook tests written per alert transition keep that mode; tests/service/test_service_incidents.py
         # covers the default (incident notifications)
         settings.setdefault("webhook_events", "alerts")
+        # audits in threads of the test's own process (they may patch the analyzers); the audit worker
+        # process is covered by tests/service/test_service_audit_process.py and every real-server test
+        settings.setdefault("audit_process", False)
         client = AppClient(Settings(database_url=database_url, **settings))
         made.append(client)
         return client
