@@ -169,7 +169,15 @@ def stack():
         return out
 
     try:
-        compose("build", timeout=2400)
+        built = compose("build", timeout=2400)
+        # podman-compose 1.0 exits 0 when the build fails: ask the engine for the image itself
+        engine = "podman" if "podman" in Path(command[0]).name else "docker"
+        image = subprocess.run(
+            [engine, "image", "inspect", "rlvitals:latest"], capture_output=True, timeout=60
+        )
+        assert image.returncode == 0, (
+            f"the build made no rlvitals:latest:\n{built.stdout[-3000:]}\n{built.stderr[-3000:]}"
+        )
         compose("up", "-d", "postgres", timeout=300)
         # `compose run` waits for the service_healthy dependency with Docker Compose; podman-compose
         # does not (nor does podman run health checks without systemd): wait for PostgreSQL here
@@ -178,7 +186,11 @@ def stack():
             assert time.monotonic() < deadline, compose("logs", "postgres", check=False).stdout[-3000:]
             time.sleep(1)
         created = compose("run", "--rm", "rlvitals", "keys", "create", "--name", "smoke", timeout=300)
-        (key,) = re.findall(r"^(rlv_\S+)$", created.stdout, flags=re.MULTILINE)
+        keys = re.findall(r"^(rlv_\S+)$", created.stdout, flags=re.MULTILINE)
+        assert len(keys) == 1, (
+            f"keys create printed no key:\n{created.stdout[-3000:]}\n{created.stderr[-3000:]}"
+        )
+        (key,) = keys
         compose("up", "-d", timeout=300)
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 180
