@@ -4,7 +4,8 @@
   the test session; each pytest process gets its own, so parallel runs never collide.
 - ``database_url``: parametrized over an embedded SQLite file and that PostgreSQL database, for the
   storage and API suites ("the same tests on both databases").
-- ``serve``: a factory that starts a real ``rlvitals serve`` process (see tests/support/servers.py).
+- ``serve``: a factory that starts a real ``rlvitals serve`` process (see tests/support/servers.py);
+  a new database is given the newest schema first, from a template (tests/support/schema.py).
 """
 
 from __future__ import annotations
@@ -15,7 +16,15 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.support.schema import at_head
 from tests.support.servers import ServerProcess, start_server
+
+# A worker per core (pytest-xdist, as `make test-fast` runs): torch's default of one thread per core in
+# every worker, and in every server a worker starts, puts several threads on each core, and they wait on
+# each other (a 27,000-element exp took 3 ms instead of 0.04 ms). One thread each. Set before torch is
+# imported; a child process inherits it.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 PG_ADMIN_URL = os.environ.get("RLVITALS_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
@@ -76,6 +85,7 @@ def serve(tmp_path) -> Iterator:
 
     def _start(database_url: str | None = None, **kwargs) -> ServerProcess:
         url = database_url or f"sqlite:///{tmp_path / f'serve-{len(started)}.db'}"
+        at_head(url)  # a new database gets the schema from a template (tests/support/schema.py)
         proc = start_server(database_url=url, workdir=tmp_path, **kwargs)
         started.append(proc)
         return proc

@@ -95,6 +95,10 @@ def test_make_test_fast_leaves_out_the_side_environments_browser_docker_and_pack
         'RLVITALS_TEST_MARKERS="not sideenv and not browser and not docker and not slow" bash scripts/test.sh'
         in out.stdout
     )
+    # smaller budgets in the edit-test loop only: `make test` (CI) draws every fuzzer's full budget
+    assert "RLVITALS_TEST_EXAMPLES=0.25" in out.stdout and "RLVITALS_FAULT_OUTAGE_S=5" in out.stdout
+    full = run(["make", "-n", "test"], cwd=REPO, timeout=30)
+    assert full.returncode == 0 and "RLVITALS_TEST_" not in full.stdout and "OUTAGE" not in full.stdout
     script = (REPO / "scripts" / "test.sh").read_text()
     assert 'pytest -m "$RLVITALS_TEST_MARKERS"' in script and "mkdocs build --strict" in script
     markers = (REPO / "pyproject.toml").read_text()

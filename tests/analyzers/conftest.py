@@ -25,3 +25,12 @@ def kernel_path(request):
         return
     with native.exp_between_passes():
         yield request.param
+
+
+@pytest.fixture(scope="session")
+def synthetic_corpus():
+    """The synthetic corpus (bench/_synthetic.py: every scenario on each of its seeds through the health
+    monitor), replayed once per pytest process for the modules that score it and read its findings."""
+    from bench._synthetic import load_synthetic
+
+    return load_synthetic()

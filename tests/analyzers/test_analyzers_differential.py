@@ -8,9 +8,13 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 
 from tests.analyzers.differential import cases, disagreements
+from tests.support.budget import examples
 
 
-@settings(max_examples=400, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+# `make test-fast` draws a quarter of the examples (tests/support/budget.py)
+@settings(
+    max_examples=examples(400), deadline=None, derandomize=True, suppress_health_check=list(HealthCheck)
+)
 @given(cases())
 def test_fast_and_reference_paths_agree_over_the_settings_space(case) -> None:
     config, tensors = case

@@ -15,7 +15,6 @@ import pytest
 from rlvitals.analyzers import HealthMonitor
 
 from bench._detection import MISSING, Diagnoser, corpus_dir, load_corpus
-from bench._synthetic import load_synthetic
 
 NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?%?")
 
@@ -116,8 +115,8 @@ def _forecast_findings() -> list:
 
 
 @pytest.fixture(scope="module")
-def synthetic_findings():
-    found = [(r.id, f) for r in load_synthetic() for f in r.findings if f.state == "firing"]
+def synthetic_findings(synthetic_corpus):
+    found = [(r.id, f) for r in synthetic_corpus for f in r.findings if f.state == "firing"]
     for name, rows in _extra_streams().items():
         found += [(name, f) for f in _feed(HealthMonitor(), rows) if f.state == "firing"]
     found += [("entropy_forecast", f) for f in _forecast_findings()]

@@ -33,16 +33,15 @@ from bench._synthetic import (
     audit_mismatch,
     groups,
     grpo_stream,
-    load_synthetic,
     run,
     scale,
 )
 
 
 @pytest.fixture(scope="module")
-def corpus() -> dict[str, SyntheticRun]:
-    """Every scenario on each of its seeds, run once for the module."""
-    return {r.id: r for r in load_synthetic()}
+def corpus(synthetic_corpus) -> dict[str, SyntheticRun]:
+    """Every scenario on each of its seeds (run once per process: tests/analyzers/conftest.py)."""
+    return {r.id: r for r in synthetic_corpus}
 
 
 def _cases(scenarios):

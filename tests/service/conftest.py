@@ -1,5 +1,7 @@
 """Service-test fixtures: an in-process app (real lifespan, real database) driven through httpx's
-ASGI transport from synchronous tests.
+ASGI transport from synchronous tests. A new, empty database is given the newest schema from a
+template before the app starts (tests/support/schema.py): the app then finds it current, as a
+restarted server does, instead of migrating it in a child process for every test.
 
 ``app_client(database_url, **settings)`` -> ``AppClient`` with ``get``/``post``/... returning
 ``httpx.Response``; ``restart()`` builds a fresh app on the same database (a server restart). ``hooks(**kwargs)`` -> a
@@ -19,6 +21,7 @@ from rlvitals.service.app import create_app
 from rlvitals.service.settings import Settings
 
 from tests.service.hooks import HookServer
+from tests.support.schema import at_head
 
 
 class AppClient:
@@ -115,7 +118,9 @@ def app_client(tmp_path) -> Iterator:
         # audits in threads of the test's own process (they may patch the analyzers); the audit worker
         # process is covered by tests/service/test_service_audit_process.py and every real-server test
         settings.setdefault("audit_process", False)
-        client = AppClient(Settings(database_url=database_url, **settings))
+        resolved = Settings(database_url=database_url, **settings)
+        at_head(resolved.resolved_database_url)  # a new database gets the schema without a migration
+        client = AppClient(resolved)
         made.append(client)
         return client
 

@@ -5,8 +5,9 @@ Schemathesis turns ``/openapi.json`` into Hypothesis strategies per operation: *
 the schema (they reach the domain code), *negative* cases break it in one place (wrong types,
 missing fields, out-of-range numbers, garbage bodies) and must be refused with a 4xx. Path ids are
 drawn half the time from runs and audits that exist, so the fuzzer gets past the 404 into real
-ingest, query and audit code. Runs on the real app (lifespan, migrations, audit pool) over SQLite;
-the number of examples per operation is bounded so the file runs in well under two minutes.
+ingest, query and audit code. Runs on the real app (lifespan, schema, audit pool) over SQLite;
+the number of examples per operation is bounded so the file runs in well under two minutes (a quarter
+of them in ``make test-fast``).
 
 The SSE stream (``GET /api/v1/runs/{id}/events``) stays open by design, so it is fuzzed only with
 unknown run ids (an immediate 404); its live behaviour has its own tests.
@@ -29,8 +30,10 @@ from schemathesis.core.parameters import ParameterLocation
 from schemathesis.specs.openapi.checks import negative_data_rejection
 
 from tests.service.batchdata import make_batch
+from tests.support.budget import examples
 
-MAX_EXAMPLES = 75  # per operation and mode (about 25 s for the file)
+# per operation and mode (about 25 s for the file); `make test-fast` draws a quarter (tests/support/budget.py)
+MAX_EXAMPLES = examples(75)
 SSE_PATH = "/api/v1/runs/{run_id}/events"
 UNKNOWN_ID = 10**9
 
