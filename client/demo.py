@@ -215,7 +215,9 @@ def _serve_and_train(server, tiny, torch, rlvitals, stamp, workdir, steps, keep_
                 file=out,
             )
             run_ids[preset] = run.run_id
-        time.sleep(0.5)  # the server evaluates rules on ingest; let the last request land
+        for run_id in run_ids.values():  # the audits run in their own process, behind the writes
+            _wait_for_audits(server.url, run_id)
+        time.sleep(0.5)  # the rules run on what was committed; let them read the audits' series
         print("", file=out)
         for preset, run_id in run_ids.items():
             _print_alerts(server.url, preset, run_id, out)
@@ -248,6 +250,22 @@ def _progress(out: TextIO):
             )
 
     return progress
+
+
+def _wait_for_audits(url: str, run_id: str | None, timeout: float = 120.0) -> None:
+    """Until no audit of the run is pending (at most ``timeout`` s): the alerts printed next include
+    what the audits found."""
+    if run_id is None:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            audits = httpx.get(f"{url}/api/v1/runs/{run_id}/audits", timeout=10).json()["data"]
+        except (httpx.HTTPError, ValueError, KeyError):
+            return  # the alerts read says what is wrong
+        if all(audit.get("status") != "pending" for audit in audits):
+            return
+        time.sleep(0.2)
 
 
 def _print_alerts(url: str, preset: str, run_id: str | None, out: TextIO) -> None:
