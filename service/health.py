@@ -229,6 +229,19 @@ class HealthEngine:
         findings, cached.cursor = observe(cached.monitor, cached.cursor)
         if callable(signals):
             signals = signals()
+        return self._store(session, run_id, cached, findings, signals, now)
+
+    def _store(
+        self,
+        session: Session,
+        run_id: int,
+        cached: _Cached,
+        findings: list,
+        signals: Mapping[str, Any] | None,
+        now: float,
+    ) -> Observation:
+        """Merge ``signals`` into the latest canonical signals, store the advanced monitor in the
+        caller's transaction, cache it again, and say what it found."""
         if signals:
             cached.signals = {**(cached.signals or {}), **signals}
         self._save(session, run_id, cached, now)
@@ -264,19 +277,7 @@ class HealthEngine:
     ) -> Observation:
         """Store what ``observe_ahead`` did, in the caller's transaction, which found the stored
         version still at ``ahead.base`` (under the claim: nobody else evaluated the run meanwhile)."""
-        cached = ahead.cached
-        if signals:
-            cached.signals = {**(cached.signals or {}), **signals}
-        self._save(session, run_id, cached, now)
-        with self._lock:
-            self._cache[run_id] = cached
-        return Observation(
-            findings=ahead.findings,
-            firing=list(cached.monitor.firing()),
-            last_step=cached.cursor["step"],
-            incident_updates=cached.monitor.take_incident_updates(),
-            critical_open=cached.monitor.incidents.critical_open(),
-        )
+        return self._store(session, run_id, ahead.cached, ahead.findings, signals, now)
 
     # --- what the dashboard draws --------------------------------------------------------------------
     def snapshot(self, *, session: Session, run_id: int, run_config: Mapping[str, Any]) -> dict[str, Any]:

@@ -90,6 +90,14 @@ class MetricsBodyParser:
         self._expect(":", "':' delimiter")
         return key
 
+    def _empty_object(self) -> bool:
+        """Open an object (``{``); whether it closes at once (``}``, consumed too)."""
+        self._expect("{", "'{'")
+        if self._peek() == "}":
+            self.i += 1
+            return True
+        return False
+
     def _next(self, close: str) -> bool:
         """After a member: whether another follows (``,``) or the container closed."""
         char = self._peek()
@@ -212,10 +220,8 @@ class MetricsBodyParser:
 
     def _step(self, index: int) -> dict[str, Any]:
         loc = ("body", "steps", index)
-        self._expect("{", "'{'")
         step: dict[str, Any] = {}
-        if self._peek() == "}":
-            self.i += 1
+        if self._empty_object():
             return step
         while True:
             key = self._key()
@@ -229,10 +235,8 @@ class MetricsBodyParser:
                 return step
 
     def _metrics(self, loc: tuple) -> dict[str, Any]:
-        self._expect("{", "'{'")
         metrics: dict[str, Any] = {}
-        if self._peek() == "}":
-            self.i += 1
+        if self._empty_object():
             return metrics
         while True:
             key = self._key()
