@@ -1,5 +1,5 @@
 .PHONY: run test test-fast bench lint docs docs-build
-FAST_MARKERS = not sideenv and not browser and not docker and not slow
+FAST_MARKERS = not sideenv and not browser and not docker and not slow and not heavy
 # the edit-test loop's smaller budgets: a quarter of each fuzzer's examples (tests/support/budget.py) and a
 # 5 s closed-port outage instead of 30 (tests/client/test_client_faults.py); `make test` keeps the full ones
 FAST_ENV = RLVITALS_TEST_EXAMPLES=0.25 RLVITALS_FAULT_OUTAGE_S=5
