@@ -127,10 +127,13 @@ def load_plugins(groups: tuple[str, ...] | None = None) -> list[LoadedPlugin]:
     first entry point that cannot be registered.
     """
     loaded: list[LoadedPlugin] = []
+    installed: metadata.EntryPoints | None = None  # read once: each read opens every distribution's metadata
     for group in groups or tuple(GROUPS):
         if group not in GROUPS:
             raise PluginError(f"unknown plugin group {group!r}; groups: {', '.join(GROUPS)}")
-        for ep in sorted(metadata.entry_points(group=group), key=lambda e: e.name):
+        if installed is None:
+            installed = metadata.entry_points()
+        for ep in sorted(installed.select(group=group), key=lambda e: e.name):
             dist, version = _where(ep)
             where = f"plugin {dist} {version}: entry point {ep.name} = {ep.value!r} in {group}"
             try:

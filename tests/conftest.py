@@ -98,7 +98,9 @@ def serve(tmp_path) -> Iterator:
 # --- markers: what `make test-fast` leaves out -------------------------------------------------------
 # `sideenv`: the test trains in a side environment (real verl, TRL, OpenRLHF: tests/support/sideenv.py);
 # `browser`: it drives headless Chromium; `docker`: it builds and starts containers (opt-in). The marks
-# are given here from what a test uses, so a new test gets them without remembering to.
+# are given here from what a test uses, so a new test gets them without remembering to. `slow` (the sdist
+# and wheel builds) and `heavy` (seconds of real servers, trainers, tools or long replays) are given in
+# the test files.
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     from tests.support import sideenv
 

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.heavy  # runs each benchmark harness in a child process (tens of seconds each)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -19,6 +19,9 @@ import pytest
 from rlvitals.analyzers.health import RULES
 from rlvitals.analyzers.reference.policy_losses import POLICY_LOSSES
 
+# builds the site several times (in make test-fast, the lint step builds it once, strictly)
+pytestmark = pytest.mark.heavy
+
 REPO = Path(__file__).resolve().parents[1]
 MKDOCS = Path(sys.executable).with_name("mkdocs")
 

@@ -70,6 +70,7 @@ def _client_only_python(tmp_path: Path) -> tuple[str, dict[str, str]]:
     return str(venv / "bin" / "python"), env
 
 
+@pytest.mark.heavy
 def test_server_commands_on_a_client_only_install_say_what_to_install(tmp_path):
     python, env = _client_only_python(tmp_path)
     probe = subprocess.run([python, "-c", "import pydantic"], env=env, capture_output=True, timeout=60)
@@ -105,6 +106,7 @@ def test_postgres_urls_without_a_driver_mean_psycopg_3(scheme):
     assert Settings(database_url="sqlite:///x.db").resolved_database_url == "sqlite:///x.db"
 
 
+@pytest.mark.heavy
 def test_serve_takes_a_libpq_url_and_prints_the_dashboard_and_the_database(pg_url, tmp_path):
     libpq = pg_url.replace("postgresql+psycopg://", "postgresql://")
     server = start_server(database_url=libpq, workdir=tmp_path, timeout=60)
@@ -213,6 +215,7 @@ def test_a_port_in_time_wait_is_free_for_the_next_demo_but_a_listening_one_is_no
     assert _port_free("127.0.0.1", port)
 
 
+@pytest.mark.heavy
 def test_sigterm_stops_the_demo_and_its_server(tmp_path):
     port = free_port()
     env = {**os.environ, "HOME": str(tmp_path), "PYTHONWARNINGS": "ignore", "PYTHONUNBUFFERED": "1"}

@@ -87,13 +87,13 @@ def test_the_make_targets_exist():
         assert "scripts/" in out.stdout, out.stdout
 
 
-def test_make_test_fast_leaves_out_the_side_environments_browser_docker_and_packaging():
+def test_make_test_fast_leaves_out_the_side_environments_browser_docker_packaging_and_heavy_tests():
     assert "make test-fast" in README
     out = run(["make", "-n", "test-fast"], cwd=REPO, timeout=30)
     assert out.returncode == 0, out.stderr
     assert (
-        'RLVITALS_TEST_MARKERS="not sideenv and not browser and not docker and not slow" bash scripts/test.sh'
-        in out.stdout
+        'RLVITALS_TEST_MARKERS="not sideenv and not browser and not docker and not slow and not heavy"'
+        " bash scripts/test.sh" in out.stdout
     )
     # smaller budgets in the edit-test loop only: `make test` (CI) draws every fuzzer's full budget
     assert "RLVITALS_TEST_EXAMPLES=0.25" in out.stdout and "RLVITALS_FAULT_OUTAGE_S=5" in out.stdout
@@ -102,10 +102,13 @@ def test_make_test_fast_leaves_out_the_side_environments_browser_docker_and_pack
     script = (REPO / "scripts" / "test.sh").read_text()
     assert 'pytest -m "$RLVITALS_TEST_MARKERS"' in script and "mkdocs build --strict" in script
     markers = (REPO / "pyproject.toml").read_text()
-    for marker in ("sideenv:", "browser:", "docker:", "slow:"):
+    for marker in ("sideenv:", "browser:", "docker:", "slow:", "heavy:"):
         assert marker in markers, marker  # registered: an unknown mark would only warn
+    # `make test` selects no marks: the tests left out of test-fast (`heavy` ones included) all run there
+    assert "-m" not in full.stdout.split("scripts/test.sh", 1)[1].split("\n", 1)[0]
 
 
+@pytest.mark.heavy
 def test_the_install_lines_resolve_and_the_commands_run(tmp_path):
     cmds = commands("Install")
     pips = [c for c in cmds if c.startswith("pip install")]
@@ -162,6 +165,7 @@ def _audits(url: str, run_id: int, want: int) -> list[dict]:
         time.sleep(0.5)
 
 
+@pytest.mark.heavy
 def test_the_plain_loop_runs_as_written_and_its_audits_agree(server, tmp_path):
     (code,) = blocks("A plain PyTorch loop", "python")
     script = tmp_path / "plain_loop.py"

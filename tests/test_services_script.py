@@ -15,6 +15,10 @@ import socket
 import subprocess
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.heavy  # creates and starts a PostgreSQL cluster
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "services.sh"
 

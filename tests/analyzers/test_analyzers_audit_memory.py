@@ -34,7 +34,11 @@ print(json.dumps({"size": size, "growth": after - before}))
 """
 
 
-@pytest.mark.parametrize("step", ["cov", "hist", "gap"])
+# a fresh process and a ~100 MiB batch each: `make test-fast` measures one pass, `make test` all three
+@pytest.mark.parametrize(
+    "step",
+    ["cov", pytest.param("hist", marks=pytest.mark.heavy), pytest.param("gap", marks=pytest.mark.heavy)],
+)
 def test_an_audit_pass_holds_well_under_the_batch_beside_it(step):
     out = subprocess.run([sys.executable, "-c", SCRIPT, step], capture_output=True, text=True, check=True)
     measured = json.loads(out.stdout.strip().splitlines()[-1])

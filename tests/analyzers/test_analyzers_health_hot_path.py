@@ -57,7 +57,18 @@ def _replay(cls, scenario, seed):
     )
 
 
-@pytest.mark.parametrize("name", sorted(SCENARIOS))
+# a few seconds a scenario: `make test-fast` replays one of each kind (healthy, per-step, per-group, audit,
+# non-finite, single update); `make test` every scenario
+FAST_SCENARIOS = {
+    "healthy", "healthy_single_update_no_config", "entropy_collapse", "kl_loss_above_ceiling",
+    "groups_all_failed", "non_finite", "audit_mismatch", "rollout_kl_high",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=() if n in FAST_SCENARIOS else pytest.mark.heavy) for n in sorted(SCENARIOS)],
+)
 def test_shortcuts_give_the_findings_and_state_of_full_checks(name):
     scenario = SCENARIOS[name]
     seed = scenario.seeds[0]

@@ -60,6 +60,7 @@ def test_a_build_older_than_its_sources_is_not_used(tmp_path):
     assert module is None and status.startswith("stale build")
 
 
+@pytest.mark.heavy
 def test_rlvitals_native_0_runs_the_torch_ops():
     code = (
         "from rlvitals.analyzers import recompute, LossConfig; from rlvitals.analyzers.fast import native; import torch;"
@@ -398,6 +399,7 @@ json.dump(out, sys.stdout)
 """
 
 
+@pytest.mark.heavy
 @pytest.mark.skipif(native.module() is None or native.module().ISA != "avx2", reason="needs the AVX2 copy")
 def test_the_portable_copy_gives_the_avx2_copys_numbers_exactly():
     # the portable copy (SSE2 pairs / NEON where there is no AVX2) is what other machines run: the same

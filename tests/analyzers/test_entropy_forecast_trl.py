@@ -13,7 +13,7 @@ import pytest
 from bench.forecast import QUICK, QUICK_STEPS, measure
 
 # 16 real training steps on CPU (a few seconds each on a loaded machine) plus the side env's start
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.heavy]
 
 
 def test_the_forecast_fires_before_the_entropy_collapse_alert_on_a_real_trl_run():

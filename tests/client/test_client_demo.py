@@ -9,8 +9,11 @@ import subprocess
 import sys
 
 import httpx
+import pytest
 
 from tests.support.servers import free_port
+
+pytestmark = pytest.mark.heavy  # runs the demo: a real server and two trainers
 
 
 def test_demo_serves_trains_both_presets_and_reports_alerts(tmp_path):

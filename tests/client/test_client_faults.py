@@ -190,6 +190,7 @@ def trainers():
         trainer.kill()
 
 
+@pytest.mark.heavy
 def test_server_sigkilled_mid_run_and_restarted_on_the_same_database(serve, tmp_path, trainers):
     server = serve()
     trainer = Trainer(tmp_path, server.url)
@@ -207,6 +208,7 @@ def test_server_sigkilled_mid_run_and_restarted_on_the_same_database(serve, tmp_
     assert len(result["warnings"]) == 1 and "spooling" in result["warnings"][0], result["warnings"]
 
 
+@pytest.mark.heavy
 def test_port_closed_for_30_seconds(serve, tmp_path, trainers):
     server = serve()
     trainer = Trainer(tmp_path, server.url, interval=0.005)
@@ -228,6 +230,7 @@ def test_port_closed_for_30_seconds(serve, tmp_path, trainers):
     assert any("unreachable" in w for w in result["warnings"]), result["warnings"]
 
 
+@pytest.mark.heavy
 def test_server_answering_in_2_seconds_per_request(serve, tmp_path, trainers):
     server = serve()
     with DelayProxy(server.url, delay=2.0) as proxy:
@@ -250,6 +253,7 @@ def _mount_tiny_tmpfs(path: Path) -> bool:
     return done.returncode == 0
 
 
+@pytest.mark.heavy
 def test_spool_directory_full_counts_every_lost_point(serve, tmp_path, trainers):
     """Server down from the start, spool on a 64 KiB filesystem: the spool fills (ENOSPC), memory holds
     up to twice its bound, the rest is dropped and counted. Everything not counted arrives exactly once.

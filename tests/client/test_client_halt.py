@@ -43,6 +43,7 @@ def test_a_plain_loop_stops_at_the_step_after_a_critical_incident(serve, tmp_pat
     assert any(str(reason["id"]) in r.getMessage() and "non_finite" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.heavy
 def test_a_loop_faster_than_its_sender_still_stops_right_after_the_critical_step(serve, tmp_path):
     # no time between steps: the answer to a step would arrive steps later; should_stop() waits for it
     # (at most halt_wait), so the run stops where a slow loop does
@@ -59,6 +60,7 @@ def test_a_loop_faster_than_its_sender_still_stops_right_after_the_critical_step
     assert run.halt_reason["onset_step"] == 5
 
 
+@pytest.mark.heavy
 def test_without_halt_on_a_run_never_stops(serve, tmp_path):
     server = serve()
     run = rlvitals.init(url=server.url, project="p", name="no-halt", spool_dir=tmp_path)
@@ -103,6 +105,7 @@ def test_trl_callback_sets_should_training_stop_and_should_save(serve, tmp_path)
     assert bridge.halted["cause"] == "non_finite"
 
 
+@pytest.mark.heavy
 def test_verl_logger_raises_training_halted_and_fit_saves_a_checkpoint(serve, tmp_path, monkeypatch):
     server = serve()
     monkeypatch.setenv("RLVITALS_URL", server.url)

@@ -15,6 +15,8 @@ import pytest
 from tests.support.ranks import run_two_ranks
 from tests.support.servers import free_port
 
+pytestmark = pytest.mark.heavy  # several trainer processes against a real server
+
 SCRIPT = Path(__file__).resolve().parents[1] / "support" / "halt_ranks.py"
 
 

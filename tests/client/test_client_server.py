@@ -33,6 +33,7 @@ def test_scalars_round_trip_with_non_finite_values(serve, tmp_path):
     assert (got["nan"], got["inf"], got["ninf"]) == ({300: "NaN"}, {300: "Infinity"}, {300: "-Infinity"})
 
 
+@pytest.mark.heavy
 def test_same_project_and_name_resumes_the_run(serve, tmp_path):
     server = serve()
     first = rlvitals.init(url=server.url, project="p", name="resume", spool_dir=tmp_path)
@@ -45,6 +46,7 @@ def test_same_project_and_name_resumes_the_run(serve, tmp_path):
     assert series(server.url, first.run_id)["x"] == {0: 1.0, 1: 2.0}
 
 
+@pytest.mark.heavy
 def test_tensor_batch_is_stored_and_audited(serve, tmp_path):
     from rlvitals.analyzers import LossConfig, recompute
 
@@ -76,6 +78,7 @@ def test_tensor_batch_is_stored_and_audited(serve, tmp_path):
     assert audit["reported"]["pg_loss"] == pytest.approx(reported["pg_loss"])
 
 
+@pytest.mark.heavy
 def test_api_key_is_sent_and_a_wrong_key_keeps_records_for_sync(serve, tmp_path):
     server = serve()
     db = server.database_url
@@ -109,6 +112,7 @@ def test_api_key_is_sent_and_a_wrong_key_keeps_records_for_sync(serve, tmp_path)
     assert series(server.url, str(bad_id))["y"] == {5: 2.0}
 
 
+@pytest.mark.heavy
 def test_offline_run_synced_to_a_real_server(serve, tmp_path):
     server = serve()
     run = rlvitals.init(project="p", name="offline", mode="offline", spool_dir=tmp_path, batch_every=1)

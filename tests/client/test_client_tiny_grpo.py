@@ -35,6 +35,7 @@ def _findings(config, history) -> list[tuple[str, str, int]]:
     return found
 
 
+@pytest.mark.heavy
 def test_healthy_preset_learns_and_raises_no_finding():
     config = tiny.PRESETS["healthy"]
     history = tiny.train(config)
@@ -44,6 +45,7 @@ def test_healthy_preset_learns_and_raises_no_finding():
     assert _findings(config, history) == []
 
 
+@pytest.mark.heavy
 def test_unstable_preset_trips_the_health_rules():
     config = dataclasses.replace(tiny.PRESETS["unstable"], steps=30)
     history = tiny.train(config)

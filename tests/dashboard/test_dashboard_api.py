@@ -114,6 +114,7 @@ def _tensors() -> dict[str, torch.Tensor]:
     }
 
 
+@pytest.mark.heavy  # starts the audit worker process (test_batch_histograms_count_every_valid_token is in-process)
 def test_histograms_of_an_audited_batch(client):
     tensors = _tensors()
     audit = _upload_and_wait(client, tensors)
@@ -129,7 +130,13 @@ def test_histograms_of_an_audited_batch(client):
 
 def test_without_stored_histograms_or_tensors_the_reply_says_why(tmp_path):
     app = AppClient(
-        Settings(database_url=f"sqlite:///{tmp_path / 'h.db'}", data_dir=tmp_path, audit_histograms=False)
+        # audits in this process's threads: where the audit runs is the audit-process tests' business
+        Settings(
+            database_url=f"sqlite:///{tmp_path / 'h.db'}",
+            data_dir=tmp_path,
+            audit_histograms=False,
+            audit_process=False,
+        )
     )
     try:
         audit = _upload_and_wait(app, _tensors())

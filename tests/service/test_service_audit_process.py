@@ -79,6 +79,7 @@ def test_audits_run_in_a_lower_priority_worker_process_started_with_the_first_au
     assert _gone(pid, 40)
 
 
+@pytest.mark.heavy
 def test_the_worker_is_restarted_after_kill_9_and_its_claimed_audit_is_redone(app_client, database_url):
     api = app_client(database_url, audit_process=True, audit_workers=1)
     run_id = api.create_run("trainer")
@@ -103,6 +104,7 @@ def test_the_worker_is_restarted_after_kill_9_and_its_claimed_audit_is_redone(ap
     assert _metric(api, "rlvitals_audit_worker_restarts_total") >= 1
 
 
+@pytest.mark.heavy
 def test_the_worker_dies_with_a_killed_server(serve, tmp_path):
     server = serve()
     with httpx.Client(base_url=server.url, timeout=60) as client:
@@ -122,6 +124,7 @@ def test_the_worker_dies_with_a_killed_server(serve, tmp_path):
     assert "audit worker process" in server.log()
 
 
+@pytest.mark.heavy
 def test_an_audit_flood_leaves_the_request_process_answering(serve):
     """Sanity only (the bound that matters is bench/tenants.py's): while one client uploads large
     batches from three threads non-stop, another's per-step writes keep being answered."""
@@ -185,6 +188,7 @@ def test_an_upload_left_unfinished_by_a_dead_process_is_removed_at_start(app_cli
     assert api.get(f"/api/v1/runs/{run_id}/audits").json()["count"] == 0
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("db", ["sqlite", "postgresql"])
 def test_the_workers_audit_events_reach_live_streams(serve, db, request):
     """The worker's events reach the server's subscribers: over its pipe on SQLite (one process

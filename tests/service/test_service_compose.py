@@ -269,6 +269,7 @@ def test_deploy_doc_explains_keys_and_insecure() -> None:
         assert needle in text, f"docs/deploy.md should mention {needle!r}"
 
 
+@pytest.mark.heavy
 def test_compose_server_command_starts_on_postgresql(pg_url: str, tmp_path: Path) -> None:
     """The exact compose command, with this machine's loopback address and database, serves /healthz."""
     argv = server_argv()

@@ -126,6 +126,7 @@ def test_an_evaluation_that_dies_before_its_commit_is_done_again_exactly_once(
     assert _outcome(lambda path: api.get(f"/api/v1/runs/{run_id}/{path}").json()) == expected
 
 
+@pytest.mark.heavy
 def test_kill_9_mid_evaluation_neither_loses_nor_duplicates_alerts(serve, app_client, database_url, tmp_path):
     writes = _writes(2400, 400)
     expected = _reference(app_client, tmp_path, writes)
@@ -147,6 +148,7 @@ def test_kill_9_mid_evaluation_neither_loses_nor_duplicates_alerts(serve, app_cl
     assert _outcome(_over_http(server.url, run_id)) == expected
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("replicas", [2])
 def test_two_replicas_evaluate_each_point_once(serve, app_client, pg_url, tmp_path, replicas):
     writes = _writes(1200, 20)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+import pytest
 from rlvitals.service.events import Event, LocalBus
 
 from tests.service.sse import SSEClient
@@ -36,6 +37,7 @@ def test_frames_are_server_sent_events():
     assert frame == 'event: alert\ndata: {"value":"NaN","rule":"non_finite"}\n\n'
 
 
+@pytest.mark.heavy
 def test_every_worker_process_feeds_every_stream_on_sqlite(serve):
     server = serve(env={"RLVITALS_SSE_HEARTBEAT": "1"}, args=("--workers", "2"), timeout=120)
     run_id = httpx.post(f"{server.url}/api/v1/runs", json={"name": "two"}).json()["id"]

@@ -7,6 +7,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 SCRIPT = textwrap.dedent(
     """
     import json, sys, tempfile
@@ -54,5 +56,6 @@ def test_a_scalar_only_server_does_not_import_torch():
     assert _run() == {"scalars": False}
 
 
+@pytest.mark.heavy
 def test_the_first_batch_imports_torch():
     assert _run("--batch") == {"scalars": False, "batch": True}

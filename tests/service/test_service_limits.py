@@ -12,6 +12,7 @@ import socket
 import time
 
 import httpx
+import pytest
 
 from tests.service.batchdata import OCTET, make_batch, wait_done
 
@@ -107,6 +108,7 @@ def _raw(port: int, data: bytes, wait: float) -> bytes:
         return b"".join(chunks)
 
 
+@pytest.mark.heavy
 def test_slow_headers_are_cut_off_and_a_stalled_body_gets_408(serve):
     server = serve(env={"RLVITALS_HEADER_TIMEOUT": "1", "RLVITALS_BODY_TIMEOUT": "1"})
     run_id = httpx.post(f"{server.url}/api/v1/runs", json={"name": "slow"}).json()["id"]
@@ -126,6 +128,7 @@ def test_slow_headers_are_cut_off_and_a_stalled_body_gets_408(serve):
     assert httpx.get(f"{server.url}/healthz").status_code == 200
 
 
+@pytest.mark.heavy
 def test_connections_past_max_connections_get_503(serve):
     server = serve(env={"RLVITALS_MAX_CONNECTIONS": "3", "RLVITALS_HEADER_TIMEOUT": "60"})
     port = int(server.url.rsplit(":", 1)[1])
@@ -164,6 +167,7 @@ def _peak_rss_growth(pid: int, action) -> int:
     return status("VmHWM") - before
 
 
+@pytest.mark.heavy
 def test_an_upload_streams_into_the_database_without_whole_copies(serve, database_url):
     """Before: the body was read into memory and bound whole (SQLite copies a bound blob twice more):
     peak RSS grew by 3x the body. Now it is spooled to a file, validated through a memory map and

@@ -55,6 +55,7 @@ def server(serve, database_url):
     return serve(database_url=database_url, env={"RLVITALS_AUDIT_WORKERS": "1"})
 
 
+@pytest.mark.heavy
 def test_real_mismatches_are_found_located_and_alerted_once(server, tmp_path):
     with httpx.Client(base_url=server.url, timeout=30) as client:
         _check(server.url, client, tmp_path)

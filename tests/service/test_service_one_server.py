@@ -13,6 +13,7 @@ import sys
 import time
 
 import httpx
+import pytest
 from rlvitals.service.audits import _PROCESS
 
 from tests.service.batchdata import OCTET, make_batch, wait_done
@@ -24,6 +25,7 @@ def _cli(*args: str, cwd, timeout: float = 60) -> subprocess.CompletedProcess:
                           cwd=cwd, timeout=timeout)  # fmt: skip
 
 
+@pytest.mark.heavy
 def test_a_second_serve_on_the_same_sqlite_file_refuses_to_start(serve, tmp_path):
     url = f"sqlite:///{tmp_path / 'one.db'}"
     first = serve(database_url=url)
@@ -35,6 +37,7 @@ def test_a_second_serve_on_the_same_sqlite_file_refuses_to_start(serve, tmp_path
     assert httpx.get(f"{serve(database_url=other).url}/healthz").status_code == 200
 
 
+@pytest.mark.heavy
 def test_serve_with_workers_holds_the_lock_for_its_processes(serve, tmp_path):
     url = f"sqlite:///{tmp_path / 'workers.db'}"
     server = serve(database_url=url, args=("--workers", "2"))

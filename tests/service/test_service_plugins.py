@@ -116,6 +116,7 @@ def _run(url: str) -> int:
     return response.json()["id"]
 
 
+@pytest.mark.heavy
 def test_a_plugin_loss_is_audited_over_http_and_its_rule_fires(serve, plugin_dir, database_url):
     server = serve(database_url, env={"PYTHONPATH": str(plugin_dir)})
     banner = server.log()
@@ -163,6 +164,7 @@ def test_without_the_plugin_the_custom_loss_is_refused_at_the_door(serve, plugin
     assert "token-sum-half" in response.json()["error"]["message"]
 
 
+@pytest.mark.heavy
 def test_a_broken_plugin_stops_the_server_with_the_reason(tmp_path, plugin_dir):
     broken = tmp_path / "broken"
     dist = broken / "broken_plugin-1.0.dist-info"

@@ -8,9 +8,12 @@ import re
 import time
 
 import httpx
+import pytest
 
 from tests.service.batchdata import make_batch
 from tests.service.sse import SSEClient
+
+pytestmark = pytest.mark.heavy  # two real servers on one PostgreSQL database
 
 FAST = {"RLVITALS_SSE_HEARTBEAT": "1"}
 

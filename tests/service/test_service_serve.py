@@ -38,6 +38,7 @@ def test_serve_answers_healthz_and_serves_openapi(serve):
     assert httpx.get(f"{server.url}/docs").status_code == 200
 
 
+@pytest.mark.heavy
 def test_sse_streams_points_and_alerts_live(serve):
     server = serve(env=FAST)
     run_id = _run(server.url)
@@ -65,6 +66,7 @@ def test_sse_for_an_unknown_run_is_404(serve):
     assert response.status_code == 404 and response.json()["error"]["code"] == "not_found"
 
 
+@pytest.mark.heavy
 def test_prometheus_metrics_text(serve):
     server = serve(env=FAST)
     run_id = _run(server.url, "prom")
@@ -92,6 +94,7 @@ def _cli(*args: str, cwd) -> subprocess.CompletedProcess:
                           cwd=cwd, timeout=120)  # fmt: skip
 
 
+@pytest.mark.heavy
 def test_keys_cli_create_list_revoke_and_auth_on_a_real_server(serve, tmp_path):
     url = f"sqlite:///{tmp_path / 'keys.db'}"
     created = _cli("keys", "--database-url", url, "create", "--name", "trainer", cwd=tmp_path)
@@ -154,6 +157,7 @@ def test_set_nodelay_on_an_accepted_socket():
             assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("workers", [1, 2])
 def test_keep_alive_requests_do_not_stall_on_nagle(serve, workers):
     server = serve(env=FAST, args=("--workers", str(workers)), timeout=120)
@@ -175,6 +179,7 @@ def test_keep_alive_requests_do_not_stall_on_nagle(serve, workers):
     assert fastest < 0.030, f"fastest keep-alive request {fastest * 1000:.1f} ms with --workers {workers}"
 
 
+@pytest.mark.heavy
 def test_a_killed_server_restarts_with_its_points_alerts_and_detector_state(serve):
     server = serve(env=FAST)
     run_id = _run(server.url, "crash")
@@ -196,6 +201,7 @@ def test_a_killed_server_restarts_with_its_points_alerts_and_detector_state(serv
     assert [(a["rule"], a["state"]) for a in alerts] == [("non_finite", "resolved")]  # the episode was kept
 
 
+@pytest.mark.heavy
 def test_serve_explains_a_bad_rules_file_and_an_unreachable_database(tmp_path):
     rules = tmp_path / "rules.yaml"
     rules.write_text("pg_clipfrac_range: {low: 0.9, high: 0.1}\n")

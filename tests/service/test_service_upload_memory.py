@@ -8,8 +8,11 @@ import socket
 import time
 
 import httpx
+import pytest
 
 from tests.service.batchdata import OCTET, make_batch, make_tensors
+
+pytestmark = pytest.mark.heavy  # real servers fed large uploads
 
 MIB = 1024 * 1024
 
