@@ -59,6 +59,7 @@ class Tally:
         self.latency: list[float] = []
         self.audit_wait: list[float] = []
         self.refused = 0
+        self.reasons: dict[str, int] = {}  # what the refusals said: the limit named in each 429
         self.server_errors = 0
 
     def status(self, code: int) -> None:
@@ -139,6 +140,8 @@ def trainer(port: int, n: int, stop: threading.Event, tally: Tally, batch: bytes
             elif status == 429:
                 with tally.lock:
                     tally.refused += 1
+                    why = _reason(data)
+                    tally.reasons[why] = tally.reasons.get(why, 0) + 1
         pending = [p for p in pending if not _audit_done(port, p, tally)]
         stop.wait(0.05)
     deadline = time.monotonic() + 60  # the phase is over: wait for this trainer's audits (bounded)
@@ -148,6 +151,18 @@ def trainer(port: int, n: int, stop: threading.Event, tally: Tally, batch: bytes
     with tally.lock:
         tally.audit_wait.extend(time.monotonic() - t for _, t in pending)  # never done: counted as waited
     conn.close()
+
+
+def _reason(data: bytes) -> str:
+    """The setting a 429 names (e.g. ``max_uploads_per_client``), else its message's start."""
+    try:
+        message = json.loads(data)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return "?"
+    named = [
+        word.strip("();:,") for word in message.split() if word.strip("();:,").startswith(("max_", "audit_"))
+    ]
+    return named[-1] if named else message[:60]
 
 
 def _audit_done(port: int, pending: tuple[int, float], tally: Tally) -> bool:
@@ -381,6 +396,7 @@ def run_phase(
         "audit_p50_s": statistics.median(waits),
         "audit_max_s": waits[-1],
         "uploads_refused": tally.refused,
+        "refused_by": tally.reasons,
         "rss_mb": rss.peak / 1e6,
         "pss_mb": pss.peak / 1e6,
         "processes": pss.processes,
@@ -395,7 +411,7 @@ def tenant_keys(database_url: str, trainers: int) -> dict[str, str]:
     keys = {}
     for name in [f"trainer-{n}" for n in range(trainers)] + ["attacker"]:
         done = subprocess.run(
-            [sys.executable, "-m", "rlvitals.cli", "keys", "create", "--name", name, "--database-url", database_url],
+            [sys.executable, "-m", "rlvitals.cli", "keys", "--database-url", database_url, "create", "--name", name],
             capture_output=True, text=True, check=True, timeout=120,
         )  # fmt: skip
         keys[name] = done.stdout.strip().splitlines()[-1]

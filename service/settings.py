@@ -70,7 +70,11 @@ class Settings(BaseSettings):
         description="Most distinct metric names one run may hold (0: no limit); points adding more -> 413.",
     )
     max_concurrent_uploads: int = Field(
-        4, ge=1, description="Batch uploads being received at once per process; more -> 429 + Retry-After."
+        4,
+        ge=1,
+        description="Batch uploads being received at once per process; more -> 429 + Retry-After (a client "
+        "under its share, this / clients uploading, is admitted while another holds more than its own, up "
+        "to 2x this).",
     )
     max_upload_bytes_in_flight: int = Field(
         1024 * 1024 * 1024,

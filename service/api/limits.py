@@ -3,7 +3,9 @@
 ``UploadGate`` admits at most ``max_concurrent_uploads`` batch uploads holding at most
 ``max_upload_bytes_in_flight`` declared bytes at once, and at most ``max_uploads_per_client`` of
 them from one client (its API key, or without keys its address) to one run and all slots but one
-across its runs, so one party cannot hold every slot (429 + Retry-After beyond).
+across its runs, so one party cannot hold every slot (429 + Retry-After beyond); a client under its
+share of the slots is admitted past the limit while another holds more than its share, up to twice
+the limit.
 
 ``ParseGate`` caps the request bodies being received and parsed at once, JSON and uploads together
 (``max_parsing_bytes``): a JSON body counts ``JSON_WEIGHT`` times its declared size (parsing one into
@@ -134,7 +136,7 @@ class UploadGate:
                 "(max_concurrent_uploads - 1): retry shortly",
                 detail={"uploads": party, "run_uploads": mine, "limit": limit},
             )
-        if self.uploads >= self.max_uploads:
+        if self.uploads >= self.max_uploads and not self._crowded_out(client, party):
             raise Busy(
                 f"{self.uploads} batch uploads are being received; the limit is {self.max_uploads} "
                 "(max_concurrent_uploads): retry shortly",
@@ -159,6 +161,20 @@ class UploadGate:
                 self.held[(client, run)] = left
             else:
                 del self.held[(client, run)]
+
+    def _crowded_out(self, client: str, party: int) -> bool:
+        """Whether ``client``, holding ``party`` uploads, is admitted although every slot is taken:
+        it holds fewer than its share of the slots (``max_uploads // parties uploading``, itself
+        counted) while another party holds more than that share, and the uploads stay under twice
+        ``max_uploads``. Without it a client uploading non-stop from several threads keeps all but one
+        slot, and every other client collides on that one."""
+        if self.uploads >= 2 * self.max_uploads:
+            return False
+        held: dict[str, int] = {}
+        for (who, _), n in self.held.items():
+            held[who] = held.get(who, 0) + n
+        share = max(1, self.max_uploads // len(held.keys() | {client}))
+        return party < share and any(n > share for who, n in held.items() if who != client)
 
 
 JSON_WEIGHT = 8  # a JSON body's parse peak over its size (measured: 26.7 MB -> ~210 MB)
