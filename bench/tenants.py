@@ -14,6 +14,9 @@ by itself:
 - ``webhooks``: the server's webhook receiver answers 200 with a 512 MiB body or drips a byte every
   2 s, while the attacker's runs flap an alert every 100 ms.
 
+Each tenant (every trainer, the attacker) has its own API key, as separate teams sharing a server
+do, so the per-client limits tell them apart (``--anonymous``: no keys, all one client).
+
 Printed per phase: the well-behaved clients' metric-write latency p50/p99 (ms), their audit wait
 (upload accepted -> audit done: p50 and max, s), how many of their uploads were refused (429), the
 server's peak RSS over the phase (MB, the process tree: the server and its audit worker process,
@@ -34,6 +37,7 @@ import json
 import os
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -55,6 +59,7 @@ class Tally:
         self.latency: list[float] = []
         self.audit_wait: list[float] = []
         self.refused = 0
+        self.reasons: dict[str, int] = {}  # what the refusals said: the limit named in each 429
         self.server_errors = 0
 
     def status(self, code: int) -> None:
@@ -67,13 +72,24 @@ def request(port: int, method: str, path: str, body: bytes | None = None, *, cty
             timeout: float = 60.0) -> tuple[int, bytes]:  # fmt: skip
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
-        conn.request(method, path, body=body, headers={"Content-Type": ctype} if body is not None else {})
+        conn.request(method, path, body=body, headers=_headers(ctype if body is not None else None))
         resp = conn.getresponse()
         return resp.status, resp.read()
     except OSError:
         return 0, b""
     finally:
         conn.close()
+
+
+_tenant = threading.local()  # .key: the API key of the tenant this thread acts for (None: anonymous)
+
+
+def _headers(ctype: str | None) -> dict[str, str]:
+    headers = {"Content-Type": ctype} if ctype else {}
+    key = getattr(_tenant, "key", None)
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    return headers
 
 
 def new_run(port: int, name: str, config: dict | None = None) -> int | None:
@@ -86,7 +102,8 @@ def new_run(port: int, name: str, config: dict | None = None) -> int | None:
 # --- the well-behaved trainers ----------------------------------------------------------------------
 
 
-def trainer(port: int, n: int, stop: threading.Event, tally: Tally, batch: bytes) -> None:
+def trainer(port: int, n: int, stop: threading.Event, tally: Tally, batch: bytes, key: str | None) -> None:
+    _tenant.key = key
     run_id = new_run(port, f"trainer-{n}-{time.monotonic_ns()}")
     step, next_upload, pending = 0, time.monotonic(), []
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
@@ -98,7 +115,7 @@ def trainer(port: int, n: int, stop: threading.Event, tally: Tally, batch: bytes
                 "POST",
                 f"/api/v1/runs/{run_id}/metrics",
                 body=body,
-                headers={"Content-Type": "application/json"},
+                headers=_headers("application/json"),
             )
             resp = conn.getresponse()
             resp.read()
@@ -123,6 +140,8 @@ def trainer(port: int, n: int, stop: threading.Event, tally: Tally, batch: bytes
             elif status == 429:
                 with tally.lock:
                     tally.refused += 1
+                    why = _reason(data)
+                    tally.reasons[why] = tally.reasons.get(why, 0) + 1
         pending = [p for p in pending if not _audit_done(port, p, tally)]
         stop.wait(0.05)
     deadline = time.monotonic() + 60  # the phase is over: wait for this trainer's audits (bounded)
@@ -132,6 +151,18 @@ def trainer(port: int, n: int, stop: threading.Event, tally: Tally, batch: bytes
     with tally.lock:
         tally.audit_wait.extend(time.monotonic() - t for _, t in pending)  # never done: counted as waited
     conn.close()
+
+
+def _reason(data: bytes) -> str:
+    """The setting a 429 names (e.g. ``max_uploads_per_client``), else its message's start."""
+    try:
+        message = json.loads(data)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return "?"
+    named = [
+        word.strip("();:,") for word in message.split() if word.strip("();:,").startswith(("max_", "audit_"))
+    ]
+    return named[-1] if named else message[:60]
 
 
 def _audit_done(port: int, pending: tuple[int, float], tally: Tally) -> bool:
@@ -247,7 +278,16 @@ ATTACKS = {"slow-uploads": slow_uploads, "audit-flood": audit_flood, "json-flood
 
 
 def _threads(targets, stop: threading.Event) -> None:
-    threads = [threading.Thread(target=t, daemon=True) for t in targets]
+    key = getattr(_tenant, "key", None)  # the attacker's threads act for it
+
+    def as_tenant(target):
+        def run() -> None:
+            _tenant.key = key
+            target()
+
+        return run
+
+    threads = [threading.Thread(target=as_tenant(t), daemon=True) for t in targets]
     for thread in threads:
         thread.start()
     stop.wait()
@@ -315,17 +355,24 @@ class PssSampler(threading.Thread):
             self.processes = max(self.processes, len(list(tree_pids(self.pid))))
 
 
-def run_phase(port: int, pid: int, phase: str, seconds: float, trainers: int, batch: bytes) -> dict:
+def run_phase(
+    port: int, pid: int, phase: str, seconds: float, trainers: int, batch: bytes, keys: dict[str, str]
+) -> dict:
     tally, attacker_tally = Tally(), Tally()
     stop = threading.Event()
     threads = [
-        threading.Thread(target=trainer, args=(port, n, stop, tally, batch), daemon=True)
+        threading.Thread(
+            target=trainer, args=(port, n, stop, tally, batch, keys.get(f"trainer-{n}")), daemon=True
+        )
         for n in range(trainers)
     ]
     if phase != "none":
-        threads.append(
-            threading.Thread(target=ATTACKS[phase], args=(port, stop, attacker_tally), daemon=True)
-        )
+
+        def attack() -> None:
+            _tenant.key = keys.get("attacker")
+            ATTACKS[phase](port, stop, attacker_tally)
+
+        threads.append(threading.Thread(target=attack, daemon=True))
     pss = PssSampler(pid)
     pss.start()
     load_before = os.getloadavg()[0]
@@ -349,12 +396,26 @@ def run_phase(port: int, pid: int, phase: str, seconds: float, trainers: int, ba
         "audit_p50_s": statistics.median(waits),
         "audit_max_s": waits[-1],
         "uploads_refused": tally.refused,
+        "refused_by": tally.reasons,
         "rss_mb": rss.peak / 1e6,
         "pss_mb": pss.peak / 1e6,
         "processes": pss.processes,
         "5xx": tally.server_errors + attacker_tally.server_errors,
         "load": (load_before, load_after),
     }
+
+
+def tenant_keys(database_url: str, trainers: int) -> dict[str, str]:
+    """One API key per tenant (each trainer, the attacker), made with ``rlvitals keys create``: each
+    is its own client to the per-client limits, as separate teams sharing a server are."""
+    keys = {}
+    for name in [f"trainer-{n}" for n in range(trainers)] + ["attacker"]:
+        done = subprocess.run(
+            [sys.executable, "-m", "rlvitals.cli", "keys", "--database-url", database_url, "create", "--name", name],
+            capture_output=True, text=True, check=True, timeout=120,
+        )  # fmt: skip
+        keys[name] = done.stdout.strip().splitlines()[-1]
+    return keys
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -364,6 +425,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=20.0, help="length of each phase")
     parser.add_argument("--trainers", type=int, default=3)
     parser.add_argument("--phases", default=",".join(PHASES))
+    parser.add_argument(
+        "--anonymous",
+        action="store_true",
+        help="no API keys: every tenant is the same client (127.0.0.1) to the per-client limits",
+    )
     args = parser.parse_args(argv)
     phases = [p for p in args.phases.split(",") if p]
     unknown = [p for p in phases if p not in PHASES]
@@ -380,15 +446,17 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         argv_ = [sys.executable, "-m", "rlvitals.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
                  "--database-url", f"sqlite:///{tmp}/tenants.db"]  # fmt: skip
+        keys = {} if args.anonymous else tenant_keys(f"sqlite:///{tmp}/tenants.db", args.trainers)
         with Server(
             name="rlvitals", argv=argv_, port=port, workdir=Path(tmp), ready_path="/healthz", env=env
         ) as srv:
             srv.start(timeout=120)
+            _tenant.key = keys.get("attacker")
             warm = new_run(port, "warm")  # torch loads with the first batch: not a phase's cost
             request(port, "POST", f"/api/v1/runs/{warm}/batches", batch, ctype="application/octet-stream")
             time.sleep(2.0)
             for phase in phases:
-                row = run_phase(port, srv.pid, phase, args.seconds, args.trainers, batch)
+                row = run_phase(port, srv.pid, phase, args.seconds, args.trainers, batch, keys)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 time.sleep(2.0)  # let the server settle between phases

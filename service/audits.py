@@ -1,8 +1,9 @@
 """The audit worker pool: uploaded batches are audited off the request path.
 
 ``submit`` stores the validated safetensors bytes in the ``audits`` table (status ``pending``), so
-every replica can read them, and refuses with ``Busy`` (429 + Retry-After) once
-``audit_queue_size`` jobs are waiting, so memory and disk never grow without bound. Worker threads
+every replica can read them, and refuses with ``Busy`` (429 + Retry-After) once ``audit_queue_size``
+jobs are waiting, so memory and disk never grow without bound, or once the run holds its fair share
+of that queue (``_admit``), so one run cannot fill it for the others. Worker threads
 claim jobs exactly once (``SELECT ... FOR UPDATE SKIP LOCKED`` on PostgreSQL; SQLite serialises its
 writers), run the batch contract's ``rlvitals.analyzers.verdicts.batch_audit.audit_batch`` (the loss audit, the group
 diagnostics, the advantage check, the rollout correction, the distillation loss: this module only
@@ -215,14 +216,7 @@ class AuditPool(WorkerThreads):
                 if existing is not None:
                     return existing, self._status(session, existing)
             repo.lock_audit_queue(session=session)
-            waiting = repo.count_waiting_audits(session=session)
-            if waiting >= self.settings.audit_queue_size:
-                self.telemetry.count_batch("queue_full")
-                raise Busy(
-                    f"audit queue is full ({waiting} batches waiting); retry later",
-                    retry_after=1.0,
-                    detail={"waiting": waiting, "limit": self.settings.audit_queue_size},
-                )
+            self._admit(run_id, repo.waiting_audits_by_run(session=session))
             values = {
                 "run_id": run_id,
                 "step": batch.step,
@@ -251,6 +245,35 @@ class AuditPool(WorkerThreads):
         self.telemetry.count_batch()
         self.wake()
         return audit_id, None
+
+    def _admit(self, run_id: int, waiting: dict[int, int]) -> None:
+        """Raise ``Busy`` unless ``run_id`` may queue one more audit, given every run's waiting count.
+
+        Each run with audits waiting has a fair share of the queue, ``max(1, audit_queue_size //
+        runs with audits waiting)`` (this run counted): a run holding its share is refused, so one run
+        uploading non-stop cannot take the queue from the others. The queue as a whole holds at most
+        ``audit_queue_size``, except that a run under its share is still admitted while another run
+        holds more than its share (it filled the queue before this run came), up to twice that."""
+        size = self.settings.audit_queue_size
+        total, mine = sum(waiting.values()), waiting.get(run_id, 0)
+        runs = len(waiting.keys() | {run_id})
+        share = max(1, size // runs)
+        if mine >= share and runs > 1:
+            self.telemetry.count_batch("queue_full")
+            raise Busy(
+                f"this run holds its share of the audit queue ({mine} of its batches waiting; each of the "
+                f"{runs} runs with audits waiting may hold {share} of audit_queue_size {size}); retry later",
+                retry_after=1.0,
+                detail={"waiting": total, "limit": size, "run_waiting": mine, "run_share": share},
+            )
+        crowded = any(count > share for other, count in waiting.items() if other != run_id)
+        if total >= size and not (crowded and total < 2 * size):
+            self.telemetry.count_batch("queue_full")
+            raise Busy(
+                f"audit queue is full ({total} batches waiting); retry later",
+                retry_after=1.0,
+                detail={"waiting": total, "limit": size},
+            )
 
     def _fill(self, audit_id: int, blob) -> None:
         """Write a ``receiving`` audit's blob chunk by chunk, then queue it; on failure remove it."""

@@ -29,18 +29,17 @@ safetensors bytes and the metadata fields only the upload has (``step``, ``rank`
 from __future__ import annotations
 
 import json
-import math
-import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rlvitals.analyzers.contract import batch_rules as rules
+from rlvitals.service import tensor_file
 from rlvitals.service.encoding import jsonable, storable_problem
 from rlvitals.service.errors import InvalidInput, PayloadTooLarge
 
-if TYPE_CHECKING:  # torch is imported with the first batch: a scalar-only server never loads it
+if TYPE_CHECKING:  # torch is imported by the audit worker only: the server never loads it
     import torch
-    from rlvitals.analyzers.contract.batch import AuditBatch
+    from rlvitals.analyzers.contract.batch import CheckedUpload
 
 REQUIRED, OPTIONAL_FLOAT, ALLOWED = rules.REQUIRED, rules.OPTIONAL, rules.ALLOWED  # the contract's table
 RECORD_ID_MAX = 128  # the column's width
@@ -58,100 +57,34 @@ class Batch:
     record_id: str | None = None  # the client's upload id: a resend is recognised by it
 
 
-Body = bytes | bytearray | memoryview  # a memoryview: of a spooled upload's mapping (storage.blobs)
-
-
-def _header(body: Body) -> tuple[dict[str, Any], int]:
-    """A safetensors file's JSON header and where its data starts (nothing is executed)."""
-    if len(body) < 8:
-        raise InvalidInput("body is not a safetensors file: shorter than its 8-byte header length")
-    (header_len,) = struct.unpack("<Q", body[:8])
-    if header_len > len(body) - 8:
-        raise InvalidInput(f"body is not a safetensors file: header length {header_len} exceeds the body")
-    try:
-        header = json.loads(bytes(body[8 : 8 + header_len]))
-    except RecursionError as exc:
-        raise InvalidInput("body is not a safetensors file: header JSON is nested too deeply") from exc
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidInput(f"body is not a safetensors file: header is not JSON ({exc})") from exc
-    if not isinstance(header, dict):
-        raise InvalidInput("body is not a safetensors file: header is not a JSON object")
-    return header, 8 + header_len
-
-
-def read_metadata(body: Body) -> dict[str, str]:
-    """The ``__metadata__`` of a safetensors file."""
-    meta = _header(body)[0].get("__metadata__") or {}
-    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
-        raise InvalidInput("safetensors __metadata__ must map names to strings")
-    return meta
-
-
-_DTYPES = {  # safetensors dtype names -> torch attribute names
-    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
-    "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
-    "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "U16": "uint16", "U32": "uint32", "U64": "uint64",
-}  # fmt: skip
-
-
-_MAX_DIM = 2**63 - 1
+Body = tensor_file.Body
+read_metadata = tensor_file.read_metadata  # the header contract: rlvitals.service.tensor_file
 
 
 def load_tensors(body: Body) -> dict[str, torch.Tensor]:
     """The tensors of a safetensors file as views into ``body`` (a ``bytearray`` or a writable
-    ``memoryview``: no copy; ``bytes`` are copied once into a bytearray). The same checks as the
-    safetensors library: known dtypes, sizes matching shapes, data inside the file, no two tensors
-    sharing bytes, no byte unused."""
+    ``memoryview``: no copy; ``bytes`` are copied once into a bytearray), for the audit. The entries
+    and their checks are :func:`rlvitals.service.tensor_file.entries`, the ones the upload passed."""
     import torch
 
     writable = isinstance(body, bytearray) or (isinstance(body, memoryview) and not body.readonly)
     buffer = body if writable else bytearray(body)
-    header, start = _header(buffer)
+    found, start = tensor_file.entries(buffer)
     data = memoryview(buffer)[start:]
-    spans: list[tuple[int, int, str]] = []
     out: dict[str, torch.Tensor] = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
+    for entry in found:
+        dtype = getattr(torch, entry.dtype)
+        if entry.numel:
+            flat = torch.frombuffer(data[entry.begin : entry.end], dtype=dtype)
+        else:
+            flat = torch.empty(0, dtype=dtype)
         try:
-            dtype = getattr(torch, _DTYPES[info["dtype"]])
-            shape = [int(n) for n in info["shape"]]
-            begin, end = (int(n) for n in info["data_offsets"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise InvalidInput(
-                f"body is not a valid safetensors file: tensor {name!r} has a malformed entry "
-                f"(dtype one of {sorted(_DTYPES)}, shape, data_offsets): {info!r:.200}"
-            ) from exc
-        numel = math.prod(shape)
-        if math.prod(n for n in shape if n) > _MAX_DIM:  # torch holds sizes and strides as int64
-            raise InvalidInput(
-                f"body is not a valid safetensors file: tensor {name!r} declares shape {shape!s:.200}, "
-                "whose dimensions (zero-size or not) do not fit the 64-bit sizes torch holds"
-            )
-        if min(shape, default=0) < 0 or not 0 <= begin <= end <= len(data):
-            raise InvalidInput(f"body is not a valid safetensors file: tensor {name!r} lies outside the file")
-        if end - begin != numel * dtype.itemsize:
-            raise InvalidInput(
-                f"body is not a valid safetensors file: tensor {name!r} has {end - begin} bytes, but shape "
-                f"{shape} of {info['dtype']} needs {numel * dtype.itemsize}"
-            )
-        spans.append((begin, end, name))
-        flat = torch.frombuffer(data[begin:end], dtype=dtype) if numel else torch.empty(0, dtype=dtype)
-        try:
-            out[name] = flat.reshape(shape)
+            out[entry.name] = flat.reshape(entry.shape)
         except (RuntimeError, OverflowError, ValueError) as exc:  # what torch refuses is the upload's fault
             raise InvalidInput(
-                f"body is not a valid safetensors file: tensor {name!r} of shape {shape!s:.200}: {exc}"
+                f"body is not a valid safetensors file: tensor {entry.name!r} of shape {list(entry.shape)!s:.200}: "
+                f"{exc}"
             ) from None
-    position = 0
-    for begin, end, name in sorted(spans):
-        if begin != position:
-            raise InvalidInput(
-                f"body is not a valid safetensors file: tensor {name!r} overlaps another or leaves a gap"
-            )
-        position = end
-    if position != len(data):
-        raise InvalidInput("body is not a valid safetensors file: bytes after the last tensor")
     return out
 
 
@@ -204,19 +137,29 @@ def _json_object(meta: dict[str, str], name: str, max_depth: int) -> dict[str, A
 
 def validate(
     body: Body, *, max_json_depth: int = JSON_DEPTH, max_tokens: int | None = None
-) -> tuple[Batch, AuditBatch]:
-    """Parse and check one upload; returns the batch description (what is stored) and the checked
-    batch (``AuditBatch``: tensors, parsed config, decoded ``reported``). ``config`` and ``reported``
-    nested deeper than ``max_json_depth`` or holding invalid text are refused, and so (413) is a batch
-    of more than ``max_tokens`` tokens (``batch x response_len``: the audit's CPU)."""
-    from rlvitals.analyzers.contract.batch import AuditBatch, BatchError, ConfigError, TooManyTokens
+) -> tuple[Batch, CheckedUpload]:
+    """Parse and check one upload without torch (the request-serving process never loads it): the
+    header's entries (:mod:`rlvitals.service.tensor_file`), the batch contract's rules on their dtypes
+    and shapes, ``response_mask``'s values (read in place with numpy), the config and ``reported``.
+    Returns the batch description (what is stored) and the contract's :class:`CheckedUpload`.
+    ``config`` and ``reported`` nested deeper than ``max_json_depth`` or holding invalid text are
+    refused, and so (413) is a batch of more than ``max_tokens`` tokens (``batch x response_len``:
+    the audit's CPU)."""
+    from rlvitals.analyzers.contract.batch import BatchError, CheckedUpload, ConfigError, TooManyTokens
 
     meta = read_metadata(body)
-    tensors = load_tensors(body)
+    found, start = tensor_file.entries(body)
+    layout = {entry.name: entry for entry in found}
     config = _json_object(meta, "config", max_json_depth)
     reported = _json_object(meta, "reported", max_json_depth)
     try:  # the batch contract checks everything once: tensors, config, reported
-        checked = AuditBatch.validate(tensors, config=config, reported=reported, max_tokens=max_tokens)
+        checked = CheckedUpload.validate(
+            layout,
+            mask_outliers=lambda: tensor_file.outside_zero_one(body, start, layout["response_mask"]),
+            config=config,
+            reported=reported,
+            max_tokens=max_tokens,
+        )
     except TooManyTokens as exc:
         raise PayloadTooLarge(str(exc), detail=exc.detail) from None
     except ConfigError as exc:

@@ -70,7 +70,11 @@ class Settings(BaseSettings):
         description="Most distinct metric names one run may hold (0: no limit); points adding more -> 413.",
     )
     max_concurrent_uploads: int = Field(
-        4, ge=1, description="Batch uploads being received at once per process; more -> 429 + Retry-After."
+        4,
+        ge=1,
+        description="Batch uploads being received at once per process; more -> 429 + Retry-After (a client "
+        "under its share, this / clients uploading, is admitted while another holds more than its own, up "
+        "to 2x this).",
     )
     max_upload_bytes_in_flight: int = Field(
         1024 * 1024 * 1024,
@@ -97,7 +101,9 @@ class Settings(BaseSettings):
         description="Weighted bytes of request bodies being received and parsed at once per process: a "
         "JSON body counts 8x its size (what parsing it costs in memory), a batch upload its size; a "
         "request that would pass it -> 429 + Retry-After (one is always admitted when none is in flight, "
-        "and so is a body under 128 KiB).",
+        "and so is a body under 128 KiB). Each client (API key, else address) has a share, the limit / "
+        "clients with bodies in flight: one already holding a body is refused one more past its share; "
+        "one within its share is admitted while another client holds more than its own, up to 2x the limit.",
     )
     max_audit_tokens: int = Field(
         16 * 1024 * 1024,
@@ -172,7 +178,9 @@ class Settings(BaseSettings):
     audit_queue_size: int = Field(
         64,
         ge=1,
-        description="Most audit jobs waiting at once (all replicas); beyond it POST /batches -> 429.",
+        description="Most audit jobs waiting at once (all replicas); beyond it POST /batches -> 429. Each "
+        "run with jobs waiting holds at most max(1, audit_queue_size // runs with jobs waiting) (-> 429); a "
+        "run under its share is admitted while another holds more than its own, up to 2x the size.",
     )
     audit_poll_interval: float = Field(
         0.5,

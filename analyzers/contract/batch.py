@@ -21,9 +21,9 @@ trainer object that produce what they parse, one per trainer, in :mod:`rlvitals.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import batch_rules as rules
 from .algorithm_config import AlgorithmConfig
@@ -79,6 +79,34 @@ def _torch_rules() -> tuple[type, frozenset, frozenset]:
     return _TORCH_RULES
 
 
+def _not_2d(name: str, shape) -> BatchError:
+    return BatchError(
+        f"{name} must be 2-D (batch, response_len); got shape {list(shape)}",
+        detail={"tensor": name, "shape": list(shape)},
+    )
+
+
+def _shape_mismatch(name: str, shape, expected) -> BatchError:
+    return BatchError(
+        f"{name} has shape {list(shape)}; every token tensor must match response_mask's {list(expected)}",
+        detail={"tensor": name, "shape": list(shape), "expected": list(expected)},
+    )
+
+
+def _not_float(name: str, dtype: str) -> BatchError:
+    return BatchError(
+        f"{name} must be a floating-point tensor, {_FLOATS}; got {dtype} (convert it with .float() before sending)",
+        detail={"tensor": name, "dtype": dtype, "allowed": list(rules.FLOAT_DTYPES)},
+    )
+
+
+def _bad_mask_dtype(dtype: str) -> BatchError:
+    return BatchError(
+        f"response_mask must be one of {', '.join(rules.MASK_DTYPES)}; got {dtype}",
+        detail={"tensor": "response_mask", "dtype": dtype, "allowed": list(rules.MASK_DTYPES)},
+    )
+
+
 def check_token_tensors(tensors: Mapping[str, Any]) -> tuple[int, int]:
     """The per-tensor rules every caller gets, the upload (:func:`check_tensors`) and a direct
     ``audit()`` / ``recompute()``: each ``(batch, response_len)`` tensor given (None: absent) is a
@@ -96,10 +124,7 @@ def check_token_tensors(tensors: Mapping[str, Any]) -> tuple[int, int]:
         tensor_shape = tensor.shape
         shapes.append(tensor_shape)
         if len(tensor_shape) != 2:
-            raise BatchError(
-                f"{name} must be 2-D (batch, response_len); got shape {list(tensor.shape)}",
-                detail={"tensor": name, "shape": list(tensor.shape)},
-            )
+            raise _not_2d(name, tensor_shape)
     mask = tensors.get("response_mask")
     if mask is None:
         raise BatchError("missing required tensor(s) ['response_mask']")
@@ -109,24 +134,13 @@ def check_token_tensors(tensors: Mapping[str, Any]) -> tuple[int, int]:
     device = None if on_cpu else mask.device
     for (name, tensor), tensor_shape in zip(given, shapes, strict=True):
         if tensor_shape != shape:
-            raise BatchError(
-                f"{name} has shape {list(tensor.shape)}; every token tensor must match response_mask's "
-                f"{list(shape)}",
-                detail={"tensor": name, "shape": list(tensor.shape), "expected": list(shape)},
-            )
+            raise _shape_mismatch(name, tensor_shape, shape)
         if (not tensor.is_cpu) if on_cpu else (tensor.device != device):
             raise BatchError(f"{name} is on {tensor.device} but response_mask is on {mask.device}")
         if name in rules.FLOAT_TENSORS and tensor.dtype not in float_dtypes:
-            raise BatchError(
-                f"{name} must be a floating-point tensor, {_FLOATS}; got {_dtype(tensor)} "
-                "(convert it with .float() before sending)",
-                detail={"tensor": name, "dtype": _dtype(tensor), "allowed": list(rules.FLOAT_DTYPES)},
-            )
+            raise _not_float(name, _dtype(tensor))
     if mask.dtype not in mask_dtypes:
-        raise BatchError(
-            f"response_mask must be one of {', '.join(rules.MASK_DTYPES)}; got {_dtype(mask)}",
-            detail={"tensor": "response_mask", "dtype": _dtype(mask), "allowed": list(rules.MASK_DTYPES)},
-        )
+        raise _bad_mask_dtype(_dtype(mask))
     return int(shape[0]), int(shape[1])
 
 
@@ -136,11 +150,46 @@ class CheckedTensors(dict):
     them without checking them again (:func:`token_batch`). Any other mapping is checked."""
 
 
-def check_tensors(tensors: Mapping[str, torch.Tensor], *, max_tokens: int | None = None) -> tuple[int, int]:
-    """Check ``tensors`` against the rule table; returns ``(batch, response_len)``. Raises
-    :class:`BatchError` (:class:`TooManyTokens` past ``max_tokens``) naming the tensor."""
-    import torch
+class TensorLayout(NamedTuple):
+    """What the contract reads of a tensor besides a mask's values: its dtype (torch's name,
+    ``"float32"``) and its shape. The server's upload check builds these from the safetensors header
+    (no torch); :func:`check_tensors` from torch tensors."""
 
+    dtype: str
+    shape: tuple[int, ...]
+
+
+MaskOutliers = Callable[[], "tuple[int, int | float] | None"]
+
+
+def check_layout(
+    layout: Mapping[str, TensorLayout], *, max_tokens: int | None = None, mask_outliers: MaskOutliers
+) -> tuple[int, int]:
+    """The batch rules, read from dtypes and shapes only (no torch): known names, required ones
+    present, ``(batch, response_len)`` token tensors of one shape, their dtypes, at most ``max_tokens``
+    tokens, ``group_index`` and the tensors it needs. ``response_mask``'s values are read through
+    ``mask_outliers()`` (how many values are neither 0 nor 1 and the first of them, or None), called
+    for a non-bool mask once the rest passed. Returns ``(batch, response_len)``; raises
+    :class:`BatchError` (:class:`TooManyTokens` past ``max_tokens``) naming the tensor. The same
+    rules, in the same order and words, as :func:`check_tensors` on torch tensors."""
+    shape = _check_names_and_size(layout, max_tokens)
+    given = [(k, t) for k in rules.TOKEN_TENSORS if (t := layout.get(k)) is not None]
+    for name, tensor in given:
+        if len(tensor.shape) != 2:
+            raise _not_2d(name, tensor.shape)
+    mask = layout["response_mask"]
+    for name, tensor in given:
+        if tensor.shape != mask.shape:
+            raise _shape_mismatch(name, tensor.shape, mask.shape)
+        if name in rules.FLOAT_TENSORS and tensor.dtype not in rules.FLOAT_DTYPES:
+            raise _not_float(name, tensor.dtype)
+    if mask.dtype not in rules.MASK_DTYPES:
+        raise _bad_mask_dtype(mask.dtype)
+    _check_mask_and_groups(layout, shape, mask_outliers)
+    return shape
+
+
+def _check_names_and_size(tensors: Mapping[str, Any], max_tokens: int | None) -> tuple[int, int]:
     unknown = sorted(set(tensors) - set(rules.ALLOWED))
     if unknown:
         raise BatchError(f"unknown tensor(s) {unknown}; allowed: {list(rules.ALLOWED)}")
@@ -156,25 +205,49 @@ def check_tensors(tensors: Mapping[str, torch.Tensor], *, max_tokens: int | None
             f"({max_tokens}); upload a sample of the micro-batch",
             detail={"tokens": shape[0] * shape[1], "limit": max_tokens},
         )
-    check_token_tensors(tensors)
-    mask = tensors["response_mask"]
-    if mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
-        bad = mask[(mask != 0) & (mask != 1)]
+    return int(shape[0]), int(shape[1])
+
+
+def _check_mask_and_groups(
+    layout: Mapping[str, TensorLayout], shape: tuple[int, int], mask_outliers: MaskOutliers
+) -> None:
+    outliers = None if layout["response_mask"].dtype == "bool" else mask_outliers()
+    if outliers is not None:
+        count, example = outliers
         raise BatchError(
-            f"response_mask must contain only 0 and 1; found {bad.numel()} other value(s), e.g. {bad.flatten()[0].item()!r}"
+            f"response_mask must contain only 0 and 1; found {count} other value(s), e.g. {example!r}"
         )
-    if rules.GROUP_INDEX in tensors:
-        index = tensors[rules.GROUP_INDEX]
-        if _dtype(index) != rules.GROUP_INDEX_DTYPE:
-            raise BatchError(f"group_index must be int64; got {index.dtype}")
+    if rules.GROUP_INDEX in layout:
+        index = layout[rules.GROUP_INDEX]
+        if index.dtype != rules.GROUP_INDEX_DTYPE:
+            raise BatchError(f"group_index must be int64; got torch.{index.dtype}")
         if tuple(index.shape) != (shape[0],):
             raise BatchError(
                 f"group_index must have shape [{shape[0]}] (one id per sequence); got {list(index.shape)}"
             )
-    partner = rules.missing_partner(tensors)
+    partner = rules.missing_partner(layout)
     if partner:
         raise BatchError(partner)
-    return int(shape[0]), int(shape[1])
+
+
+def check_tensors(tensors: Mapping[str, torch.Tensor], *, max_tokens: int | None = None) -> tuple[int, int]:
+    """Check ``tensors`` against the rule table: :func:`check_layout`'s rules, with
+    :func:`check_token_tensors` for the token tensors (each a ``torch.Tensor``, all on
+    ``response_mask``'s device); returns ``(batch, response_len)``. Raises :class:`BatchError`
+    (:class:`TooManyTokens` past ``max_tokens``) naming the tensor."""
+    shape = _check_names_and_size(tensors, max_tokens)
+    check_token_tensors(tensors)
+
+    def mask_outliers() -> tuple[int, int | float] | None:
+        mask = tensors["response_mask"]
+        if bool(((mask == 0) | (mask == 1)).all()):
+            return None
+        bad = mask[(mask != 0) & (mask != 1)]
+        return bad.numel(), bad.flatten()[0].item()
+
+    layout = {name: TensorLayout(_dtype(tensor), tuple(tensor.shape)) for name, tensor in tensors.items()}
+    _check_mask_and_groups(layout, shape, mask_outliers)
+    return shape
 
 
 def parse_config(config: Mapping[str, Any] | None) -> tuple[LossConfig | TrlLossConfig, AlgorithmConfig]:
@@ -206,6 +279,46 @@ def parse_distillation(config: Mapping[str, Any] | None) -> DistillationConfig |
 
 
 @dataclass(frozen=True, eq=False)
+class CheckedUpload:
+    """A batch checked from its layout (:func:`check_layout`: dtypes, shapes and the mask's values)
+    without holding its tensors as torch tensors: what the server's upload check learns. The same
+    config parse and ``reported`` decoding as :meth:`AuditBatch.validate`, which builds on it."""
+
+    config: Mapping[str, Any]
+    loss: LossConfig | TrlLossConfig
+    algorithm: AlgorithmConfig
+    reported: Mapping[str, float | None]
+    shape: tuple[int, int]
+    distillation: DistillationConfig | None = None
+
+    @classmethod
+    def validate(
+        cls,
+        layout: Mapping[str, TensorLayout],
+        *,
+        mask_outliers: MaskOutliers,
+        config: Mapping[str, Any] | None = None,
+        reported: Mapping[str, Any] | None = None,
+        max_tokens: int | None = None,
+    ) -> CheckedUpload:
+        """Check everything (layout, mask values, config, reported); raises :class:`BatchError`."""
+        shape = check_layout(layout, max_tokens=max_tokens, mask_outliers=mask_outliers)
+        return cls.parse(shape, config=config, reported=reported)
+
+    @classmethod
+    def parse(
+        cls, shape: tuple[int, int], *, config: Mapping[str, Any] | None, reported: Mapping[str, Any] | None
+    ) -> CheckedUpload:
+        loss, algorithm = parse_config(config)
+        distillation = parse_distillation(config)
+        try:
+            decoded = rules.decode_reported(reported)
+        except ValueError as exc:
+            raise BatchError(str(exc)) from None
+        return cls(dict(config or {}), loss, algorithm, decoded, shape, distillation)
+
+
+@dataclass(frozen=True, eq=False)
 class AuditBatch:
     """One micro-batch, checked: ``tensors`` by name (rule table), ``config`` as sent (JSON), ``loss``,
     ``algorithm`` and ``distillation`` parsed from it, ``reported`` decoded (floats, None; non-finite as
@@ -230,13 +343,10 @@ class AuditBatch:
     ) -> AuditBatch:
         """Check everything (tensors, config, reported); raises :class:`BatchError`."""
         shape = check_tensors(tensors, max_tokens=max_tokens)
-        loss, algorithm = parse_config(config)
-        distillation = parse_distillation(config)
-        try:
-            decoded = rules.decode_reported(reported)
-        except ValueError as exc:
-            raise BatchError(str(exc)) from None
-        return cls(CheckedTensors(tensors), dict(config or {}), loss, algorithm, decoded, shape, distillation)
+        up = CheckedUpload.parse(shape, config=config, reported=reported)
+        return cls(
+            CheckedTensors(tensors), up.config, up.loss, up.algorithm, up.reported, shape, up.distillation
+        )
 
     @classmethod
     def stored(

@@ -13,7 +13,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.concurrency import run_in_threadpool
 from rlvitals.service.api.access import DOCS_PATHS, AccessPolicy, with_docs_headers
-from rlvitals.service.api.limits import ParseGate
+from rlvitals.service.api.limits import ParseGate, client_of
 from rlvitals.service.errors import error_response
 from rlvitals.service.workers import release_memory
 from starlette.exceptions import HTTPException
@@ -49,8 +49,9 @@ class App(FastAPI):
             and not scope["path"].endswith("/batches")
         ):
             weight = gate.json_weight(scope, self.state.settings.max_request_bytes)
-            if not gate.try_hold(weight):
-                busy = gate.refusal(weight)
+            client = client_of(scope)
+            busy = gate.try_hold(weight, client)
+            if busy is not None:
                 await error_response(429, busy.code, busy.message, busy.detail, busy.headers)(
                     scope, receive, send
                 )
@@ -58,7 +59,7 @@ class App(FastAPI):
             try:
                 await self._serve(scope, receive, send)
             finally:
-                gate.release(weight)
+                gate.release(weight, client)
                 if weight >= RELEASE_WEIGHT:  # the parsed objects are gone: their pages go back too
                     await run_in_threadpool(release_memory)
             return

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -33,7 +32,6 @@ from starlette.responses import Response
 INLINE_BYTES = 256 * 1024  # bodies up to this size take FastAPI's one-call path
 STEP_INLINE_CHARS = 64 * 1024  # a step whose metrics end within this many characters: one C call
 CHUNK_POINTS = 4096  # points validated per pydantic call
-WORK_SLICE, REST = 0.010, 0.004  # seconds of parsing, then of rest for the other threads
 
 _WS = re.compile(r"[ \t\n\r]*")
 _DECODER = json.JSONDecoder()
@@ -54,16 +52,6 @@ class MetricsBodyParser:
         self.i = 0
         self.max_steps = max_steps
         self.max_points = max_points
-        self._slice = time.perf_counter()
-
-    def _breathe(self) -> None:
-        """After ``WORK_SLICE`` s of parsing, sleep ``REST`` s: the event loop and the other request
-        threads get the interpreter lock and the core at once, even on a machine whose cores are
-        all busy (a thread that only yields the lock may be scheduled again before them)."""
-        now = time.perf_counter()
-        if now - self._slice >= WORK_SLICE:
-            time.sleep(REST)
-            self._slice = time.perf_counter()
 
     # --- the JSON tokens ------------------------------------------------------------------------
     def _ws(self) -> None:
@@ -204,7 +192,6 @@ class MetricsBodyParser:
                 out.extend(self._validate(chunk, count - len(chunk)))
                 points += chunk_points
                 chunk, chunk_points = [], 0
-                self._breathe()
             if not more:
                 return out
 
@@ -241,8 +228,6 @@ class MetricsBodyParser:
         while True:
             key = self._key()
             metrics[key] = self._scalar((*loc, key))
-            if len(metrics) % CHUNK_POINTS == 0:
-                self._breathe()
             if len(metrics) > self.max_points:
                 raise BodyError(
                     PayloadTooLarge(

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 from typing import Annotated
 
 from fastapi import Depends, Path, Query, Request
+from rlvitals.service.api.limits import client_of
 from rlvitals.service.context import Services
 from rlvitals.service.errors import BadRequest, PayloadTooLarge, ServiceError, Unavailable
 from rlvitals.service.storage.blobs import SpooledBody
@@ -44,11 +44,8 @@ class BodyTooSlow(ServiceError):
 
 def upload_client(request: Request) -> str:
     """Who an upload counts against: its API key (hashed; accepted by ``WriteAuth`` before), or the
-    peer address without one."""
-    key = request.headers.get("authorization")
-    if key:
-        return "key:" + hashlib.sha256(key.encode("latin-1", "replace")).hexdigest()[:16]
-    return "addr:" + (request.client.host if request.client else "?")
+    peer address without one (``limits.client_of``, which the parse gate counts JSON bodies by)."""
+    return client_of(request.scope)
 
 
 async def spool_body(

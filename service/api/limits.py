@@ -3,7 +3,9 @@
 ``UploadGate`` admits at most ``max_concurrent_uploads`` batch uploads holding at most
 ``max_upload_bytes_in_flight`` declared bytes at once, and at most ``max_uploads_per_client`` of
 them from one client (its API key, or without keys its address) to one run and all slots but one
-across its runs, so one party cannot hold every slot (429 + Retry-After beyond).
+across its runs, so one party cannot hold every slot (429 + Retry-After beyond); a client under its
+share of the slots is admitted past the limit while another holds more than its share, up to twice
+the limit.
 
 ``ParseGate`` caps the request bodies being received and parsed at once, JSON and uploads together
 (``max_parsing_bytes``): a JSON body counts ``JSON_WEIGHT`` times its declared size (parsing one into
@@ -11,11 +13,13 @@ Python objects costs about that much memory; without a Content-Length, ``max_req
 upload its declared size (spooled to disk, then mapped while validated). Beyond it: 429 + Retry-After
 in the one error shape. A request is always admitted when nothing else is held, so the largest
 allowed body is never refused for ever, and so is a small one (``SMALL_BODY`` weighted bytes: a
-trainer's per-step write never waits behind a large upload).
+trainer's per-step write never waits behind a large upload). Each client (its API key, else its
+address) has a fair share of the budget, so one client's parallel large bodies cannot hold it all.
 """
 
 from __future__ import annotations
 
+import hashlib
 from contextlib import contextmanager
 
 from rlvitals.service.errors import Busy, error_response
@@ -132,7 +136,7 @@ class UploadGate:
                 "(max_concurrent_uploads - 1): retry shortly",
                 detail={"uploads": party, "run_uploads": mine, "limit": limit},
             )
-        if self.uploads >= self.max_uploads:
+        if self.uploads >= self.max_uploads and not self._crowded_out(client, party):
             raise Busy(
                 f"{self.uploads} batch uploads are being received; the limit is {self.max_uploads} "
                 "(max_concurrent_uploads): retry shortly",
@@ -158,42 +162,102 @@ class UploadGate:
             else:
                 del self.held[(client, run)]
 
+    def _crowded_out(self, client: str, party: int) -> bool:
+        """Whether ``client``, holding ``party`` uploads, is admitted although every slot is taken:
+        it holds fewer than its share of the slots (``max_uploads // parties uploading``, itself
+        counted) while another party holds more than that share, and the uploads stay under twice
+        ``max_uploads``. Without it a client uploading non-stop from several threads keeps all but one
+        slot, and every other client collides on that one."""
+        if self.uploads >= 2 * self.max_uploads:
+            return False
+        held: dict[str, int] = {}
+        for (who, _), n in self.held.items():
+            held[who] = held.get(who, 0) + n
+        share = max(1, self.max_uploads // len(held.keys() | {client}))
+        return party < share and any(n > share for who, n in held.items() if who != client)
+
 
 JSON_WEIGHT = 8  # a JSON body's parse peak over its size (measured: 26.7 MB -> ~210 MB)
 SMALL_BODY = 1024 * 1024  # weighted bytes always admitted (a trainer's per-step write: ~1-100 KB)
 
 
+def client_of(scope) -> str:
+    """Who a request counts against: its API key (hashed), or the peer address without one."""
+    for name, value in scope.get("headers", ()):
+        if name == b"authorization" and value:
+            return "key:" + hashlib.sha256(value).hexdigest()[:16]
+    client = scope.get("client")
+    return "addr:" + (client[0] if client else "?")
+
+
 class ParseGate:
-    """Weighted bytes of the bodies being parsed (one event loop: no lock needed)."""
+    """Weighted bytes of the bodies being parsed, in all and per client (one event loop: no lock
+    needed). Each client holding bodies has a share, ``limit // clients holding`` (the asking one
+    counted): a client already holding a body is refused one more that would pass its share, so one
+    client's parallel floods cannot take the budget from the others. A client's body that fits its
+    share is admitted past the limit while another client holds more than its share (it took the
+    budget before this one came), up to twice the limit; and, as ever, a body of at most
+    ``SMALL_BODY`` weighted bytes, and any body when nothing is held."""
 
     def __init__(self, *, limit: int):
         self.limit = limit
         self.held = 0
+        self.clients: dict[str, int] = {}
 
-    def try_hold(self, nbytes: int) -> bool:
-        if nbytes > SMALL_BODY and self.held and self.held + nbytes > self.limit:
-            return False
-        self.held += nbytes
-        return True
+    def try_hold(self, nbytes: int, client: str = "") -> Busy | None:
+        """Hold ``nbytes`` for ``client`` -> None, or the refusal (nothing held)."""
+        refusal = self._refusal(nbytes, client)
+        if refusal is None:
+            self.held += nbytes
+            self.clients[client] = self.clients.get(client, 0) + nbytes
+        return refusal
 
-    def release(self, nbytes: int) -> None:
+    def _refusal(self, nbytes: int, client: str) -> Busy | None:
+        if nbytes <= SMALL_BODY or not self.held:
+            return None
+        mine = self.clients.get(client, 0)
+        clients = len(self.clients.keys() | {client})
+        share = self.limit // clients
+        if mine and clients > 1 and mine + nbytes > share:
+            return Busy(
+                f"this client's request bodies of {mine} (weighted) bytes are being parsed; {nbytes} more "
+                f"would pass its share of max_parsing_bytes ({share} of {self.limit}, shared by {clients} "
+                "clients): retry shortly",
+                detail={
+                    "held": self.held,
+                    "limit": self.limit,
+                    "request": nbytes,
+                    "client_held": mine,
+                    "client_share": share,
+                },
+            )
+        if self.held + nbytes > self.limit:
+            crowded = any(held > share for other, held in self.clients.items() if other != client)
+            if not (crowded and mine + nbytes <= share and self.held + nbytes <= 2 * self.limit):
+                return Busy(
+                    f"request bodies of {self.held} (weighted) bytes are being parsed; {nbytes} more would "
+                    f"pass the limit of {self.limit} (max_parsing_bytes): retry shortly",
+                    detail={"held": self.held, "limit": self.limit, "request": nbytes},
+                )
+        return None
+
+    def release(self, nbytes: int, client: str = "") -> None:
         self.held -= nbytes
-
-    def refusal(self, nbytes: int) -> Busy:
-        return Busy(
-            f"request bodies of {self.held} (weighted) bytes are being parsed; {nbytes} more would pass "
-            f"the limit of {self.limit} (max_parsing_bytes): retry shortly",
-            detail={"held": self.held, "limit": self.limit, "request": nbytes},
-        )
+        left = self.clients[client] - nbytes
+        if left:
+            self.clients[client] = left
+        else:
+            del self.clients[client]
 
     @contextmanager
-    def hold(self, nbytes: int):
-        if not self.try_hold(nbytes):
-            raise self.refusal(nbytes)
+    def hold(self, nbytes: int, client: str = ""):
+        refusal = self.try_hold(nbytes, client)
+        if refusal is not None:
+            raise refusal
         try:
             yield
         finally:
-            self.release(nbytes)
+            self.release(nbytes, client)
 
     def json_weight(self, scope, max_request_bytes: int) -> int:
         """What a JSON request (not a batch upload) holds: its declared size, capped, times the weight."""

@@ -78,10 +78,8 @@ async def post_batch(run_id: RunId, request: Request, services: ServicesDep) -> 
     declared = request.headers.get("content-length", "")
     held = int(declared) if declared.isdigit() else services.settings.max_batch_bytes
     held = min(held, services.settings.max_batch_bytes)
-    with (
-        request.app.state.uploads.admit(held, upload_client(request), run_id),
-        request.app.state.parsing.hold(held),
-    ):
+    client = upload_client(request)
+    with request.app.state.uploads.admit(held, client, run_id), request.app.state.parsing.hold(held, client):
         body = await spool_body(
             request,
             services.settings.max_batch_bytes,

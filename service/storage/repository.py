@@ -629,6 +629,16 @@ def count_waiting_audits(*, session: Session) -> int:
     ).scalar_one()
 
 
+def waiting_audits_by_run(*, session: Session) -> dict[int, int]:
+    """``{run id: its audits waiting}`` (receiving, pending or running) for the runs that have any."""
+    rows = session.execute(
+        select(AUDITS.c.run_id, func.count())
+        .where(AUDITS.c.status.in_(("receiving", "pending", "running")))
+        .group_by(AUDITS.c.run_id)
+    ).all()
+    return {int(run_id): int(count) for run_id, count in rows}
+
+
 def claim_audit(
     *, session: Session, worker: str, now: float, stale_before: float, with_blob: bool = True
 ) -> dict | None:

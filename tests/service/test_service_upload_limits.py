@@ -75,3 +75,25 @@ def test_bodies_parsed_at_once_are_capped_json_and_uploads_together(app_client, 
     assert "max_parsing_bytes" in refused.json()["error"]["message"]
     assert held.result(timeout=30).status_code == 400
     assert api.log(run_id, steps).status_code == 200  # released
+
+
+def test_a_client_under_its_share_of_slots_gets_one_while_another_holds_more(app_client, sqlite_url):
+    """Every slot taken, mostly by one client: another client under its share of the slots (4 // the
+    clients uploading) still gets one, up to twice the slots; one holding its share does not.
+    Before: a client uploading from three threads kept three of four slots, and every other client
+    collided on the last one."""
+    api = app_client(sqlite_url, max_concurrent_uploads=4, max_uploads_per_client=3, upload_min_rate=1)
+    run_id, other_run = api.create_run("a"), api.create_run("b")
+    held = [_start(api, run_id, "hog", seconds=3.0) for _ in range(3)]  # all slots but one
+    held.append(_start(api, other_run, "b", seconds=3.0))  # the last one
+    time.sleep(0.8)
+    admitted = api.post(
+        BATCHES.format(other_run), content=b"not safetensors", headers={**OCTET, "authorization": "Bearer c"}
+    )
+    assert admitted.status_code == 422, admitted.text  # admitted: refused for its content, not for a slot
+    held.append(_start(api, other_run, "b", seconds=3.0))  # b's second: its share is 4 slots // 2 clients
+    time.sleep(0.5)
+    refused = _start(api, other_run, "b", seconds=0.1).result(timeout=30)  # b holds its share already
+    assert refused.status_code == 429 and refused.headers["retry-after"], refused.text
+    assert "max_concurrent_uploads" in refused.json()["error"]["message"]
+    assert [f.result(timeout=30).status_code for f in held] == [400] * 5
