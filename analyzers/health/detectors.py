@@ -33,6 +33,9 @@ MEAN_ABS_TO_SIGMA = math.sqrt(math.pi / 2)  # σ of a normal from its mean absol
 _TINY = 1e-300
 
 
+_STATE_FIELDS: dict[type, tuple[str, ...]] = {}  # detector class -> its state fields, in order
+
+
 class _State:
     """Mixin: the dataclass fields not named in ``PARAMS`` are the state (``PARAMS`` come from settings,
     so a detector restored under new settings keeps the new parameters)."""
@@ -40,7 +43,24 @@ class _State:
     PARAMS: ClassVar[tuple[str, ...]] = ()
 
     def state_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if k not in self.PARAMS}  # type: ignore[call-overload]
+        names = _STATE_FIELDS.get(type(self))
+        if names is None:
+            names = _STATE_FIELDS[type(self)] = tuple(
+                f.name
+                for f in fields(self)  # type: ignore[arg-type]
+                if f.name not in self.PARAMS
+            )
+        out: dict[str, Any] = {}
+        for name in names:
+            value = getattr(self, name)
+            cls = value.__class__
+            if cls is float or cls is int or cls is bool or value is None or cls is str:
+                out[name] = value
+            elif cls is list and all(v.__class__ is float or v.__class__ is int for v in value):
+                out[name] = list(value)
+            else:  # anything else as dataclasses.asdict copies it
+                out[name] = asdict(self)[name]  # type: ignore[call-overload]
+        return out
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         names = {f.name for f in fields(self)} - set(self.PARAMS)  # type: ignore[arg-type]

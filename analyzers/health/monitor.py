@@ -27,7 +27,7 @@ by the resolved finding, and is returned again as a ``"firing"`` finding of the 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -43,7 +43,7 @@ from .findings import FIRING, RESOLVED, Check, Finding, HealthError, Severity, d
 from .incidents import IncidentSettings, IncidentTracker, IncidentUpdate
 from .registry import RULES, Rule, resolve_settings
 from .runconfig import flatten_config
-from .signals import canonical_signals, to_float
+from .signals import canonical_signals, signal_plan, to_float
 
 STATE_VERSION = 1
 
@@ -175,6 +175,62 @@ class HealthMonitor:
                 findings.append(finding)
         self.last_step = step if self.last_step is None or step > self.last_step else self.last_step
         self._incident_updates.extend(self.incidents.observe(step, signals, findings))
+        return findings
+
+    def observe_many(self, steps: Iterable[tuple[int, Mapping[str, float | None]]]) -> list[Finding]:
+        """``observe`` of each ``(step, metrics)`` in turn, the findings of all of them in order: exactly
+        what the calls one by one return and do (the same checks at the same steps, the same state
+        after), for less per step. The raw names' canonical signals are looked up once per set of names
+        (a trainer sends the same names step after step), not once per step."""
+        findings: list[Finding] = []
+        plans: dict[tuple[str, ...], tuple[tuple[str, str], ...]] = {}
+        episodes = self._episodes
+        observers = self._observers
+        advance = self._advance
+        incidents = self.incidents
+        updates = self._incident_updates
+        for step, metrics in steps:
+            step = _step(step)
+            raw: dict[str, float] = {}
+            for name, value in metrics.items():
+                if value.__class__ is not float:
+                    value = to_float(name, value)
+                    if value is None:
+                        continue
+                raw[name] = value
+            names = tuple(raw)
+            plan = plans.get(names)
+            if plan is None:
+                plan = plans[names] = signal_plan(names)
+            signals: dict[str, float] = {}
+            for signal, name in plan:
+                value = raw[name]
+                if value - value == 0.0:  # finite (inf - inf and nan - nan are nan)
+                    signals[signal] = value
+            present = signals.keys()
+            found: list[Finding] = []
+            for rule_id, rule, observe, inputs, counts_steps in observers:
+                if inputs is not None and present.isdisjoint(inputs):
+                    continue
+                check = observe(step, signals, raw)
+                if check is None:
+                    continue
+                episode = episodes[rule_id]
+                if not check.active and episode.open is None:  # as in observe
+                    if counts_steps:
+                        prev = episode.prev_step
+                        episode.prev_step = step if prev is None or step > prev else prev
+                    episode.active_streak = episode.active_steps = 0
+                    episode.streak_onset = None
+                    continue
+                finding = advance(rule_id, rule, step, check)
+                rule.idle = episode.open is None
+                if finding is not None:
+                    found.append(finding)
+            last = self.last_step
+            self.last_step = step if last is None or step > last else last
+            updates.extend(incidents.observe(step, signals, found))
+            findings.extend(found)
         return findings
 
     def observe_groups(self, step: int, diagnostics: Mapping[str, Any]) -> list[Finding]:
