@@ -183,7 +183,9 @@ class HealthMonitor:
         after), for less per step. The raw names' canonical signals are looked up once per set of names
         (a trainer sends the same names step after step), not once per step."""
         findings: list[Finding] = []
-        plans: dict[tuple[str, ...], tuple[tuple[str, str], ...]] = {}
+        # names -> (plan, the observers with an input among the plan's signals): when every signal of
+        # the plan is finite at a step, exactly the observers the per-step isdisjoint check lets through
+        plans: dict[tuple[str, ...], tuple[tuple[tuple[str, str], ...], list]] = {}
         episodes = self._episodes
         observers = self._observers
         advance = self._advance
@@ -199,19 +201,25 @@ class HealthMonitor:
                         continue
                 raw[name] = value
             names = tuple(raw)
-            plan = plans.get(names)
-            if plan is None:
-                plan = plans[names] = signal_plan(names)
+            planned = plans.get(names)
+            if planned is None:
+                plan = signal_plan(names)
+                every = {signal for signal, _ in plan}
+                planned = plans[names] = (
+                    plan,
+                    [o for o in observers if o[3] is None or not every.isdisjoint(o[3])],
+                )
+            plan, called = planned
             signals: dict[str, float] = {}
             for signal, name in plan:
                 value = raw[name]
                 if value - value == 0.0:  # finite (inf - inf and nan - nan are nan)
                     signals[signal] = value
             present = signals.keys()
+            if len(signals) < len(plan):  # a non-finite value: the per-step check, as in observe
+                called = [o for o in observers if o[3] is None or not present.isdisjoint(o[3])]
             found: list[Finding] = []
-            for rule_id, rule, observe, inputs, counts_steps in observers:
-                if inputs is not None and present.isdisjoint(inputs):
-                    continue
+            for rule_id, rule, observe, _, counts_steps in called:
                 check = observe(step, signals, raw)
                 if check is None:
                     continue
