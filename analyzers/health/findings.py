@@ -93,6 +93,16 @@ class Check:
 IDLE = Check(active=False)
 
 
+_HELD = {severity: Check(active=True, severity=severity) for severity in Severity}
+
+
+def held(severity: Severity) -> Check:
+    """An active check with only its severity in it: what a rule may return while its episode is open at
+    that severity or above (``Rule.held``), where the monitor reads only ``active`` and ``severity`` (the
+    message and evidence of such a check are never used). Shared, read-only like :data:`IDLE`."""
+    return _HELD[severity]
+
+
 @dataclass(frozen=True)
 class Finding:
     """One transition of one rule's episode: ``state`` is ``"firing"`` (episode opened) or ``"resolved"``.

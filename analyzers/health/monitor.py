@@ -170,7 +170,7 @@ class HealthMonitor:
                 episode.streak_onset = None
                 continue
             finding = self._advance(rule_id, rule, step, check)
-            rule.idle = episode.open is None
+            self._hold(rule_id, rule, episode)
             if finding is not None:
                 findings.append(finding)
         self.last_step = step if self.last_step is None or step > self.last_step else self.last_step
@@ -189,6 +189,7 @@ class HealthMonitor:
         episodes = self._episodes
         observers = self._observers
         advance = self._advance
+        hold = self._hold
         incidents = self.incidents
         updates = self._incident_updates
         for step, metrics in steps:
@@ -232,7 +233,7 @@ class HealthMonitor:
                     episode.streak_onset = None
                     continue
                 finding = advance(rule_id, rule, step, check)
-                rule.idle = episode.open is None
+                hold(rule_id, rule, episode)
                 if finding is not None:
                     found.append(finding)
             last = self.last_step
@@ -345,7 +346,7 @@ class HealthMonitor:
                 continue
             rule.load_state_dict(saved.get("rule") or {})
             monitor._episodes[rule_id] = _Episode.from_state(saved.get("episode") or {})
-            rule.idle = monitor._episodes[rule_id].open is None
+            monitor._hold(rule_id, rule, monitor._episodes[rule_id])
         return monitor
 
     # ------------------------------------------------------------------ internals
@@ -363,13 +364,24 @@ class HealthMonitor:
             if check is None:
                 continue
             finding = self._advance(rule_id, rule, step, check)
-            rule.idle = self._episodes[rule_id].open is None
+            self._hold(rule_id, rule, self._episodes[rule_id])
             if finding is not None:
                 findings.append(finding)
         self.last_step = step if self.last_step is None else max(self.last_step, step)
         if findings:
             self._incident_updates.extend(self.incidents.observe(step, {}, findings))
         return findings
+
+    def _hold(self, rule_id: str, rule: Rule, episode: _Episode) -> None:
+        """Tell ``rule`` what of its next check the monitor will read (``Rule.idle``, ``Rule.held``)."""
+        opened = episode.open
+        rule.idle = opened is None
+        if opened is None:
+            rule.held = None
+        elif self._settings[rule_id]["severity"] is not None:  # a fixed severity: never escalated
+            rule.held = Severity.CRITICAL
+        else:  # an active check at this severity or lower leaves the episode as it is (_escalate)
+            rule.held = opened.severity
 
     def _advance(self, rule_id: str, rule: Rule, step: int, check: Check) -> Finding | None:
         settings = self._settings[rule_id]

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from rlvitals.analyzers import HealthMonitor
 from rlvitals.analyzers.health import detectors
-from rlvitals.analyzers.health.findings import _TAG, encode_floats
+from rlvitals.analyzers.health.findings import _TAG, Severity, encode_floats, held
 from rlvitals.analyzers.health.signals import ALIASES, canonical_signals, signal_plan
 
 from bench._synthetic import ONSET, SCENARIOS, grpo_stream
@@ -240,3 +240,29 @@ def test_detector_states_are_what_asdict_gave_and_are_copies(seed):
         for key, value in state.items():
             if isinstance(value, list):  # a copy: the detector going on does not change a saved state
                 assert value is not getattr(detector, key)
+
+
+class _NothingHeld(HealthMonitor):
+    """The monitor as it was before ``Rule.held``: every active check of an open episode built in full."""
+
+    def _hold(self, rule_id, rule, episode) -> None:
+        super()._hold(rule_id, rule, episode)
+        rule.held = None
+
+
+@pytest.mark.parametrize("settings", [None, {"reward_stagnation": {"severity": "warning"}}])
+def test_held_checks_leave_findings_and_state_as_full_checks_do(settings):
+    rng = random.Random(3)
+    steps = [(s, {"critic/score/mean": 0.5 + rng.gauss(0.0, 0.01)}) for s in range(1200)]
+    held_monitor, full_monitor = HealthMonitor(settings=settings), _NothingHeld(settings=settings)
+    assert _outcome(held_monitor, held_monitor.observe_many(steps)) == _outcome(
+        full_monitor, _one_by_one(full_monitor, steps)
+    )
+    found = [f for f in full_monitor.firing() if f.rule == "reward_stagnation"]
+    assert found and found[0].severity is Severity.WARNING  # opened as info, escalated past 800 steps
+    rule = held_monitor._rules["reward_stagnation"]
+    # the episode is open at warning (or at a fixed severity): an active check is only its severity now
+    assert rule.held is (Severity.WARNING if settings is None else Severity.CRITICAL)
+    check = rule.observe(1200, {"reward": 0.5}, {})
+    assert check is held(Severity.WARNING) and check.message == "" and not check.evidence
+    assert full_monitor._rules["reward_stagnation"].held is None
