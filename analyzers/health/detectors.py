@@ -189,39 +189,43 @@ class Window(_State):
     def __post_init__(self) -> None:
         # the same values kept sorted (not state: rebuilt from ``values``), so the median is a lookup and
         # an update is two bisections instead of a sort; equal values keep their arrival order, as a
-        # stable sort of ``values`` would, so the median is the very float the sort would pick
-        self._sorted = sorted(self.values)
+        # stable sort of ``values`` would, so the median is the very float the sort would pick. ``median``
+        # and ``full`` are plain attributes kept by ``update`` (read many times a step by the rules)
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        ordered = self._sorted = sorted(self.values)
+        n = len(ordered)
+        mid = n // 2
+        self.median = (
+            math.nan if not n else ordered[mid] if n % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+        )
+        self.full = len(self.values) >= self.size
 
     def update(self, x: float) -> float:
-        ordered = self._sorted
         if x - x == 0.0:  # finite (inf - inf and nan - nan are nan)
+            ordered = self._sorted
             values = self.values
             values.append(x)
             insort(ordered, x)
-            while len(values) > self.size:
-                del ordered[bisect_left(ordered, values.pop(0))]
-        n = len(ordered)
-        if not n:
-            return math.nan
-        mid = n // 2
-        return ordered[mid] if n % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+            size = self.size
+            n = len(values)
+            if n > size:
+                while n > size:
+                    del ordered[bisect_left(ordered, values.pop(0))]
+                    n -= 1
+                self.full = True
+                if not n:  # a window of size 0 keeps nothing
+                    return self.median
+            elif n == size:
+                self.full = True
+            mid = n >> 1
+            self.median = ordered[mid] if n & 1 else 0.5 * (ordered[mid - 1] + ordered[mid])
+        return self.median
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         super().load_state_dict(state)
-        self._sorted = sorted(self.values)
-
-    @property
-    def median(self) -> float:
-        ordered = self._sorted
-        n = len(ordered)
-        if not n:
-            return math.nan
-        mid = n // 2
-        return ordered[mid] if n % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
-
-    @property
-    def full(self) -> bool:
-        return len(self.values) >= self.size
+        self._rebuild()
 
 
 def fell_below(recent: Window, x: float, share: float, *, min_points: int = 3) -> bool:

@@ -7,6 +7,7 @@ the rules of an older commit.)"""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -92,11 +93,14 @@ def test_window_median_matches_a_sort_and_survives_a_restore():
         n = len(ordered)
         expected = ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
         assert window.median == expected and str(window.median) == str(expected)
+        assert window.full == (len(seen) == 7)
         if i % 50 == 0:
             state = json.loads(json.dumps(window.state_dict()))
             assert set(state) == {"values"}  # the persisted format: the values only
             window = Window(size=7)
             window.load_state_dict(state)
+    empty = Window(size=0)  # keeps nothing: no median, always full
+    assert math.isnan(empty.update(1.0)) and math.isnan(empty.median) and empty.full and empty.values == []
 
 
 STATE_FIXTURE = Path(__file__).resolve().parents[1] / "data" / "health_state" / "state_9ca4140.json"
