@@ -39,7 +39,17 @@ from . import rules as _update_rules  # noqa: F401
 from . import stability_rules as _stability_rules  # noqa: F401
 from . import start_rules as _start_rules  # noqa: F401
 from . import trend_rules as _trend_rules  # noqa: F401
-from .findings import FIRING, RESOLVED, Check, Finding, HealthError, Severity, decode_floats, encode_floats
+from .findings import (
+    FIRING,
+    IDLE,
+    RESOLVED,
+    Check,
+    Finding,
+    HealthError,
+    Severity,
+    decode_floats,
+    encode_floats,
+)
 from .incidents import IncidentSettings, IncidentTracker, IncidentUpdate
 from .registry import RULES, Rule, resolve_settings
 from .runconfig import flatten_config
@@ -187,9 +197,11 @@ class HealthMonitor:
         # the plan is finite at a step, exactly the observers the per-step isdisjoint check lets through
         plans: dict[tuple[str, ...], tuple[tuple[tuple[str, str], ...], list]] = {}
         episodes = self._episodes
-        observers = self._observers
+        # each observer with its episode (a monitor's episodes are made once, in __init__ / from_state)
+        observers = [(*o, episodes[o[0]]) for o in self._observers]
         advance = self._advance
         hold = self._hold
+        idle = IDLE
         incidents = self.incidents
         updates = self._incident_updates
         for step, metrics in steps:
@@ -220,12 +232,12 @@ class HealthMonitor:
             if len(signals) < len(plan):  # a non-finite value: the per-step check, as in observe
                 called = [o for o in observers if o[3] is None or not present.isdisjoint(o[3])]
             found: list[Finding] = []
-            for rule_id, rule, observe, _, counts_steps in called:
+            for rule_id, rule, observe, _, counts_steps, episode in called:
                 check = observe(step, signals, raw)
                 if check is None:
                     continue
-                episode = episodes[rule_id]
-                if not check.active and episode.open is None:  # as in observe
+                # as in observe (IDLE: inactive, and only returned while no episode is open)
+                if check is idle or (not check.active and episode.open is None):
                     if counts_steps:
                         prev = episode.prev_step
                         episode.prev_step = step if prev is None or step > prev else prev
