@@ -142,8 +142,14 @@ class RobustBaseline(_State):
         return 0.5 * (self.scale_up + self.scale_down)
 
     def z(self, x: float) -> float:
-        residual = x - self.center  # may be ±inf for absurd inputs; callers clip z
-        return residual / max(self.scale_up if residual > 0 else self.scale_down, _TINY)
+        center = self.center
+        residual = x - center  # may be ±inf for absurd inputs; callers clip z
+        # scale_up / scale_down inline (the same expressions: this runs once a step for several rules)
+        scale = max(
+            MEAN_ABS_TO_SIGMA * (self.dev_up if residual > 0 else self.dev_down),
+            self.rel_floor * abs(center) + self.abs_floor,
+        )
+        return residual / max(scale, _TINY)
 
     def update(self, x: float) -> None:
         self.count += 1
@@ -152,15 +158,18 @@ class RobustBaseline(_State):
             if self.count == self.warmup:
                 self._learn()
             return
-        residual = x - self.center
+        center = self.center
+        residual = x - center
         dev_up, dev_down = self.dev_up, self.dev_down
+        alpha = self.alpha
+        floor = self.rel_floor * abs(center) + self.abs_floor  # scale_up / scale_down inline
         if residual > 0:
-            residual = min(residual, self.clip * self.scale_up)
-            dev_up = (1.0 - self.alpha) * dev_up + self.alpha * residual
+            residual = min(residual, self.clip * max(MEAN_ABS_TO_SIGMA * dev_up, floor))
+            dev_up = (1.0 - alpha) * dev_up + alpha * residual
         else:
-            residual = max(residual, -self.clip * self.scale_down)
-            dev_down = (1.0 - self.alpha) * dev_down - self.alpha * residual
-        center = self.center + self.alpha * residual
+            residual = max(residual, -self.clip * max(MEAN_ABS_TO_SIGMA * dev_down, floor))
+            dev_down = (1.0 - alpha) * dev_down - alpha * residual
+        center = center + alpha * residual
         if math.isfinite(center) and math.isfinite(dev_up) and math.isfinite(dev_down):  # else skip the point
             self.center, self.dev_up, self.dev_down = center, dev_up, dev_down
 
