@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from rlvitals.analyzers import HealthMonitor
 from rlvitals.analyzers.health.detectors import RobustBaseline, Window
+from rlvitals.analyzers.health.findings import IDLE
 
 from bench._synthetic import SCENARIOS, grpo_stream, run
 
@@ -258,3 +259,13 @@ def test_robust_baseline_inlined_scales_give_the_same_floats(seed):
         reference.update(x)
         assert fast.state_dict() == reference.state_dict()
         assert str(fast.center) == str(reference.center)
+
+
+def test_non_finite_reads_an_overflowing_sum_of_finite_values_as_finite():
+    monitor = HealthMonitor()
+    huge = {"actor/grad_norm": 1e308, "actor/pg_loss": 1e308, "actor/entropy": -1e308}
+    assert not [f for f in monitor.observe(0, huge) if f.rule == "non_finite"]
+    rule = monitor._rules["non_finite"]
+    assert rule.idle and rule.observe(1, {}, {"a": 1e308, "b": 1e308}) is IDLE
+    fired = [f for f in monitor.observe(2, {**huge, "actor/ppo_kl": float("inf")}) if f.rule == "non_finite"]
+    assert fired and fired[0].state == "firing" and fired[0].signal == "ppo_kl"
