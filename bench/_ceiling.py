@@ -9,7 +9,8 @@ in this process. No server can store a request faster than that.
 SQLite file with the server's code: the JSON parse and validation (the route's, on the event loop),
 the whole ``metrics.ingest_many`` (what the writer thread does: one transaction) and inside it the
 insert (the ceiling above); the rest of ``ingest_many`` is the run's row, the health feed's row and
-the commit. The health rules (a ``HealthMonitor`` fed the same steps alone) run after the answer, in
+the commit. The health rules (a ``HealthMonitor`` fed the same steps alone, a request's steps in
+one ``observe_many`` as the evaluator feeds them) run after the answer, in
 the evaluator thread. HTTP (uvicorn's parsing, FastAPI's routing, the hand-off to the writer thread
 and back) is the server's CPU per request minus all of these.
 """
@@ -118,8 +119,7 @@ def breakdown(steps: Sequence[Step], batch: int, run_config: dict | None = None)
     rules = []
     for request in requests:
         t0 = time.thread_time()
-        for s, m, _ in request:
-            monitor.observe(s, m)
+        monitor.observe_many([(s, m) for s, m, _ in request])  # as the server's evaluator feeds them
         rules.append(time.thread_time() - t0)
     insert = sqlite_ceiling(steps, batch)["cpu_seconds_per_request"]
     ms = {

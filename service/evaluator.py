@@ -423,19 +423,20 @@ def observe_steps(monitor, cursor: dict[str, Any], by_step: dict[int, dict[str, 
     """Feed ``by_step`` to ``monitor`` past ``cursor``: newer steps whole; at the newest step already
     seen, only metric names not seen there yet (a trainer logging one step in several writes);
     anything older was seen. ``(findings, new cursor)``."""
-    findings: list = []
+    feed: list[tuple[int, dict[str, float | None]]] = []
     last, seen = cursor["step"], set(cursor["names"])
     for step in sorted(by_step):
         metrics = by_step[step]
         if last is None or step > last:
-            findings.extend(monitor.observe(step, metrics))
+            feed.append((step, metrics))
             last, seen = step, set(metrics)
         elif step == last:
             fresh = {name: value for name, value in metrics.items() if name not in seen}
             if fresh:
-                findings.extend(monitor.observe(step, fresh))
+                feed.append((step, fresh))
                 seen.update(fresh)
-    return findings, {"step": last, "names": sorted(seen)}
+    # one call for the whole batch: the same checks as one observe per step, for less per step
+    return monitor.observe_many(feed), {"step": last, "names": sorted(seen)}
 
 
 def _merged(offered, lo: int) -> tuple[dict, dict]:

@@ -33,6 +33,9 @@ MEAN_ABS_TO_SIGMA = math.sqrt(math.pi / 2)  # σ of a normal from its mean absol
 _TINY = 1e-300
 
 
+_STATE_FIELDS: dict[type, tuple[str, ...]] = {}  # detector class -> its state fields, in order
+
+
 class _State:
     """Mixin: the dataclass fields not named in ``PARAMS`` are the state (``PARAMS`` come from settings,
     so a detector restored under new settings keeps the new parameters)."""
@@ -40,7 +43,24 @@ class _State:
     PARAMS: ClassVar[tuple[str, ...]] = ()
 
     def state_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if k not in self.PARAMS}  # type: ignore[call-overload]
+        names = _STATE_FIELDS.get(type(self))
+        if names is None:
+            names = _STATE_FIELDS[type(self)] = tuple(
+                f.name
+                for f in fields(self)  # type: ignore[arg-type]
+                if f.name not in self.PARAMS
+            )
+        out: dict[str, Any] = {}
+        for name in names:
+            value = getattr(self, name)
+            cls = value.__class__
+            if cls is float or cls is int or cls is bool or value is None or cls is str:
+                out[name] = value
+            elif cls is list and all(v.__class__ is float or v.__class__ is int for v in value):
+                out[name] = list(value)
+            else:  # anything else as dataclasses.asdict copies it
+                out[name] = asdict(self)[name]  # type: ignore[call-overload]
+        return out
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         names = {f.name for f in fields(self)} - set(self.PARAMS)  # type: ignore[arg-type]
@@ -122,8 +142,14 @@ class RobustBaseline(_State):
         return 0.5 * (self.scale_up + self.scale_down)
 
     def z(self, x: float) -> float:
-        residual = x - self.center  # may be ±inf for absurd inputs; callers clip z
-        return residual / max(self.scale_up if residual > 0 else self.scale_down, _TINY)
+        center = self.center
+        residual = x - center  # may be ±inf for absurd inputs; callers clip z
+        # scale_up / scale_down inline (the same expressions: this runs once a step for several rules)
+        scale = max(
+            MEAN_ABS_TO_SIGMA * (self.dev_up if residual > 0 else self.dev_down),
+            self.rel_floor * abs(center) + self.abs_floor,
+        )
+        return residual / max(scale, _TINY)
 
     def update(self, x: float) -> None:
         self.count += 1
@@ -132,15 +158,18 @@ class RobustBaseline(_State):
             if self.count == self.warmup:
                 self._learn()
             return
-        residual = x - self.center
+        center = self.center
+        residual = x - center
         dev_up, dev_down = self.dev_up, self.dev_down
+        alpha = self.alpha
+        floor = self.rel_floor * abs(center) + self.abs_floor  # scale_up / scale_down inline
         if residual > 0:
-            residual = min(residual, self.clip * self.scale_up)
-            dev_up = (1.0 - self.alpha) * dev_up + self.alpha * residual
+            residual = min(residual, self.clip * max(MEAN_ABS_TO_SIGMA * dev_up, floor))
+            dev_up = (1.0 - alpha) * dev_up + alpha * residual
         else:
-            residual = max(residual, -self.clip * self.scale_down)
-            dev_down = (1.0 - self.alpha) * dev_down - self.alpha * residual
-        center = self.center + self.alpha * residual
+            residual = max(residual, -self.clip * max(MEAN_ABS_TO_SIGMA * dev_down, floor))
+            dev_down = (1.0 - alpha) * dev_down - alpha * residual
+        center = center + alpha * residual
         if math.isfinite(center) and math.isfinite(dev_up) and math.isfinite(dev_down):  # else skip the point
             self.center, self.dev_up, self.dev_down = center, dev_up, dev_down
 
@@ -169,39 +198,43 @@ class Window(_State):
     def __post_init__(self) -> None:
         # the same values kept sorted (not state: rebuilt from ``values``), so the median is a lookup and
         # an update is two bisections instead of a sort; equal values keep their arrival order, as a
-        # stable sort of ``values`` would, so the median is the very float the sort would pick
-        self._sorted = sorted(self.values)
+        # stable sort of ``values`` would, so the median is the very float the sort would pick. ``median``
+        # and ``full`` are plain attributes kept by ``update`` (read many times a step by the rules)
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        ordered = self._sorted = sorted(self.values)
+        n = len(ordered)
+        mid = n // 2
+        self.median = (
+            math.nan if not n else ordered[mid] if n % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+        )
+        self.full = len(self.values) >= self.size
 
     def update(self, x: float) -> float:
-        ordered = self._sorted
         if x - x == 0.0:  # finite (inf - inf and nan - nan are nan)
+            ordered = self._sorted
             values = self.values
             values.append(x)
             insort(ordered, x)
-            while len(values) > self.size:
-                del ordered[bisect_left(ordered, values.pop(0))]
-        n = len(ordered)
-        if not n:
-            return math.nan
-        mid = n // 2
-        return ordered[mid] if n % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+            size = self.size
+            n = len(values)
+            if n > size:
+                while n > size:
+                    del ordered[bisect_left(ordered, values.pop(0))]
+                    n -= 1
+                self.full = True
+                if not n:  # a window of size 0 keeps nothing
+                    return self.median
+            elif n == size:
+                self.full = True
+            mid = n >> 1
+            self.median = ordered[mid] if n & 1 else 0.5 * (ordered[mid - 1] + ordered[mid])
+        return self.median
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         super().load_state_dict(state)
-        self._sorted = sorted(self.values)
-
-    @property
-    def median(self) -> float:
-        ordered = self._sorted
-        n = len(ordered)
-        if not n:
-            return math.nan
-        mid = n // 2
-        return ordered[mid] if n % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
-
-    @property
-    def full(self) -> bool:
-        return len(self.values) >= self.size
+        self._rebuild()
 
 
 def fell_below(recent: Window, x: float, share: float, *, min_points: int = 3) -> bool:

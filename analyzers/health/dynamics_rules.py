@@ -366,8 +366,11 @@ class RewardComponentsDiverge(Rule):
     def observe(self, step: int, signals: Mapping[str, float], metrics: Mapping[str, float]) -> Check | None:
         s = self.settings
         seen = False
+        names = self._names
         for name, value in metrics.items():
-            component = self._component(name)
+            component = names.get(name, "")
+            if component == "":
+                component = self._component(name)
             if component is None or not math.isfinite(value):
                 continue
             if component not in self.seeds and len(self.seeds) >= s["max_components"]:

@@ -43,6 +43,12 @@ class NonFinite(Rule):
     def observe(self, step: int, signals: Mapping[str, float], metrics: Mapping[str, float]) -> Check | None:
         if not metrics:
             return None
+        try:  # a finite sum means every value is finite (a NaN or an infinity makes it NaN or infinite)
+            total = sum(metrics.values())
+        except TypeError:  # not plain numbers: the per-value check below decides
+            total = math.nan
+        if total - total == 0.0 and self.idle:
+            return IDLE
         bad = {name: value for name, value in metrics.items() if not math.isfinite(value)}
         if not bad:
             if self.idle:

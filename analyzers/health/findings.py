@@ -93,6 +93,16 @@ class Check:
 IDLE = Check(active=False)
 
 
+_HELD = {severity: Check(active=True, severity=severity) for severity in Severity}
+
+
+def held(severity: Severity) -> Check:
+    """An active check with only its severity in it: what a rule may return while its episode is open at
+    that severity or above (``Rule.held``), where the monitor reads only ``active`` and ``severity`` (the
+    message and evidence of such a check are never used). Shared, read-only like :data:`IDLE`."""
+    return _HELD[severity]
+
+
 @dataclass(frozen=True)
 class Finding:
     """One transition of one rule's episode: ``state`` is ``"firing"`` (episode opened) or ``"resolved"``.
@@ -173,6 +183,15 @@ def _plain(obj: Any) -> Any:
 def encode_floats(obj: Any) -> Any:
     """Strict-JSON form of ``obj`` for persisted state: a non-finite float becomes ``{"$float": "NaN"}``
     (or "Infinity" / "-Infinity"); :func:`decode_floats` inverts it exactly."""
+    cls = obj.__class__  # the plain types a state is made of first, without the ABC checks below
+    if cls is float:
+        return obj if obj - obj == 0.0 else {_TAG: spell(obj)}
+    if cls is str or cls is int or cls is bool or obj is None:
+        return obj
+    if cls is dict:
+        return {k if k.__class__ is str else str(k): encode_floats(v) for k, v in obj.items()}
+    if cls is list:
+        return [encode_floats(v) for v in obj]
     if isinstance(obj, Mapping):
         return {str(k): encode_floats(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

@@ -27,7 +27,7 @@ by the resolved finding, and is returned again as a ``"firing"`` finding of the 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -39,11 +39,21 @@ from . import rules as _update_rules  # noqa: F401
 from . import stability_rules as _stability_rules  # noqa: F401
 from . import start_rules as _start_rules  # noqa: F401
 from . import trend_rules as _trend_rules  # noqa: F401
-from .findings import FIRING, RESOLVED, Check, Finding, HealthError, Severity, decode_floats, encode_floats
+from .findings import (
+    FIRING,
+    IDLE,
+    RESOLVED,
+    Check,
+    Finding,
+    HealthError,
+    Severity,
+    decode_floats,
+    encode_floats,
+)
 from .incidents import IncidentSettings, IncidentTracker, IncidentUpdate
 from .registry import RULES, Rule, resolve_settings
 from .runconfig import flatten_config
-from .signals import canonical_signals, to_float
+from .signals import canonical_signals, signal_plan, to_float
 
 STATE_VERSION = 1
 
@@ -170,11 +180,78 @@ class HealthMonitor:
                 episode.streak_onset = None
                 continue
             finding = self._advance(rule_id, rule, step, check)
-            rule.idle = episode.open is None
+            self._hold(rule_id, rule, episode)
             if finding is not None:
                 findings.append(finding)
         self.last_step = step if self.last_step is None or step > self.last_step else self.last_step
         self._incident_updates.extend(self.incidents.observe(step, signals, findings))
+        return findings
+
+    def observe_many(self, steps: Iterable[tuple[int, Mapping[str, float | None]]]) -> list[Finding]:
+        """``observe`` of each ``(step, metrics)`` in turn, the findings of all of them in order: exactly
+        what the calls one by one return and do (the same checks at the same steps, the same state
+        after), for less per step. The raw names' canonical signals are looked up once per set of names
+        (a trainer sends the same names step after step), not once per step."""
+        findings: list[Finding] = []
+        # names -> (plan, the observers with an input among the plan's signals): when every signal of
+        # the plan is finite at a step, exactly the observers the per-step isdisjoint check lets through
+        plans: dict[tuple[str, ...], tuple[tuple[tuple[str, str], ...], list]] = {}
+        episodes = self._episodes
+        # each observer with its episode (a monitor's episodes are made once, in __init__ / from_state)
+        observers = [(*o, episodes[o[0]]) for o in self._observers]
+        advance = self._advance
+        hold = self._hold
+        idle = IDLE
+        incidents = self.incidents
+        updates = self._incident_updates
+        for step, metrics in steps:
+            step = _step(step)
+            raw: dict[str, float] = {}
+            for name, value in metrics.items():
+                if value.__class__ is not float:
+                    value = to_float(name, value)
+                    if value is None:
+                        continue
+                raw[name] = value
+            names = tuple(raw)
+            planned = plans.get(names)
+            if planned is None:
+                plan = signal_plan(names)
+                every = {signal for signal, _ in plan}
+                planned = plans[names] = (
+                    plan,
+                    [o for o in observers if o[3] is None or not every.isdisjoint(o[3])],
+                )
+            plan, called = planned
+            signals: dict[str, float] = {}
+            for signal, name in plan:
+                value = raw[name]
+                if value - value == 0.0:  # finite (inf - inf and nan - nan are nan)
+                    signals[signal] = value
+            present = signals.keys()
+            if len(signals) < len(plan):  # a non-finite value: the per-step check, as in observe
+                called = [o for o in observers if o[3] is None or not present.isdisjoint(o[3])]
+            found: list[Finding] = []
+            for rule_id, rule, observe, _, counts_steps, episode in called:
+                check = observe(step, signals, raw)
+                if check is None:
+                    continue
+                # as in observe (IDLE: inactive, and only returned while no episode is open)
+                if check is idle or (not check.active and episode.open is None):
+                    if counts_steps:
+                        prev = episode.prev_step
+                        episode.prev_step = step if prev is None or step > prev else prev
+                    episode.active_streak = episode.active_steps = 0
+                    episode.streak_onset = None
+                    continue
+                finding = advance(rule_id, rule, step, check)
+                hold(rule_id, rule, episode)
+                if finding is not None:
+                    found.append(finding)
+            last = self.last_step
+            self.last_step = step if last is None or step > last else last
+            updates.extend(incidents.observe(step, signals, found))
+            findings.extend(found)
         return findings
 
     def observe_groups(self, step: int, diagnostics: Mapping[str, Any]) -> list[Finding]:
@@ -281,7 +358,7 @@ class HealthMonitor:
                 continue
             rule.load_state_dict(saved.get("rule") or {})
             monitor._episodes[rule_id] = _Episode.from_state(saved.get("episode") or {})
-            rule.idle = monitor._episodes[rule_id].open is None
+            monitor._hold(rule_id, rule, monitor._episodes[rule_id])
         return monitor
 
     # ------------------------------------------------------------------ internals
@@ -299,13 +376,24 @@ class HealthMonitor:
             if check is None:
                 continue
             finding = self._advance(rule_id, rule, step, check)
-            rule.idle = self._episodes[rule_id].open is None
+            self._hold(rule_id, rule, self._episodes[rule_id])
             if finding is not None:
                 findings.append(finding)
         self.last_step = step if self.last_step is None else max(self.last_step, step)
         if findings:
             self._incident_updates.extend(self.incidents.observe(step, {}, findings))
         return findings
+
+    def _hold(self, rule_id: str, rule: Rule, episode: _Episode) -> None:
+        """Tell ``rule`` what of its next check the monitor will read (``Rule.idle``, ``Rule.held``)."""
+        opened = episode.open
+        rule.idle = opened is None
+        if opened is None:
+            rule.held = None
+        elif self._settings[rule_id]["severity"] is not None:  # a fixed severity: never escalated
+            rule.held = Severity.CRITICAL
+        else:  # an active check at this severity or lower leaves the episode as it is (_escalate)
+            rule.held = opened.severity
 
     def _advance(self, rule_id: str, rule: Rule, step: int, check: Check) -> Finding | None:
         settings = self._settings[rule_id]

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from .detectors import MAD_TO_SIGMA, Ewma, Hysteresis, Window, _median, fell_below
-from .findings import CORROBORATED_BY, IDLE, Check, Severity
+from .findings import CORROBORATED_BY, IDLE, Check, Severity, held
 from .registry import Rule, RuleId, register_rule, require
 from .signals import Signal
 
@@ -395,15 +395,19 @@ class RewardStagnation(Rule):
         since = step - (self.best_step if self.best_step is not None else step)
         if since < s["patience"] and self.idle:
             return IDLE
+        if since >= s["patience"]:
+            long = since >= s["warning_patience"]
+            severity = Severity.WARNING if long else Severity.INFO
+            if self.held is not None and severity.rank <= self.held.rank:
+                return held(severity)  # still open, no worse: nothing below is read
         evidence = {"level": level, "best": self.best, "best_step": self.best_step, "steps_since_best": since}
         if since < s["patience"]:
             return Check(active=False, value=x, evidence=evidence, message="reward is improving again")
-        long = since >= s["warning_patience"]
         return Check(
             active=True,
             value=level,
             evidence={**evidence, "warning_patience": s["warning_patience"]},
-            severity=Severity.WARNING if long else Severity.INFO,
+            severity=severity,
             message=f"reward {level:.3g} (smoothed) has not risen clearly above its best {self.best:.3g} "
             f"(step {self.best_step}) for {since} steps"
             + (": a flat reward this long is compute spent for nothing" if long else ""),

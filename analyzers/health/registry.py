@@ -116,6 +116,12 @@ class Rule:
         # message of an inactive check are never used (a rule may then return the shared IDLE check
         # instead of building them; the findings are the same). False outside a monitor: full checks
         self.idle = False
+        # set and kept by the monitor: while an episode of this rule is open there, the highest severity
+        # of an active check that changes nothing (the episode stays at its severity, so the check's
+        # message and evidence are never used; a rule may then return ``held(severity)`` instead of
+        # building them; the findings are the same). None: every active check may be used (no episode
+        # open, or outside a monitor)
+        self.held: Severity | None = None
 
     @classmethod
     def validate(cls, settings: Mapping[str, Any]) -> None:

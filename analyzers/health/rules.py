@@ -121,17 +121,20 @@ class PgClipfracRange(Rule):
             return [{"kind": "line", "y": 0.0, "label": "0 by construction (one update per batch)"}]
         return [{"kind": "band", "low": self.low, "high": self.high, "label": f"band ({self.loss_mode})"}]
 
-    def observe(self, step: int, signals: Mapping[str, float], metrics: Mapping[str, float]) -> Check | None:
-        x = signals.get(self.signal)
-        if x is None or self.loss_mode == "sapo":
-            return None
-        s = self.settings
-        base = {
+    def _base(self) -> dict[str, Any]:
+        """The evidence every check of this rule starts with (built only for a check that is read)."""
+        return {
             "updates_per_batch": self.updates,
             "updates_source": self.updates_source,
             "loss_mode": self.loss_mode,
             "loss_mode_source": self.loss_mode_source,
         }
+
+    def observe(self, step: int, signals: Mapping[str, float], metrics: Mapping[str, float]) -> Check | None:
+        x = signals.get(self.signal)
+        if x is None or self.loss_mode == "sapo":
+            return None
+        s = self.settings
         if self.updates == 1:
             tol = s["single_update_tol"]
             active = x > tol
@@ -139,7 +142,7 @@ class PgClipfracRange(Rule):
                 active=active,
                 value=x,
                 severity=Severity.CRITICAL,
-                evidence={**base, "mode": "single_update", "tolerance": tol},
+                evidence={**self._base(), "mode": "single_update", "tolerance": tol},
                 message=(
                     f"pg_clipfrac is {x:.4g} with one update per batch, where it is 0 by construction: the "
                     "log-probs the actor computes differ from the rollout's old_log_prob (rollout/actor mismatch)"
@@ -159,7 +162,7 @@ class PgClipfracRange(Rule):
             return Check(
                 active=False,
                 value=x,
-                evidence={**base, "mode": "inferred_single_update"},
+                evidence={**self._base(), "mode": "inferred_single_update"},
                 message="pg_clipfrac is exactly 0 so far: one update per batch (inferred), as TRL's "
                 "default num_iterations=1 gives",
             )
@@ -178,7 +181,7 @@ class PgClipfracRange(Rule):
         if self.side is None and self.idle:
             return IDLE
         evidence = {
-            **base,
+            **self._base(),
             "mode": self.loss_mode,
             "smoothed": m,
             "low": low,

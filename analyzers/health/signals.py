@@ -14,7 +14,7 @@ When several aliases of one signal are present, the first in the table wins.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from enum import Enum
 
 from ..contract.batch_rules import NON_FINITE
@@ -246,6 +246,26 @@ def canonical_signals(metrics: Mapping[str, object]) -> dict[str, float]:
         if current is None or rank < current[0]:
             best[signal] = (rank, value)
     return {signal: value for signal, (_, value) in best.items()}
+
+
+def signal_plan(names: Iterable[str]) -> tuple[tuple[str, str], ...]:
+    """Which raw name gives each canonical signal when a step holds exactly ``names`` (in this order):
+    ``((signal, raw name), ...)`` in the order ``canonical_signals`` answers them, so
+    ``{signal: metrics[name] for signal, name in plan}`` is ``canonical_signals(metrics)`` for any
+    ``metrics`` with these names and float values."""
+    best: dict[str, tuple[int, str]] = {}
+    hits = _HITS
+    for name in names:
+        hit = hits.get(name, _UNSEEN)
+        if hit is _UNSEEN:
+            hit = _remember(name)
+        if hit is None:
+            continue
+        signal, rank = hit
+        current = best.get(signal)
+        if current is None or rank < current[0]:
+            best[signal] = (rank, name)
+    return tuple((signal, name) for signal, (_, name) in best.items())
 
 
 # raw name -> _REVERSE hit (or None), remembered: the same few dozen names arrive every step. Bounded,

@@ -7,11 +7,13 @@ the rules of an older commit.)"""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 from rlvitals.analyzers import HealthMonitor
-from rlvitals.analyzers.health.detectors import Window
+from rlvitals.analyzers.health.detectors import RobustBaseline, Window
+from rlvitals.analyzers.health.findings import IDLE
 
 from bench._synthetic import SCENARIOS, grpo_stream, run
 
@@ -103,11 +105,14 @@ def test_window_median_matches_a_sort_and_survives_a_restore():
         n = len(ordered)
         expected = ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
         assert window.median == expected and str(window.median) == str(expected)
+        assert window.full == (len(seen) == 7)
         if i % 50 == 0:
             state = json.loads(json.dumps(window.state_dict()))
             assert set(state) == {"values"}  # the persisted format: the values only
             window = Window(size=7)
             window.load_state_dict(state)
+    empty = Window(size=0)  # keeps nothing: no median, always full
+    assert math.isnan(empty.update(1.0)) and math.isnan(empty.median) and empty.full and empty.values == []
 
 
 STATE_FIXTURE = Path(__file__).resolve().parents[1] / "data" / "health_state" / "state_9ca4140.json"
@@ -220,3 +225,58 @@ def test_a_state_saved_by_the_hand_written_state_dicts_restores_and_continues_id
     assert json.dumps(_without_refilled(comparable(monitor.state_dict()))) == json.dumps(
         _without_refilled(_with_added(saved["final_state"]))
     )
+
+
+class _PropertyBaseline(RobustBaseline):
+    """RobustBaseline's z and update written with the scale properties, as they were before inlining."""
+
+    def z(self, x: float) -> float:
+        residual = x - self.center
+        return residual / max(self.scale_up if residual > 0 else self.scale_down, 1e-300)
+
+    def update(self, x: float) -> None:
+        self.count += 1
+        if not self.sealed and self.count <= self.warmup:
+            self.buffer.append(x)
+            if self.count == self.warmup:
+                self._learn()
+            return
+        residual = x - self.center
+        dev_up, dev_down = self.dev_up, self.dev_down
+        if residual > 0:
+            residual = min(residual, self.clip * self.scale_up)
+            dev_up = (1.0 - self.alpha) * dev_up + self.alpha * residual
+        else:
+            residual = max(residual, -self.clip * self.scale_down)
+            dev_down = (1.0 - self.alpha) * dev_down - self.alpha * residual
+        center = self.center + self.alpha * residual
+        if math.isfinite(center) and math.isfinite(dev_up) and math.isfinite(dev_down):
+            self.center, self.dev_up, self.dev_down = center, dev_up, dev_down
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_robust_baseline_inlined_scales_give_the_same_floats(seed):
+    import random
+
+    rng = random.Random(seed)
+    fast, reference = RobustBaseline(warmup=5, abs_floor=1e-9), _PropertyBaseline(warmup=5, abs_floor=1e-9)
+    for _ in range(400):
+        x = rng.choice(
+            (rng.gauss(0.0, 1.0), rng.gauss(5.0, 0.1), 0.0, -0.0, float("nan"), float("inf"), 1e308)
+        )
+        z_fast, z_ref = fast.z(x), reference.z(x)
+        assert str(z_fast) == str(z_ref)
+        fast.update(x)
+        reference.update(x)
+        assert fast.state_dict() == reference.state_dict()
+        assert str(fast.center) == str(reference.center)
+
+
+def test_non_finite_reads_an_overflowing_sum_of_finite_values_as_finite():
+    monitor = HealthMonitor()
+    huge = {"actor/grad_norm": 1e308, "actor/pg_loss": 1e308, "actor/entropy": -1e308}
+    assert not [f for f in monitor.observe(0, huge) if f.rule == "non_finite"]
+    rule = monitor._rules["non_finite"]
+    assert rule.idle and rule.observe(1, {}, {"a": 1e308, "b": 1e308}) is IDLE
+    fired = [f for f in monitor.observe(2, {**huge, "actor/ppo_kl": float("inf")}) if f.rule == "non_finite"]
+    assert fired and fired[0].state == "firing" and fired[0].signal == "ppo_kl"

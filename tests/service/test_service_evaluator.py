@@ -72,13 +72,14 @@ def _over_http(url: str, run_id: int):
 
 def test_no_rule_runs_inside_a_write_and_the_alerts_still_come(app_client, database_url, monkeypatch):
     threads: list[str] = []
-    real_observe = HealthMonitor.observe
+    real_observe_many = HealthMonitor.observe_many
 
-    def observe(self, step, metrics):
-        threads.append(threading.current_thread().name)
-        return real_observe(self, step, metrics)
+    def observe_many(self, steps):
+        steps = list(steps)
+        threads.extend(threading.current_thread().name for _ in steps)
+        return real_observe_many(self, steps)
 
-    monkeypatch.setattr(HealthMonitor, "observe", observe)
+    monkeypatch.setattr(HealthMonitor, "observe_many", observe_many)
     api = app_client(database_url)
     run_id = api.create_run("off-the-path")
     for steps in _writes(120, 10):
