@@ -4,9 +4,10 @@ FastAPI parses a JSON body with one ``json.loads`` and validates it with one pyd
 the event loop: a 26 MB body stops every other request of the process for about a second. A
 ``POST /metrics`` body over ``INLINE_BYTES`` is instead parsed in a worker thread one step, one
 metric at a time (each piece a short C call, so the interpreter lock passes to the event loop every
-few milliseconds), validated ``CHUNK_POINTS`` points at a time, and refused as soon as it passes
+few milliseconds), validated ``CHUNK_POINTS`` points at a time. Its steps and points are counted
+first, one step held at a time, and the body is refused as soon as it passes
 ``max_steps_per_request`` or ``max_points_per_request`` (413): an oversized body is never parsed to
-its end. Small bodies (a trainer's per-step write: 1-100 KB) keep FastAPI's own path.
+its end, and none of its steps is kept. Small bodies (a trainer's per-step write: 1-100 KB) keep FastAPI's own path.
 
 The answer is the same as FastAPI's for the same body: the same validation errors (422, with the
 same locations) and JSON errors, a ``MetricsIn`` for a valid one. Only where a large body has two
@@ -157,6 +158,7 @@ class MetricsBodyParser:
 
     def _steps(self) -> list[StepIn]:
         self._expect("[", "'['")
+        self._within_limits()
         out: list[StepIn] = []
         chunk: list[Any] = []
         chunk_points = points = count = 0
@@ -194,6 +196,44 @@ class MetricsBodyParser:
                 chunk, chunk_points = [], 0
             if not more:
                 return out
+
+    def _within_limits(self) -> None:
+        """Count the steps and points first, keeping none of them: a body over a limit is refused
+        (413) having held one step at a time, not every validated step before the limit (a flood of
+        oversized bodies would otherwise hold ~8x their size each). Anything else wrong is left to
+        the parse proper, which reports it as before; the count only ever says 413."""
+        start, points, count = self.i, 0, 0
+        try:
+            if self._peek() == "]":
+                return
+            while True:
+                if self._peek() == "{":
+                    metrics = self._step_object(count).get("metrics")
+                    points += len(metrics) if isinstance(metrics, dict) else 1
+                else:
+                    self._value()
+                    points += 1
+                count += 1
+                if count > self.max_steps or points > self.max_points:
+                    break
+                if not self._next("]"):
+                    return
+        except (_Invalid, ValueError):
+            return  # not this pass's to say: the parse proper finds it and reports it as before
+        finally:
+            self.i = start
+        limit, what, name = (
+            (self.max_steps, "steps", "max_steps_per_request")
+            if count > self.max_steps
+            else (self.max_points, "points", "max_points_per_request")
+        )
+        raise BodyError(
+            PayloadTooLarge(
+                f"more than {limit} {what} in one request; the limit is {limit}"
+                + (f" ({name})" if what == "points" else ""),
+                detail={"limit": limit},
+            )
+        )
 
     def _step_object(self, index: int) -> Any:
         """One step: parsed in one C call when it is small (its first ``}`` is near and outside any

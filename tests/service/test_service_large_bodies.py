@@ -97,3 +97,25 @@ def test_errors_in_a_large_body_are_the_ones_a_small_body_gets(api, defect):
     elif defect != "json":
         assert first_small["loc"] == first_large["loc"]
     assert api.get(f"/api/v1/runs/{run_id}/metric-names").json()["names"] == []
+
+
+@pytest.mark.parametrize("limits", [{"max_points": 20_000}, {"max_steps": 1_000}])
+def test_an_oversized_body_is_refused_holding_one_step_at_a_time(limits):
+    """Steps and points are counted before any step is kept: a flood of oversized bodies costs the
+    server each body's text, not the ~8x its size the steps before the limit would take as objects."""
+    import tracemalloc
+
+    from rlvitals.service.api.bodies import parse_large
+    from rlvitals.service.errors import BodyError
+
+    body = json.dumps({"steps": _steps(5000)}).encode()
+    tracemalloc.start()
+    try:
+        with pytest.raises(BodyError) as refused:
+            parse_large(body, **{"max_steps": 100_000, "max_points": 250_000, **limits})
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert refused.value.status_code == 413
+    # the text itself (the size of the body) and a step or two; keeping 20,000 points took ~2.5 MB more
+    assert peak - len(body) < 256 * 1024, peak - len(body)
