@@ -45,6 +45,7 @@ from typing import Any
 from rlvitals.service.events import Event, EventBus, PostgresBus, SqliteLogBus
 from rlvitals.service.settings import Settings
 from rlvitals.service.telemetry import Telemetry
+from rlvitals.service.workers import MALLOC_ENV
 
 log = logging.getLogger("rlvitals.service.audit_process")
 
@@ -161,7 +162,10 @@ class AuditProcess:
         read_fd, write_fd = os.pipe()
         argv = [sys.executable, "-m", "rlvitals.service.audit_process", str(os.getpid()), str(write_fd)]
         try:
-            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, pass_fds=(write_fd,), close_fds=True)
+            env = {**MALLOC_ENV, **os.environ}  # a user's own MALLOC_* settings win
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.PIPE, pass_fds=(write_fd,), close_fds=True, env=env
+            )
         except OSError as exc:
             os.close(read_fd)
             os.close(write_fd)

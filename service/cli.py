@@ -124,6 +124,9 @@ def _serve(args: argparse.Namespace) -> int:
     except ValidationError as exc:
         print(f"rlvitals serve: invalid settings:\n{exc}", file=sys.stderr)
         return 2
+    from rlvitals.service.workers import tune_malloc
+
+    tune_malloc()  # large bodies' buffers go back to the system when freed
     import uvicorn
     from rlvitals.analyzers.plugins import PluginError, load_plugins
     from rlvitals.service.auth import keys_exist

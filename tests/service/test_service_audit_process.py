@@ -14,10 +14,12 @@ import signal
 import socket
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 from rlvitals.service.storage import repository as repo
+from rlvitals.service.workers import MALLOC_ENV, tune_malloc
 from sqlalchemy import update
 
 from tests.service.batchdata import OCTET, make_batch, wait_done
@@ -70,6 +72,12 @@ def test_audits_run_in_a_lower_priority_worker_process_started_with_the_first_au
     # the job was claimed by that process: host:pid:token:thread
     assert _claimer(api, audit["id"]).split(":")[1] == str(pid)
     assert os.getpriority(os.PRIO_PROCESS, pid) - os.getpriority(os.PRIO_PROCESS, 0) == 7
+    # glibc maps a batch's large buffers on their own and unmaps them when freed, with two arenas
+    raw = Path(f"/proc/{pid}/environ").read_text()
+    environ = dict(e.split("=", 1) for e in raw.split("\0") if "=" in e)
+    assert {k: environ.get(k) for k in MALLOC_ENV} == {
+        k: os.environ.get(k, v) for k, v in MALLOC_ENV.items()
+    }, environ
     text = api.get("/metrics").text
     assert _metric(text, "rlvitals_audit_worker_up") == 1
     assert _metric(text, "rlvitals_audit_worker_pid") == pid
@@ -255,3 +263,9 @@ def test_sqlite_passes_the_writer_lock_to_others_while_a_large_batch_is_stored(a
     audit_id, resent = submitted[0]
     assert resent is None
     assert wait_done(api, audit_id, timeout=90)["status"] == "done"
+
+
+def test_the_server_process_tunes_glibc_malloc_for_large_buffers():
+    # rlvitals serve calls this first; on glibc it takes effect (mallopt), elsewhere it says it did not
+    libc = os.confstr("CS_GNU_LIBC_VERSION") if hasattr(os, "confstr") else None
+    assert tune_malloc() is bool(libc and libc.startswith("glibc"))
