@@ -3,7 +3,8 @@
 A real ``rlvitals serve`` (SQLite file, loopback only) serves ``--trainers`` well-behaved trainers:
 each logs one step of 20 metrics every 50 ms and uploads a small batch (~0.5 MiB) every 2 s to its
 own run. Each phase runs ``--seconds`` seconds with one attacker beside them (or none), then stops
-by itself:
+by itself; before the next phase the bench waits (at most 60 s) until no audit is queued or running,
+so each phase measures its own attack, not the previous one's backlog:
 
 - ``none``: no attacker (the baseline);
 - ``slow-uploads``: four sockets declare 256 MiB batch uploads and send a byte every 2 s;
@@ -35,6 +36,7 @@ import argparse
 import http.client
 import json
 import os
+import re
 import socket
 import statistics
 import subprocess
@@ -355,6 +357,22 @@ class PssSampler(threading.Thread):
             self.processes = max(self.processes, len(list(tree_pids(self.pid))))
 
 
+def settle(port: int, limit: float = 60.0) -> None:
+    """Between phases: wait (at most ``limit`` s) until no audit is queued or running, so a phase does
+    not measure the previous attacker's backlog as well as its own attack, then 2 s more."""
+    deadline = time.monotonic() + limit
+    pending = re.compile(r'^rlvitals_audit_jobs\{status="(?:pending|running)"\} ([0-9.e+]+)$', re.MULTILINE)
+    while time.monotonic() < deadline:
+        try:
+            status, text = request(port, "GET", "/metrics", timeout=10.0)
+        except OSError:
+            break
+        if status != 200 or not any(float(n) for n in pending.findall(text.decode())):
+            break
+        time.sleep(0.5)
+    time.sleep(2.0)
+
+
 def run_phase(
     port: int, pid: int, phase: str, seconds: float, trainers: int, batch: bytes, keys: dict[str, str]
 ) -> dict:
@@ -459,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
                 row = run_phase(port, srv.pid, phase, args.seconds, args.trainers, batch, keys)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-                time.sleep(2.0)  # let the server settle between phases
+                settle(port)
     receiver.close()
     print()
     print(
