@@ -161,7 +161,7 @@ class MetricsBodyParser:
         self._within_limits()
         out: list[StepIn] = []
         chunk: list[Any] = []
-        chunk_points = points = count = 0
+        chunk_points = count = 0
         if self._peek() == "]":
             self.i += 1
             return out
@@ -173,26 +173,10 @@ class MetricsBodyParser:
                 step = self._value()
                 chunk_points += 1
             chunk.append(step)
-            count += 1
-            if count > self.max_steps:
-                raise BodyError(
-                    PayloadTooLarge(
-                        f"more than {self.max_steps} steps in one request; the limit is {self.max_steps}",
-                        detail={"limit": self.max_steps},
-                    )
-                )
-            if points + chunk_points > self.max_points:
-                raise BodyError(
-                    PayloadTooLarge(
-                        f"more than {self.max_points} points in one request; the limit is {self.max_points} "
-                        "(max_points_per_request)",
-                        detail={"limit": self.max_points},
-                    )
-                )
+            count += 1  # within the limits: _within_limits counted these steps
             more = self._next("]")
             if chunk_points >= CHUNK_POINTS or not more:
                 out.extend(self._validate(chunk, count - len(chunk)))
-                points += chunk_points
                 chunk, chunk_points = [], 0
             if not more:
                 return out
@@ -222,18 +206,18 @@ class MetricsBodyParser:
             return  # not this pass's to say: the parse proper finds it and reports it as before
         finally:
             self.i = start
-        limit, what, name = (
-            (self.max_steps, "steps", "max_steps_per_request")
-            if count > self.max_steps
-            else (self.max_points, "points", "max_points_per_request")
+        raise self._too_large("steps" if count > self.max_steps else "points")
+
+    def _too_large(self, what: str) -> BodyError:
+        """The 413 for more than ``max_steps_per_request`` steps or ``max_points_per_request`` points."""
+        if what == "steps":
+            message = f"more than {self.max_steps} steps in one request; the limit is {self.max_steps}"
+            return BodyError(PayloadTooLarge(message, detail={"limit": self.max_steps}))
+        message = (
+            f"more than {self.max_points} points in one request; the limit is {self.max_points} "
+            "(max_points_per_request)"
         )
-        raise BodyError(
-            PayloadTooLarge(
-                f"more than {limit} {what} in one request; the limit is {limit}"
-                + (f" ({name})" if what == "points" else ""),
-                detail={"limit": limit},
-            )
-        )
+        return BodyError(PayloadTooLarge(message, detail={"limit": self.max_points}))
 
     def _step_object(self, index: int) -> Any:
         """One step: parsed in one C call when it is small (its first ``}`` is near and outside any
@@ -269,13 +253,7 @@ class MetricsBodyParser:
             key = self._key()
             metrics[key] = self._scalar((*loc, key))
             if len(metrics) > self.max_points:
-                raise BodyError(
-                    PayloadTooLarge(
-                        f"more than {self.max_points} points in one request; the limit is {self.max_points} "
-                        "(max_points_per_request)",
-                        detail={"limit": self.max_points},
-                    )
-                )
+                raise self._too_large("points")
             if not self._next("}"):
                 return metrics
 
