@@ -35,14 +35,22 @@ class CorpusMissing(FileNotFoundError):
 
 
 PARTS = ("tuning", "heldout", "more")
-# The held-out split is drawn once by this seeded rule (bench/build_corpus.py --assign-split writes it into
-# the manifest; the corpus test checks the manifest still matches it). The first 13 runs are the tuning part
-# by decree (the rules were tuned on them before the split existed); more/ is its own third check.
+# Each batch of runs added together is split once (bench/build_corpus.py --assign-split writes it into the
+# manifest; the corpus test checks the manifest still matches it): a batch the manifest's
+# ``heldout_batches`` names is held out whole; any other is drawn by this seeded rule. A draw whose
+# held-out runs were studied closely is retired (``retired_heldout``): those runs moved to tuning, each
+# keeping what the draw gave it (``drawn``). The first 13 runs are the tuning part by decree (the rules
+# were tuned on them before the split existed); more/ is its own third check.
 SPLIT_SEED = 20261206
 
 
 def manifest() -> dict[str, Any]:
     return json.loads(MANIFEST.read_text())
+
+
+def split_record(key: str) -> list[int]:
+    """The batches a split record of the manifest names (``retired_heldout``, ``heldout_batches``)."""
+    return list(manifest().get(key, {}).get("batches", ()))
 
 
 def corpus_files(part: str | None = None) -> list[str]:

@@ -138,17 +138,23 @@ def build(out: Path, clones: Path, part: str | None = None) -> list[str]:
 
 
 def assign_splits() -> dict[str, str]:
-    """Write the seeded split (bench/_detection.py ``assign_split``) into the manifest for every run that has
-    no part yet, one draw per ``batch`` (runs added together); runs already in a part keep it. Returns the
-    new assignments."""
+    """Write the split into the manifest for every run that has no part yet, once per ``batch`` (runs added
+    together): a batch the manifest's ``heldout_batches`` names is held out whole, any other is drawn by the
+    seeded rule (bench/_detection.py ``assign_split``); runs already in a part keep it. Returns the new
+    assignments."""
     sys.path.insert(0, str(ROOT))
     from bench._detection import assign_split
 
     manifest = json.loads(MANIFEST.read_text())
     pending = [run for run in manifest["runs"] if not run.get("split")]
+    whole = set(manifest.get("heldout_batches", {}).get("batches", ()))
     split: dict[str, str] = {}
     for batch in sorted({run.get("batch", 0) for run in pending}):
-        split.update(assign_split([run for run in pending if run.get("batch", 0) == batch]))
+        of_batch = [run for run in pending if run.get("batch", 0) == batch]
+        if batch in whole:  # held out whole
+            split.update({run["id"]: "heldout" for run in of_batch})
+        else:
+            split.update(assign_split(of_batch))
     for run in pending:
         run["split"] = split[run["id"]]
     MANIFEST.write_text(json.dumps(manifest, indent=1, ensure_ascii=False) + "\n")

@@ -23,6 +23,7 @@ from bench._detection import (
     notifications_per_incident,
     our_alerts,
     score,
+    split_record,
 )
 
 needs_corpus = pytest.mark.skipif(corpus_dir() is None, reason=MISSING)
@@ -48,13 +49,25 @@ def test_every_run_is_in_one_part_and_the_held_out_split_is_the_seeded_rule():
     # the first 13 runs are the tuning part the rules grew up on; more/ is its own part
     assert all(r["split"] == "tuning" for r in runs[:13])
     assert all((r["split"] == "more") == r["file"].startswith("more/") for r in runs)
-    # the rest were split once per batch (runs added together) by the seeded, stratified rule: nobody
-    # moved a run between parts since
-    drawn = [r for r in runs[13:] if r["split"] != "more"]
+    # the rest were split once per batch (runs added together): a batch held out whole is all held out;
+    # any other was drawn by the seeded, stratified rule, and nobody moved a run between parts since,
+    # except the retired draws: every run such a draw put in the held-out part moved to tuning, whole
+    retired, whole = set(split_record("retired_heldout")), set(split_record("heldout_batches"))
+    assert not retired & whole
+    later = [r for r in runs[13:] if r["split"] != "more"]
+    for r in later:
+        if r["batch"] in whole:
+            assert r["split"] == "heldout" and "drawn" not in r, r["id"]
+        elif "drawn" in r:  # only a retired draw's held-out runs say what the draw gave them
+            assert r["batch"] in retired and (r["drawn"], r["split"]) == ("heldout", "tuning"), r["id"]
+    drawn = [r for r in later if r["batch"] not in whole]
     for batch in {r["batch"] for r in drawn}:
         runs_of_batch = [r for r in drawn if r["batch"] == batch]
-        assert {r["id"]: r["split"] for r in runs_of_batch} == assign_split(runs_of_batch), batch
-    held = [r for r in drawn if r["split"] == "heldout"]
+        as_drawn = {r["id"]: r.get("drawn", r["split"]) for r in runs_of_batch}
+        assert as_drawn == assign_split(runs_of_batch), batch
+        if batch in retired:
+            assert {r["split"] for r in runs_of_batch} == {"tuning"}, batch
+    held = [r for r in drawn if r.get("drawn", r["split"]) == "heldout"]
     assert abs(2 * len(held) - len(drawn)) <= len({r["batch"] for r in drawn})
     for r in runs:
         labels = RunLabels.from_manifest(r)  # raises on an inconsistent label
