@@ -120,3 +120,26 @@ def test_tied_reward_steps_stay_out_of_the_calm_median():
         }
 
     assert _firing([(s, point(s)) for s in range(1, 150)], "grad_norm_spike") == []
+
+
+def test_a_spike_in_a_run_whose_gradients_are_mostly_exact_zeros_is_measured_against_its_few_learning_steps():
+    # TRL GRPO, one point every 5 steps: the groups tie on reward on most batches, so grad_norm is exactly
+    # 0 on most points and only 3 of the first 20 carry a gradient (~0.2); then 17 and 47 (85x, 235x).
+    # The warm-up is the run's 10 points, not 10 non-zero ones (which this run never logs)
+    learning = {0: 0.19, 1: 0.21, 5: 0.23, 19: 17.0, 22: 47.0}
+    rows = _trl(
+        40, grad_norm=lambda i: learning.get(i, 0.0), reward_std=lambda i: 0.2 if i in learning else 0.0
+    )
+    assert _firing(rows, "grad_norm_spike") == [(100, "warning")]  # the second spike: the same episode
+    # fewer learning steps than min_calm before the spike: still no level, no opinion
+    sparse = {0: 0.19, 19: 17.0}
+    rows = _trl(40, grad_norm=lambda i: sparse.get(i, 0.0), reward_std=lambda i: 0.2 if i in sparse else 0.0)
+    assert _firing(rows, "grad_norm_spike") == []
+
+
+def test_the_spike_warm_up_counts_logged_points_not_learning_steps_only_when_they_differ():
+    # every point carries a gradient: judged after min_points points, as before (a spike on the 10th
+    # point is still part of the warm-up, one on the 11th fires)
+    for at, fired in ((10, []), (11, [(11, "warning")])):
+        rows = [(s, {"grad_norm": 12.0 if s == at else 0.1}) for s in range(1, 40)]
+        assert _firing(rows, "grad_norm_spike") == fired
