@@ -30,9 +30,9 @@ def _load(target: Any, state: Mapping[str, Any] | None) -> None:
 
 @register_rule(RuleId.GRAD_NORM_SPIKE)
 class GradNormSpike(Rule):
-    """A gradient norm ``ratio`` × above the median of the previous ``window`` points (at least
-    ``min_points`` of them). One spike is the event — the optimizer step it fed already moved the weights —
-    so it fires on one point; critical at ``critical_ratio`` ×. Points inside a spike do not enter the
+    """A gradient norm ``ratio`` × above the median of the previous ``window`` points, judged once
+    ``min_points`` points are logged and at least ``min_calm`` of them entered the median (below). One
+    spike is the event — the optimizer step it fed already moved the weights — so it fires on one point; critical at ``critical_ratio`` ×. Points inside a spike do not enter the
     median, so a burst of spikes stays measured against the calm level; nor do points whose whole batch
     tied on reward (``reward_std`` 0): their gradient is the KL term's alone, a level of its own that
     would drag the median of a GRPO run with small groups far below its learning steps'.
@@ -48,16 +48,20 @@ class GradNormSpike(Rule):
     clipped (a median above the threshold) takes steps of one size whatever the pre-clip norm says, so its
     pre-clip spikes never fire this way. Exact zeros (a step with no gradient at all:
     ``grad_norm_zero``'s concern) stay out of the median too, or a GRPO run whose logged points are
-    mostly 0 would have no level to measure a spike against."""
+    mostly 0 would have no level to measure a spike against. They still count toward ``min_points`` (the
+    warm-up is the run's, not the median's), so in such a run the median of its few learning steps — at
+    least ``min_calm`` — is the level: a run whose every point enters the median judges after
+    ``min_points`` points either way."""
 
     signal = Signal.GRAD_NORM.value
     inputs = (signal,)
-    state_components = ("calm", "kl")
+    state_components = ("calm", "kl", "seen")
     summary = "gradient norm spiking far above its recent median"
     config_keys = tuple(key for key, _ in GRAD_CLIP_KEYS)
     defaults: ClassVar[Mapping[str, Any]] = {
         "window": 50,
         "min_points": 10,
+        "min_calm": 3,
         "ratio": 50.0,
         "critical_ratio": 500.0,
         "moved_ratio": 15.0,
@@ -87,6 +91,7 @@ class GradNormSpike(Rule):
             cls.id,
             "need 2 <= min_points <= window, window >= 3",
         )
+        require(2 <= s["min_calm"] <= s["min_points"], cls.id, "need 2 <= min_calm <= min_points")
         require(1.0 < s["ratio"] <= s["critical_ratio"], cls.id, "need 1 < ratio <= critical_ratio")
         require(1.0 < s["moved_ratio"] <= s["ratio"], cls.id, "need 1 < moved_ratio <= ratio")
         require(
@@ -100,6 +105,7 @@ class GradNormSpike(Rule):
         super().__init__(settings, run_config)
         self.calm = Window(size=settings["window"])
         self.kl = Window(size=settings["window"])
+        self.seen = 0  # points logged while warming up, calm or not
         if settings["grad_clip"] > 0:
             self.clip = float(settings["grad_clip"])
         else:
@@ -128,8 +134,15 @@ class GradNormSpike(Rule):
         self.kl.update(kl)
         return None
 
+    def _ready(self) -> bool:
+        """Whether the median is a level to judge against: ``min_points`` calm points, or ``min_points``
+        points logged of which at least ``min_calm`` calm (a run whose steps are mostly exact zeros or
+        tied batches: its few learning steps are its level)."""
+        s, n = self.settings, len(self.calm.values)
+        return n >= s["min_points"] or (self.seen >= s["min_points"] and n >= s["min_calm"])
+
     def chart_marks(self) -> list[dict[str, Any]]:
-        if len(self.calm.values) < self.settings["min_points"]:
+        if not self._ready():
             return []
         return [{"kind": "line", "y": self.settings["ratio"] * self.calm.median, "label": "spike"}]
 
@@ -140,7 +153,8 @@ class GradNormSpike(Rule):
         s = self.settings
         kl_jump = self._kl_jump(signals)
         calm = x > 0.0 and signals.get(_REWARD_STD) != 0.0  # a point that may enter the median
-        if len(self.calm.values) < s["min_points"]:
+        if len(self.calm.values) < s["min_points"] and not self._ready():
+            self.seen += 1
             if calm:
                 self.calm.update(x)
             return None

@@ -343,7 +343,11 @@ class EntropyExplosion(Rule):
     level and ``corroborated_rise`` nats above it is active on its own while the reward is ``reward_drop`` ×
     below its median over the previous ``recent_window`` points or the response length is
     ``length_ratio`` × above its own (two such points in a row fire). Entropy that climbs while the answers
-    stay as long and as good is left to the median."""
+    stay as long and as good is left to the median.
+
+    Nor is a short, large excursion, which the median (most of ``window`` points up) would never see: a
+    point at ``excursion_ratio`` × the early level and ``min_rise`` nats above it is active on its own, so
+    two such points in a row fire, a single one does not (a warning: it may pass as fast as it came)."""
 
     signal = Signal.ENTROPY.value
     inputs = (signal,)
@@ -354,6 +358,7 @@ class EntropyExplosion(Rule):
         "window": 5,
         "ratio": 2.5,
         "critical_ratio": 5.0,
+        "excursion_ratio": 5.0,
         "min_rise": 0.5,
         "release": 1.8,
         "corroborated_rise": 0.25,
@@ -378,6 +383,7 @@ class EntropyExplosion(Rule):
             rid,
             "need 1 <= release <= ratio <= critical_ratio",
         )
+        require(s["excursion_ratio"] >= s["ratio"], rid, "need excursion_ratio >= ratio")
         require(s["min_rise"] >= 0.0, rid, "min_rise must be >= 0")
         require(
             0.0 <= s["corroborated_rise"] <= s["min_rise"], rid, "need 0 <= corroborated_rise <= min_rise"
@@ -458,6 +464,26 @@ class EntropyExplosion(Rule):
                 },
                 severity=Severity.CRITICAL if x >= s["critical_ratio"] * early else Severity.WARNING,
                 message=f"entropy {x:.3g} is {x / early:.1f}× its early level {early:.3g} while {symptom[1]}",
+            )
+        excursion = (
+            not active and early > 0 and x >= s["excursion_ratio"] * early and x - early >= s["min_rise"]
+        )
+        if excursion:
+            return Check(
+                active=True,
+                value=x,
+                evidence={
+                    "level": level,
+                    "early_level": early,
+                    "relative": x / early,
+                    "excursion_ratio": s["excursion_ratio"],
+                    "min_rise": s["min_rise"],
+                },
+                severity=Severity.WARNING,
+                message=(
+                    f"entropy {x:.3g} is {x / early:.1f}× its early level {early:.3g} "
+                    f"(the median of the last {s['window']} points is still {level:.3g})"
+                ),
             )
         if not active and self.idle:
             return IDLE

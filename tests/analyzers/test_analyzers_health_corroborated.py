@@ -120,3 +120,48 @@ def test_tied_reward_steps_stay_out_of_the_calm_median():
         }
 
     assert _firing([(s, point(s)) for s in range(1, 150)], "grad_norm_spike") == []
+
+
+def test_a_spike_in_a_run_whose_gradients_are_mostly_exact_zeros_is_measured_against_its_few_learning_steps():
+    # TRL GRPO, one point every 5 steps: the groups tie on reward on most batches, so grad_norm is exactly
+    # 0 on most points and only 3 of the first 20 carry a gradient (~0.2); then 17 and 47 (85x, 235x).
+    # The warm-up is the run's 10 points, not 10 non-zero ones (which this run never logs)
+    learning = {0: 0.19, 1: 0.21, 5: 0.23, 19: 17.0, 22: 47.0}
+    rows = _trl(
+        40, grad_norm=lambda i: learning.get(i, 0.0), reward_std=lambda i: 0.2 if i in learning else 0.0
+    )
+    assert _firing(rows, "grad_norm_spike") == [(100, "warning")]  # the second spike: the same episode
+    # fewer learning steps than min_calm before the spike: still no level, no opinion
+    sparse = {0: 0.19, 19: 17.0}
+    rows = _trl(40, grad_norm=lambda i: sparse.get(i, 0.0), reward_std=lambda i: 0.2 if i in sparse else 0.0)
+    assert _firing(rows, "grad_norm_spike") == []
+
+
+def test_the_spike_warm_up_counts_logged_points_not_learning_steps_only_when_they_differ():
+    # every point carries a gradient: judged after min_points points, as before (a spike on the 10th
+    # point is still part of the warm-up, one on the 11th fires)
+    for at, fired in ((10, []), (11, [(11, "warning")])):
+        rows = [(s, {"grad_norm": 12.0 if s == at else 0.1}) for s in range(1, 40)]
+        assert _firing(rows, "grad_norm_spike") == fired
+
+
+def test_a_short_large_entropy_excursion_fires_on_its_second_point_and_a_single_point_does_not():
+    # entropy ~0.15 at the start, drifting to ~0.4, then 0.92 and 1.33 (6x and 9x the early level, 0.8
+    # and 1.2 nats above it) for two points before it settles: the median of five never gets there
+    drift = [0.15, 0.13, 0.15, 0.16, 0.2, 0.25, 0.3, 0.35, 0.37, 0.3, 0.37, 0.49]
+    tail = [0.64, 0.54, 0.3, 0.25, 0.25, 0.28, 0.25, 0.3]
+
+    def excursion(*points):
+        series = [*drift, *points, *tail]
+        return _trl(len(series), entropy=lambda i: series[i], reward=lambda i: 0.85)
+
+    assert _firing(excursion(0.92, 1.33), "entropy_explosion") == [(70, "warning")]
+    assert _firing(excursion(0.92, 0.4), "entropy_explosion") == []  # one point: an outlier
+    # two points well up but under excursion_ratio x the early level (4x): left to the median
+    assert _firing(excursion(0.6, 0.65), "entropy_explosion") == []
+
+
+def test_an_entropy_excursion_needs_min_rise_nats_as_well_as_the_ratio():
+    # a tiny early level (0.02): 0.2 is 10x it, but 0.18 nats is no explosion
+    rows = _trl(30, entropy=lambda i: 0.2 if i in (12, 13) else 0.02, reward=lambda i: 0.85)
+    assert _firing(rows, "entropy_explosion") == []

@@ -124,7 +124,7 @@ ADDED_SINCE = {
     # refilled from the points after it (so left out of the final comparison)
     "truncation_high": {"reward": {"values": []}},
     "entropy_explosion": {"reward": {"values": []}, "length": {"values": []}},
-    "grad_norm_spike": {"kl": {"values": []}},
+    "grad_norm_spike": {"kl": {"values": []}, "seen": 0},
     "grad_norm_zero": {"tied": False},
 }
 REFILLED = {

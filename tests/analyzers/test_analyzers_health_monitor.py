@@ -96,6 +96,8 @@ def test_unknown_setting_key_lists_valid_keys():
         ({"ppo_kl_drift": {"warmup": 2.5}}, r"warmup must be an integer"),
         ({"kl_loss_runaway": {"ceiling": math.nan}}, r"ceiling must be a number"),
         ({"zero_advantage_groups": []}, r"must be a mapping"),
+        ({"grad_norm_spike": {"min_calm": 11}}, r"need 2 <= min_calm <= min_points"),
+        ({"entropy_explosion": {"excursion_ratio": 2.0}}, r"need excursion_ratio >= ratio"),
     ],
 )
 def test_invalid_settings_raise_settings_error(settings, pattern):
