@@ -38,6 +38,11 @@ class KlLossRunaway(Rule):
     KL far behind): a one-step spike that the next step forgets (``kl_spike``'s finding) is no trend, and
     unclamped it would lift the fast average above the slow one for the next dozen steps. A KL that stays
     up lifts the fast average, and with it the bound, by a fifth on every point, and still reads as growth.
+
+    The ceiling latches above ``ceiling`` and releases below 0.8 × ``ceiling``. A point between the two
+    (while the growth part is quiet) says nothing either way: the persistence before the alert fires is
+    built by points above the ceiling alone, so one point above it followed by points just under it does
+    not fire (a lone jump is ``kl_spike``'s finding), while an open alert stays open until the release.
     """
 
     signal = Signal.KL_LOSS.value
@@ -106,6 +111,11 @@ class KlLossRunaway(Rule):
                 and ratio > s["growth"]
                 and speedup > s["slope_ratio"]
             )
+        if above_ceiling and not self.growing and x <= s["ceiling"]:
+            # latched, but this point is back under the ceiling (above the release): it neither builds
+            # an alert nor breaks one. One point above the ceiling and the next in the band is no streak
+            # (a lone point is kl_spike's to judge); an open alert stays open until the release
+            return None
         if self.idle and not (self.growing or above_ceiling):
             return IDLE
         evidence = {

@@ -160,7 +160,6 @@ def _feed(monitor, rows):
 @pytest.mark.parametrize(
     ("metric", "rule", "high", "latest", "threshold"),
     [
-        ("actor/kl_loss", "kl_loss_runaway", 0.52, 0.488, 0.5),
         ("actor/ppo_kl", "ppo_kl_drift", 0.2, 0.045, 0.05),
         ("actor/pg_clipfrac_lower", "pg_clipfrac_lower_high", 0.04, 0.008, 0.01),
     ],
@@ -174,6 +173,15 @@ def test_a_latched_ceiling_quotes_the_value_that_crossed(metric, rule, high, lat
     assert f.value == high and states_value(f.message, high), f.message
     assert f.value > threshold  # the value quoted is consistent with "above"
     assert f"latest {latest:.3g}" in f.message
+
+
+def test_kl_loss_ceiling_quotes_the_highest_value_since_it_crossed():
+    # kl_loss_runaway builds its persistence on points above the ceiling only (the one just under it
+    # is skipped): it fires on the second point above, quoting the highest since the crossing
+    rows = [(s, {"actor/kl_loss": v}) for s, v in enumerate([0.52, 0.488, 0.51, 0.49])]
+    fired = [f for f in _feed(HealthMonitor(), rows) if f.rule == "kl_loss_runaway" and f.state == "firing"]
+    assert [f.step for f in fired] == [2]
+    assert fired[0].value == 0.52 and states_value(fired[0].message, 0.52), fired[0].message
 
 
 def test_audit_mismatch_says_its_value_is_a_relative_error():

@@ -362,10 +362,9 @@ def test_kl_loss_ceiling_message_says_which_value_it_reads():
     assert findings[0].value == 0.6  # the value the message quotes
     (still,) = [f for f in monitor.firing() if f.rule == "kl_loss_runaway"]
     assert still.message == "kl_loss reached 0.6, above the ceiling 0.5"  # severity unchanged
-    check = monitor._rules["kl_loss_runaway"].observe(6, {"kl_loss": 0.485}, {})
-    # the latest point is back under the ceiling: the value quoted is still the one that crossed
-    assert (
-        check.message
-        == "kl_loss reached 0.6, above the ceiling 0.5 (latest 0.485; the alert clears below 0.4)"
-    )
-    assert check.value == 0.6
+    rule = monitor._rules["kl_loss_runaway"]
+    # the latest point is back under the ceiling but above its release: it says nothing either way, and
+    # the open finding still quotes the value that crossed
+    assert rule.observe(6, {"kl_loss": 0.485}, {}) is None
+    check = rule.observe(7, {"kl_loss": 0.3}, {})  # under the release: the latch lets go
+    assert not check.active and check.message == "kl_loss is creeping slowly again"

@@ -95,9 +95,12 @@ def test_the_runs_list_counts_info_alerts_as_notes_not_firing_chips(tab, healthy
 
 def test_a_warning_fires_in_the_red_box_and_sets_the_badge(api, tab):
     run = api.create_run("kl-crossing", project="findings")
-    # kl_loss crosses its 0.5 ceiling once, then sits at 0.488: latched until it drops below 0.4
+    # kl_loss crosses its 0.5 ceiling on two of three steps, then sits at 0.488: latched until it drops
+    # below 0.4 (one point above the ceiling alone would be kl_spike's only)
     api.log_series(
-        run, lambda s: {"actor/kl_loss": 0.01 if s < 30 else (0.52 if s == 30 else 0.488)}, range(40)
+        run,
+        lambda s: {"actor/kl_loss": 0.01 if s < 30 else (0.52 if s == 30 else 0.51 if s == 32 else 0.488)},
+        range(40),
     )
     api.wait_alert(run, "kl_loss_runaway")
     _open(tab, run)
