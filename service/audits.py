@@ -32,6 +32,7 @@ from rlvitals.service.batches import Batch
 from rlvitals.service.encoding import jsonable
 from rlvitals.service.errors import Busy, NotFound
 from rlvitals.service.events import Event, EventBus
+from rlvitals.service.fair_share import OVER_SHARE, fair_share
 from rlvitals.service.health import HealthEngine
 from rlvitals.service.incidents import apply_incident_updates
 from rlvitals.service.settings import Settings
@@ -255,25 +256,23 @@ class AuditPool(WorkerThreads):
         ``audit_queue_size``, except that a run under its share is still admitted while another run
         holds more than its share (it filled the queue before this run came), up to twice that."""
         size = self.settings.audit_queue_size
-        total, mine = sum(waiting.values()), waiting.get(run_id, 0)
-        runs = len(waiting.keys() | {run_id})
-        share = max(1, size // runs)
-        if mine >= share and runs > 1:
-            self.telemetry.count_batch("queue_full")
+        decision = fair_share(size, waiting, run_id, 1)
+        if decision.refused is None:
+            return
+        self.telemetry.count_batch("queue_full")
+        if decision.refused == OVER_SHARE:
+            mine, share, runs = decision.mine, decision.share, decision.parties
             raise Busy(
                 f"this run holds its share of the audit queue ({mine} of its batches waiting; each of the "
                 f"{runs} runs with audits waiting may hold {share} of audit_queue_size {size}); retry later",
                 retry_after=1.0,
-                detail={"waiting": total, "limit": size, "run_waiting": mine, "run_share": share},
+                detail={"waiting": decision.total, "limit": size, "run_waiting": mine, "run_share": share},
             )
-        crowded = any(count > share for other, count in waiting.items() if other != run_id)
-        if total >= size and not (crowded and total < 2 * size):
-            self.telemetry.count_batch("queue_full")
-            raise Busy(
-                f"audit queue is full ({total} batches waiting); retry later",
-                retry_after=1.0,
-                detail={"waiting": total, "limit": size},
-            )
+        raise Busy(
+            f"audit queue is full ({decision.total} batches waiting); retry later",
+            retry_after=1.0,
+            detail={"waiting": decision.total, "limit": size},
+        )
 
     def _fill(self, audit_id: int, blob) -> None:
         """Write a ``receiving`` audit's blob chunk by chunk, then queue it; on failure remove it."""

@@ -22,7 +22,7 @@ trainer object that produce what they parse, one per trainer, in :mod:`rlvitals.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import batch_rules as rules
@@ -279,10 +279,11 @@ def parse_distillation(config: Mapping[str, Any] | None) -> DistillationConfig |
 
 
 @dataclass(frozen=True, eq=False)
-class CheckedUpload:
-    """A batch checked from its layout (:func:`check_layout`: dtypes, shapes and the mask's values)
-    without holding its tensors as torch tensors: what the server's upload check learns. The same
-    config parse and ``reported`` decoding as :meth:`AuditBatch.validate`, which builds on it."""
+class ParsedBatch:
+    """What a checked batch holds besides its tensors: ``config`` as sent (JSON), ``loss``,
+    ``algorithm`` and ``distillation`` parsed from it, ``reported`` decoded (floats, None; non-finite as
+    floats) and ``shape``, ``(batch, response_len)``. The upload's :class:`CheckedUpload` and the
+    audit's :class:`AuditBatch` are both one."""
 
     config: Mapping[str, Any]
     loss: LossConfig | TrlLossConfig
@@ -290,6 +291,31 @@ class CheckedUpload:
     reported: Mapping[str, float | None]
     shape: tuple[int, int]
     distillation: DistillationConfig | None = None
+
+    @classmethod
+    def parse(
+        cls,
+        shape: tuple[int, int],
+        *,
+        config: Mapping[str, Any] | None,
+        reported: Mapping[str, Any] | None,
+        **fields: Any,
+    ):
+        """The one parse of ``config`` and decoding of ``reported`` for a batch of ``shape`` (``fields``:
+        the subclass's own); raises :class:`BatchError` (:class:`ConfigError` for the config)."""
+        loss, algorithm = parse_config(config)
+        distillation = parse_distillation(config)
+        try:
+            decoded = rules.decode_reported(reported)
+        except ValueError as exc:
+            raise BatchError(str(exc)) from None
+        return cls(dict(config or {}), loss, algorithm, decoded, shape, distillation, **fields)
+
+
+@dataclass(frozen=True, eq=False)
+class CheckedUpload(ParsedBatch):
+    """A batch checked from its layout (:func:`check_layout`: dtypes, shapes and the mask's values)
+    without holding its tensors as torch tensors: what the server's upload check learns."""
 
     @classmethod
     def validate(
@@ -305,32 +331,13 @@ class CheckedUpload:
         shape = check_layout(layout, max_tokens=max_tokens, mask_outliers=mask_outliers)
         return cls.parse(shape, config=config, reported=reported)
 
-    @classmethod
-    def parse(
-        cls, shape: tuple[int, int], *, config: Mapping[str, Any] | None, reported: Mapping[str, Any] | None
-    ) -> CheckedUpload:
-        loss, algorithm = parse_config(config)
-        distillation = parse_distillation(config)
-        try:
-            decoded = rules.decode_reported(reported)
-        except ValueError as exc:
-            raise BatchError(str(exc)) from None
-        return cls(dict(config or {}), loss, algorithm, decoded, shape, distillation)
-
 
 @dataclass(frozen=True, eq=False)
-class AuditBatch:
-    """One micro-batch, checked: ``tensors`` by name (rule table), ``config`` as sent (JSON), ``loss``,
-    ``algorithm`` and ``distillation`` parsed from it, ``reported`` decoded (floats, None; non-finite as
-    floats)."""
+class AuditBatch(ParsedBatch):
+    """One micro-batch, checked: its ``tensors`` by name (rule table; a :class:`CheckedTensors`) and
+    what every checked batch holds (:class:`ParsedBatch`)."""
 
-    tensors: Mapping[str, torch.Tensor]
-    config: Mapping[str, Any]
-    loss: LossConfig | TrlLossConfig
-    algorithm: AlgorithmConfig
-    reported: Mapping[str, float | None]
-    shape: tuple[int, int]
-    distillation: DistillationConfig | None = None
+    tensors: Mapping[str, torch.Tensor] = field(kw_only=True)
 
     @classmethod
     def validate(
@@ -343,10 +350,7 @@ class AuditBatch:
     ) -> AuditBatch:
         """Check everything (tensors, config, reported); raises :class:`BatchError`."""
         shape = check_tensors(tensors, max_tokens=max_tokens)
-        up = CheckedUpload.parse(shape, config=config, reported=reported)
-        return cls(
-            CheckedTensors(tensors), up.config, up.loss, up.algorithm, up.reported, shape, up.distillation
-        )
+        return cls.parse(shape, config=config, reported=reported, tensors=CheckedTensors(tensors))
 
     @classmethod
     def stored(
@@ -362,11 +366,11 @@ class AuditBatch:
         shape = tuple(tensors["log_prob"].shape)
         decoded = rules.decode_reported(reported)
         return cls(
-            CheckedTensors(tensors),
             dict(config or {}),
             loss,
             algorithm,
             decoded,
             shape,
             parse_distillation(config),
+            tensors=CheckedTensors(tensors),
         )

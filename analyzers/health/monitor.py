@@ -26,7 +26,6 @@ by the resolved finding, and is returned again as a ``"firing"`` finding of the 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -53,9 +52,10 @@ from .findings import (
 from .incidents import IncidentSettings, IncidentTracker, IncidentUpdate
 from .registry import RULES, Rule, resolve_settings
 from .runconfig import flatten_config
-from .signals import canonical_signals, signal_plan, to_float
+from .signals import signal_plan, to_float
 
 STATE_VERSION = 1
+_PLANS_MAX = 64  # sets of raw names a monitor remembers the signal plan of (a trainer sends one or a few)
 
 
 @dataclass
@@ -126,19 +126,7 @@ class HealthMonitor:
             self._rules[rule_id] = rule = RULES[rule_id](settings=values, run_config=self._config)
             self._episodes[rule_id] = _Episode()
             rule.idle = True  # no episode open yet
-        # the hot path (observe, once per step): only the rules that override the hook, with the signals
-        # they declare they need (Rule.inputs) as a frozenset, and whether they count steps
-        self._observers = [
-            (
-                rule_id,
-                rule,
-                rule.observe,
-                None if rule.inputs is None else frozenset(rule.inputs),
-                rule.persistence == "steps",
-            )
-            for rule_id, rule in self._rules.items()
-            if type(rule).observe is not Rule.observe
-        ]
+        self._bind()
         self.last_step: int | None = None
         self.incidents = IncidentTracker(incidents)
         self._incident_updates: list[IncidentUpdate] = []
@@ -152,53 +140,18 @@ class HealthMonitor:
 
     def observe(self, step: int, metrics: Mapping[str, float | None]) -> list[Finding]:
         """One training step's scalar metrics (raw trainer names; ``None`` = absent)."""
-        step = _step(step)
-        raw: dict[str, float] = {}
-        for name, value in metrics.items():
-            if value.__class__ is not float:  # floats (nearly every value) pass as they are
-                value = to_float(name, value)
-                if value is None:
-                    continue
-            raw[name] = value
-        signals = {name: value for name, value in canonical_signals(raw).items() if math.isfinite(value)}
-        present = signals.keys()
-        findings: list[Finding] = []
-        episodes = self._episodes
-        for rule_id, rule, observe, inputs, steps in self._observers:
-            if inputs is not None and present.isdisjoint(inputs):
-                continue  # none of its signals on this step: it has nothing to say (observe returns None)
-            check = observe(step, signals, raw)
-            if check is None:
-                continue
-            episode = episodes[rule_id]
-            if not check.active and episode.open is None:
-                # the common case, healthy and quiet: what _advance does for it, without the call
-                if steps:
-                    prev = episode.prev_step
-                    episode.prev_step = step if prev is None or step > prev else prev
-                episode.active_streak = episode.active_steps = 0
-                episode.streak_onset = None
-                continue
-            finding = self._advance(rule_id, rule, step, check)
-            self._hold(rule_id, rule, episode)
-            if finding is not None:
-                findings.append(finding)
-        self.last_step = step if self.last_step is None or step > self.last_step else self.last_step
-        self._incident_updates.extend(self.incidents.observe(step, signals, findings))
-        return findings
+        return self.observe_many(((step, metrics),))
 
     def observe_many(self, steps: Iterable[tuple[int, Mapping[str, float | None]]]) -> list[Finding]:
         """``observe`` of each ``(step, metrics)`` in turn, the findings of all of them in order: exactly
         what the calls one by one return and do (the same checks at the same steps, the same state
-        after), for less per step. The raw names' canonical signals are looked up once per set of names
-        (a trainer sends the same names step after step), not once per step."""
+        after). The raw names' canonical signals are looked up once per set of names (a trainer sends
+        the same names step after step), not once per step."""
         findings: list[Finding] = []
         # names -> (plan, the observers with an input among the plan's signals): when every signal of
         # the plan is finite at a step, exactly the observers the per-step isdisjoint check lets through
-        plans: dict[tuple[str, ...], tuple[tuple[tuple[str, str], ...], list]] = {}
-        episodes = self._episodes
-        # each observer with its episode (a monitor's episodes are made once, in __init__ / from_state)
-        observers = [(*o, episodes[o[0]]) for o in self._observers]
+        plans = self._plans
+        observers = self._observers
         advance = self._advance
         hold = self._hold
         idle = IDLE
@@ -208,7 +161,7 @@ class HealthMonitor:
             step = _step(step)
             raw: dict[str, float] = {}
             for name, value in metrics.items():
-                if value.__class__ is not float:
+                if value.__class__ is not float:  # floats (nearly every value) pass as they are
                     value = to_float(name, value)
                     if value is None:
                         continue
@@ -216,6 +169,8 @@ class HealthMonitor:
             names = tuple(raw)
             planned = plans.get(names)
             if planned is None:
+                if len(plans) >= _PLANS_MAX:  # names come from trainers: a full memo starts over
+                    plans.clear()
                 plan = signal_plan(names)
                 every = {signal for signal, _ in plan}
                 planned = plans[names] = (
@@ -229,14 +184,15 @@ class HealthMonitor:
                 if value - value == 0.0:  # finite (inf - inf and nan - nan are nan)
                     signals[signal] = value
             present = signals.keys()
-            if len(signals) < len(plan):  # a non-finite value: the per-step check, as in observe
+            if len(signals) < len(plan):  # a non-finite value: the observers with a finite input
                 called = [o for o in observers if o[3] is None or not present.isdisjoint(o[3])]
             found: list[Finding] = []
             for rule_id, rule, observe, _, counts_steps, episode in called:
                 check = observe(step, signals, raw)
                 if check is None:
                     continue
-                # as in observe (IDLE: inactive, and only returned while no episode is open)
+                # the common case, healthy and quiet (IDLE: inactive, and only returned while no episode
+                # is open): what _advance does for it, without the call
                 if check is idle or (not check.active and episode.open is None):
                     if counts_steps:
                         prev = episode.prev_step
@@ -359,9 +315,29 @@ class HealthMonitor:
             rule.load_state_dict(saved.get("rule") or {})
             monitor._episodes[rule_id] = _Episode.from_state(saved.get("episode") or {})
             monitor._hold(rule_id, rule, monitor._episodes[rule_id])
+        monitor._bind()
         return monitor
 
     # ------------------------------------------------------------------ internals
+
+    def _bind(self) -> None:
+        """The hot path's table (observe_many, once per step): only the rules that override the hook,
+        each with the signals it declares it needs (``Rule.inputs``) as a frozenset, whether it counts
+        steps, and its episode (bound here, in __init__ and from_state, not per call); and an empty
+        memo of the names seen (the plans of observe_many hold these tuples)."""
+        self._observers = [
+            (
+                rule_id,
+                rule,
+                rule.observe,
+                None if rule.inputs is None else frozenset(rule.inputs),
+                rule.persistence == "steps",
+                self._episodes[rule_id],
+            )
+            for rule_id, rule in self._rules.items()
+            if type(rule).observe is not Rule.observe
+        ]
+        self._plans: dict[tuple[str, ...], tuple[tuple[tuple[str, str], ...], list]] = {}
 
     def _persisted_config(self) -> dict[str, Any]:
         """The run-config keys the enabled rules read (``Rule.config_keys``, prefixes ending in '.')."""

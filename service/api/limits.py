@@ -23,6 +23,7 @@ import hashlib
 from contextlib import contextmanager
 
 from rlvitals.service.errors import Busy, error_response
+from rlvitals.service.fair_share import OVER_LIMIT, OVER_SHARE, fair_share
 from starlette.exceptions import HTTPException
 
 
@@ -127,7 +128,10 @@ class UploadGate:
     @contextmanager
     def admit(self, nbytes: int, client: str = "", run: object = None):
         mine = self.held.get((client, run), 0)
-        party = sum(n for (who, _), n in self.held.items() if who == client)
+        parties: dict[str, int] = {}
+        for (who, _), n in self.held.items():
+            parties[who] = parties.get(who, 0) + n
+        party = parties.get(client, 0)
         if mine >= self.per_client or party >= self.per_party:
             limit = self.per_client if mine >= self.per_client else self.per_party
             raise Busy(
@@ -136,7 +140,11 @@ class UploadGate:
                 "(max_concurrent_uploads - 1): retry shortly",
                 detail={"uploads": party, "run_uploads": mine, "limit": limit},
             )
-        if self.uploads >= self.max_uploads and not self._crowded_out(client, party):
+        # every slot taken: a client under its share of the slots is admitted while another holds more
+        # than its own, up to twice the slots (without it a client uploading non-stop from several
+        # threads keeps all but one slot, and every other client collides on that one); the per-client
+        # limits above, not the share, cap what one client holds
+        if fair_share(self.max_uploads, parties, client, 1, cap_share=False).refused:
             raise Busy(
                 f"{self.uploads} batch uploads are being received; the limit is {self.max_uploads} "
                 "(max_concurrent_uploads): retry shortly",
@@ -161,20 +169,6 @@ class UploadGate:
                 self.held[(client, run)] = left
             else:
                 del self.held[(client, run)]
-
-    def _crowded_out(self, client: str, party: int) -> bool:
-        """Whether ``client``, holding ``party`` uploads, is admitted although every slot is taken:
-        it holds fewer than its share of the slots (``max_uploads // parties uploading``, itself
-        counted) while another party holds more than that share, and the uploads stay under twice
-        ``max_uploads``. Without it a client uploading non-stop from several threads keeps all but one
-        slot, and every other client collides on that one."""
-        if self.uploads >= 2 * self.max_uploads:
-            return False
-        held: dict[str, int] = {}
-        for (who, _), n in self.held.items():
-            held[who] = held.get(who, 0) + n
-        share = max(1, self.max_uploads // len(held.keys() | {client}))
-        return party < share and any(n > share for who, n in held.items() if who != client)
 
 
 JSON_WEIGHT = 8  # a JSON body's parse peak over its size (measured: 26.7 MB -> ~210 MB)
@@ -215,10 +209,9 @@ class ParseGate:
     def _refusal(self, nbytes: int, client: str) -> Busy | None:
         if nbytes <= SMALL_BODY or not self.held:
             return None
-        mine = self.clients.get(client, 0)
-        clients = len(self.clients.keys() | {client})
-        share = self.limit // clients
-        if mine and clients > 1 and mine + nbytes > share:
+        decision = fair_share(self.limit, self.clients, client, nbytes, min_share=0)
+        if decision.refused == OVER_SHARE:
+            mine, share, clients = decision.mine, decision.share, decision.parties
             return Busy(
                 f"this client's request bodies of {mine} (weighted) bytes are being parsed; {nbytes} more "
                 f"would pass its share of max_parsing_bytes ({share} of {self.limit}, shared by {clients} "
@@ -231,14 +224,12 @@ class ParseGate:
                     "client_share": share,
                 },
             )
-        if self.held + nbytes > self.limit:
-            crowded = any(held > share for other, held in self.clients.items() if other != client)
-            if not (crowded and mine + nbytes <= share and self.held + nbytes <= 2 * self.limit):
-                return Busy(
-                    f"request bodies of {self.held} (weighted) bytes are being parsed; {nbytes} more would "
-                    f"pass the limit of {self.limit} (max_parsing_bytes): retry shortly",
-                    detail={"held": self.held, "limit": self.limit, "request": nbytes},
-                )
+        if decision.refused == OVER_LIMIT:
+            return Busy(
+                f"request bodies of {self.held} (weighted) bytes are being parsed; {nbytes} more would "
+                f"pass the limit of {self.limit} (max_parsing_bytes): retry shortly",
+                detail={"held": self.held, "limit": self.limit, "request": nbytes},
+            )
         return None
 
     def release(self, nbytes: int, client: str = "") -> None:

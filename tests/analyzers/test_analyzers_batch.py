@@ -5,6 +5,7 @@ audit worker, dashboard histograms) goes through it."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import math
 import subprocess
@@ -18,7 +19,11 @@ from rlvitals.analyzers.contract import batch_rules
 from rlvitals.analyzers.contract.batch import (
     AuditBatch,
     BatchError,
+    CheckedTensors,
+    CheckedUpload,
     ConfigError,
+    ParsedBatch,
+    TensorLayout,
     TooManyTokens,
     check_tensors,
     parse_config,
@@ -156,6 +161,31 @@ def test_validate_checks_once_and_stored_trusts_the_upload():
     # a stored batch was validated at upload: its tensors are not checked again (only parsed config)
     odd = {**tensors, "response_mask": torch.full((4, 16), 2)}
     assert AuditBatch.stored(odd, config={}).shape == (4, 16)
+
+
+def test_the_upload_check_and_the_audit_batch_hold_one_parse():
+    """The server's torch-free ``CheckedUpload`` and the audit's ``AuditBatch`` are one ``ParsedBatch``
+    (config, loss, algorithm, reported, shape, distillation), the audit's with its tensors besides."""
+    tensors = _tensors()
+    config = {"clip_ratio": 0.2, "distillation": {"enabled": True, "loss_mode": "k3"}}
+    reported = {"pg_loss": "NaN", "pg_clipfrac": 0.1}
+    layout = {
+        name: TensorLayout(str(t.dtype).removeprefix("torch."), tuple(t.shape)) for name, t in tensors.items()
+    }
+    upload = CheckedUpload.validate(layout, mask_outliers=lambda: None, config=config, reported=reported)
+    batch = AuditBatch.validate(tensors, config=config, reported=reported)
+    stored = AuditBatch.stored(tensors, config=config, reported=reported)
+    parsed = [f.name for f in dataclasses.fields(ParsedBatch)]
+    assert [f.name for f in dataclasses.fields(AuditBatch)] == [*parsed, "tensors"]
+    assert [f.name for f in dataclasses.fields(CheckedUpload)] == parsed
+    for other in (batch, stored):
+        assert isinstance(other, ParsedBatch) and isinstance(other.tensors, CheckedTensors)
+        assert other.tensors == tensors
+        for name in parsed:
+            if name != "reported":
+                assert repr(getattr(other, name)) == repr(getattr(upload, name)), name
+        assert repr(dict(other.reported)) == repr(dict(upload.reported))
+    assert upload.distillation is not None and upload.shape == (4, 16)
 
 
 # --- audit_batch ----------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""``HealthMonitor.observe_many`` (what the server's evaluator feeds a write's steps through) is exactly
-``observe`` called step by step: the same findings in the same order, the same incident updates, the same
+"""``HealthMonitor.observe_many`` (what the server's evaluator feeds a write's steps through) and
+``observe`` (which feeds its one step through it) are exactly the per-step loop ``PerStep`` below (the
+monitor's own loop before the two shared one) called step by step: the same findings in the same order, the same incident updates, the same
 open episodes and the same persisted state, on every synthetic failure scenario and on randomized
 streams (aliases, prefixes, absent and non-finite values, strings, ints, a step sent in several parts).
 The cheaper persisted-state helpers (``_State.state_dict``, ``encode_floats``) give what the
@@ -17,7 +18,9 @@ import numpy as np
 import pytest
 from rlvitals.analyzers import HealthMonitor
 from rlvitals.analyzers.health import detectors
-from rlvitals.analyzers.health.findings import _TAG, Severity, encode_floats, held
+from rlvitals.analyzers.health import monitor as monitor_module
+from rlvitals.analyzers.health.findings import _TAG, Finding, Severity, encode_floats, held
+from rlvitals.analyzers.health.monitor import _PLANS_MAX
 from rlvitals.analyzers.health.signals import ALIASES, canonical_signals, signal_plan
 
 from bench._synthetic import ONSET, SCENARIOS, grpo_stream
@@ -31,6 +34,46 @@ def _outcome(monitor: HealthMonitor, findings: list) -> tuple:
         monitor.last_step,
         json.dumps(monitor.state_dict(), sort_keys=True),
     )
+
+
+class PerStep(HealthMonitor):
+    """The oracle: ``observe`` as it was before it went through ``observe_many``'s loop, the raw names
+    mapped onto signals at every step (``canonical_signals``) and each rule's inputs checked per step."""
+
+    def observe(self, step, metrics):
+        step = monitor_module._step(step)
+        raw: dict[str, float] = {}
+        for name, value in metrics.items():
+            if value.__class__ is not float:
+                value = monitor_module.to_float(name, value)
+                if value is None:
+                    continue
+            raw[name] = value
+        signals = {name: value for name, value in canonical_signals(raw).items() if math.isfinite(value)}
+        present = signals.keys()
+        findings: list[Finding] = []
+        episodes = self._episodes
+        for rule_id, rule, observe, inputs, steps, _ in self._observers:
+            if inputs is not None and present.isdisjoint(inputs):
+                continue
+            check = observe(step, signals, raw)
+            if check is None:
+                continue
+            episode = episodes[rule_id]
+            if not check.active and episode.open is None:
+                if steps:
+                    prev = episode.prev_step
+                    episode.prev_step = step if prev is None or step > prev else prev
+                episode.active_streak = episode.active_steps = 0
+                episode.streak_onset = None
+                continue
+            finding = self._advance(rule_id, rule, step, check)
+            self._hold(rule_id, rule, episode)
+            if finding is not None:
+                findings.append(finding)
+        self.last_step = step if self.last_step is None or step > self.last_step else self.last_step
+        self._incident_updates.extend(self.incidents.observe(step, signals, findings))
+        return findings
 
 
 def _one_by_one(monitor: HealthMonitor, steps) -> list:
@@ -50,7 +93,7 @@ def _in_chunks(monitor: HealthMonitor, steps, rng: random.Random) -> list:
 
 
 def _both(steps, *, settings=None, run_config=None, seed=0) -> tuple[tuple, tuple]:
-    one = HealthMonitor(settings=settings, run_config=run_config)
+    one = PerStep(settings=settings, run_config=run_config)
     many = HealthMonitor(settings=settings, run_config=run_config)
     expected = _outcome(one, _one_by_one(one, steps))
     got = _outcome(many, _in_chunks(many, steps, random.Random(seed)))
@@ -138,13 +181,29 @@ def test_the_random_streams_make_rules_fire_and_resolve():
 
 def test_observe_many_continues_a_restored_monitor_identically():
     steps = _random_stream(99)
-    one, many = HealthMonitor(), HealthMonitor()
+    one, many = PerStep(), HealthMonitor()
     _one_by_one(one, steps[:300])
     many.observe_many(steps[:300])
     many = HealthMonitor.from_state(json.loads(json.dumps(many.state_dict())))
     one_found = _one_by_one(one, steps[300:])
     assert [f.to_dict() for f in many.observe_many(steps[300:])] == [f.to_dict() for f in one_found]
     assert json.dumps(many.state_dict(), sort_keys=True) == json.dumps(one.state_dict(), sort_keys=True)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_observe_gives_what_the_per_step_loop_gives_past_the_memo_of_names(seed):
+    """Steps whose names differ nearly every time: the monitor's memo of name sets fills, starts over,
+    and the findings and state stay the per-step loop's."""
+    steps = _random_stream(seed, steps=3 * _PLANS_MAX)
+    one, monitor = PerStep(), HealthMonitor()
+    expected = _outcome(one, _one_by_one(one, steps))
+    sizes = []
+    found = []
+    for step, metrics in steps:
+        found += monitor.observe(step, metrics)
+        sizes.append(len(monitor._plans))
+    assert _outcome(monitor, found) == expected
+    assert max(sizes) == _PLANS_MAX and min(sizes[_PLANS_MAX:]) < _PLANS_MAX  # full, then started over
 
 
 def test_a_bad_step_is_refused_as_observe_refuses_it():

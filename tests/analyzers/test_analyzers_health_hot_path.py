@@ -24,7 +24,7 @@ class FullChecks(HealthMonitor):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._observers = [
-            (rid, rule, observe, None, steps) for rid, rule, observe, _, steps in self._observers
+            (rid, rule, observe, None, *rest) for rid, rule, observe, _, *rest in self._observers
         ]
         self._full()
 
