@@ -20,6 +20,8 @@ from .signals import Signal
 
 # canonical names read on every point, resolved once (an Enum member's .value is a property lookup)
 _REWARD = Signal.REWARD.value
+_ENTROPY = Signal.ENTROPY.value
+_KL = Signal.KL_LOSS.value
 
 
 def _load(target: Any, state: Mapping[str, Any] | None) -> None:
@@ -331,12 +333,33 @@ class RewardStagnation(Rule):
     best by ``min_gain`` × (|best| + spread) for ``patience`` steps, after the first ``warmup`` steps. A plateau is often fine (the
     task is solved, or learnt as far as this model can), so this is ``info``: worth a look. A reward that
     stays flat for ``warning_patience`` steps is a warning: that many steps without any gain are compute
-    spent for nothing, whatever the reason (a healthy 2,000-step GRPO run's longest plateau was 340 steps)."""
+    spent for nothing, whatever the reason (a healthy 2,000-step GRPO run's longest plateau was 340 steps).
+
+    A plateau is a warning from ``patience`` steps on when the policy is not moving either: the token
+    entropy (an EWMA with ``alpha``, on the reward's points) has stayed within ``still_entropy_band`` ×
+    of its level when the reward was last at its best all along, and the KL to the reference (where
+    logged, the same EWMA) is under ``still_kl_max``. Then the updates change nothing that matters — the
+    healthy run's plateau above had its entropy falling by a third meanwhile. Without an entropy series
+    this is never assumed. ``still_entropy_band`` = 0 turns the early warning off."""
 
     signal = Signal.REWARD.value
     inputs = (signal,)
-    state_components = ("level", "smooth", "first_step", "best", "best_step", "low")
-    summary = "reward has not improved for a long stretch (info; warning after 800 steps)"
+    state_components = (
+        "level",
+        "smooth",
+        "first_step",
+        "best",
+        "best_step",
+        "low",
+        "entropy",
+        "kl",
+        "entropy_at_best",
+        "entropy_moved",
+    )
+    summary = (
+        "reward has not improved for a long stretch (info; warning after 800 steps, or after 300 when "
+        "entropy and KL do not move either)"
+    )
     severity = Severity.INFO
     defaults: ClassVar[Mapping[str, Any]] = {
         "window": 5,
@@ -345,12 +368,16 @@ class RewardStagnation(Rule):
         "warmup": 50,
         "min_gain": 0.02,
         "warning_patience": 800,
+        "still_entropy_band": 0.1,
+        "still_kl_max": 0.01,
     }
     fire_after = 1
     resolve_after = 50
     evidence_note = (
         "flat-reward runs (the reward never moves off its first level) passed silently; a public run whose "
-        "reward stayed flat for 800 steps was reported only as info"
+        "reward stayed flat for 800 steps was reported only as info; a public GRPO run whose reward stayed "
+        "flat from its first step to its last, its entropy and its KL to the reference hardly moving, was "
+        "reported only as info"
     )
     advice = (
         "If the task is not solved yet: check that rewards vary within groups (reward_std, "
@@ -365,6 +392,8 @@ class RewardStagnation(Rule):
         require(s["min_gain"] >= 0.0, cls.id, "min_gain must be >= 0")
         require(0.0 < s["alpha"] <= 1.0, cls.id, "alpha must be in (0, 1]")
         require(s["warning_patience"] >= s["patience"], cls.id, "need warning_patience >= patience")
+        require(0.0 <= s["still_entropy_band"] < 1.0, cls.id, "still_entropy_band must be in [0, 1) (0: off)")
+        require(s["still_kl_max"] >= 0.0, cls.id, "still_kl_max must be >= 0")
 
     def __init__(self, settings: Mapping[str, Any], run_config: Mapping[str, Any]) -> None:
         super().__init__(settings, run_config)
@@ -374,6 +403,12 @@ class RewardStagnation(Rule):
         self.best: float | None = None
         self.best_step: int | None = None
         self.low: float | None = None  # lowest level seen (the spread is best - low)
+        # is the policy moving? entropy and KL to the reference (EWMAs on the reward's points), the entropy
+        # level when the reward was last at its best, and how far (relative) it has strayed from it since
+        self.entropy = Ewma(alpha=settings["alpha"])
+        self.kl = Ewma(alpha=settings["alpha"])
+        self.entropy_at_best: float | None = None
+        self.entropy_moved: float | None = None
 
     def observe(self, step: int, signals: Mapping[str, float], metrics: Mapping[str, float]) -> Check | None:
         x = signals.get(self.signal)
@@ -382,36 +417,80 @@ class RewardStagnation(Rule):
         s = self.settings
         if self.first_step is None:
             self.first_step = step
+        entropy = signals.get(_ENTROPY)
+        if entropy is not None:
+            self.entropy.update(entropy)
+        kl = signals.get(_KL)
+        if kl is not None:
+            self.kl.update(kl)
         level = self.smooth.update(self.level.update(x))
         if not self.level.full:
             return None
         self.low = level if self.low is None else min(self.low, level)
         spread = 0.0 if self.best is None else max(0.0, self.best - self.low)
         gain = s["min_gain"] * (abs(self.best or 0.0) + spread) if self.best is not None else 0.0
+        at_best = self.entropy_at_best
         if self.best is None or level > self.best + gain:
             self.best, self.best_step = level, step
+            at_best = self.entropy_at_best = self.entropy.value
+            # unknown (never still) without entropy, or with none to measure a relative move against
+            self.entropy_moved = 0.0 if at_best is not None and at_best > 0.0 else None
+        elif self.entropy_moved is not None and at_best:
+            now = self.entropy.value
+            moved = 0.0 if now is None else abs(now / at_best - 1.0)
+            if moved > self.entropy_moved:
+                self.entropy_moved = moved
         if step - self.first_step < s["warmup"]:
             return None
         since = step - (self.best_step if self.best_step is not None else step)
         if since < s["patience"] and self.idle:
             return IDLE
+        long = still = False
         if since >= s["patience"]:
             long = since >= s["warning_patience"]
-            severity = Severity.WARNING if long else Severity.INFO
+            still = self._still()
+            severity = Severity.WARNING if long or still else Severity.INFO
             if self.held is not None and severity.rank <= self.held.rank:
                 return held(severity)  # still open, no worse: nothing below is read
         evidence = {"level": level, "best": self.best, "best_step": self.best_step, "steps_since_best": since}
         if since < s["patience"]:
             return Check(active=False, value=x, evidence=evidence, message="reward is improving again")
-        return Check(
-            active=True,
-            value=level,
-            evidence={**evidence, "warning_patience": s["warning_patience"]},
-            severity=severity,
-            message=f"reward {level:.3g} (smoothed) has not risen clearly above its best {self.best:.3g} "
+        kl_level = self.kl.value
+        evidence |= {
+            "warning_patience": s["warning_patience"],
+            "entropy": self.entropy.value,
+            "entropy_at_best": at_best,
+            "entropy_moved": self.entropy_moved,
+            "kl": kl_level,
+            "policy_still": still,
+        }
+        message = (
+            f"reward {level:.3g} (smoothed) has not risen clearly above its best {self.best:.3g} "
             f"(step {self.best_step}) for {since} steps"
-            + (": a flat reward this long is compute spent for nothing" if long else ""),
         )
+        if long:
+            message += ": a flat reward this long is compute spent for nothing"
+        elif still:
+            message += (
+                f", and the policy is not moving either: entropy {self.entropy.value:.3g} has stayed within "
+                f"{self.entropy_moved:.0%} of its {at_best:.3g} at that best"
+                + ("" if kl_level is None else f", KL to the reference {kl_level:.2g}")
+                + ": the updates change nothing, compute spent for nothing"
+            )
+        elif self.entropy_moved is not None and self.entropy_moved > s["still_entropy_band"]:
+            message += f" (the policy is still changing: entropy has moved {self.entropy_moved:.0%} since)"
+        elif self.entropy_moved is not None and kl_level is not None and s["still_entropy_band"] > 0.0:
+            message += f" (the policy is still changing: KL to the reference {kl_level:.2g})"
+        return Check(active=True, value=level, evidence=evidence, severity=severity, message=message)
+
+    def _still(self) -> bool:
+        """The policy is not moving: entropy has stayed within the band of its level at the reward's best
+        ever since, and the KL to the reference (where logged) is tiny."""
+        band = self.settings["still_entropy_band"]
+        if band <= 0.0 or self.entropy_moved is None or self.entropy_moved > band:
+            return False
+        kl = self.kl.value
+        return kl is None or abs(kl) < self.settings["still_kl_max"]
 
 
 @register_rule(RuleId.REWARD_STD_COLLAPSE)

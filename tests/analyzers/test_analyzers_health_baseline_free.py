@@ -8,7 +8,9 @@ import json
 import math
 import random
 
+import pytest
 from rlvitals.analyzers import HealthMonitor
+from rlvitals.analyzers.health import SettingsError
 from rlvitals.analyzers.health.dynamics_rules import reward_component
 from rlvitals.analyzers.health.runconfig import grad_clip, learning_rate
 
@@ -104,6 +106,74 @@ def test_a_reward_flat_for_800_steps_escalates_from_info_to_warning():
     severities = [(f.severity.value, f.evidence.get("escalated_from")) for f in found if f.state == "firing"]
     assert severities == [("info", None), ("warning", "info")]
     assert found[-1].evidence["steps_since_best"] >= 800
+
+
+def _flat_reward(entropy, kl=None, seed=3):
+    """A reward flat for 1,200 steps (logged every 2), with the entropy (and KL) ``entropy(s)`` / ``kl(s)``."""
+    rng = random.Random(seed)
+    rows = []
+    for s in range(0, 1200, 2):
+        metrics = {"reward": 0.5 + rng.gauss(0, 0.01), "entropy": entropy(s) + rng.gauss(0, 0.01)}
+        if kl is not None:
+            metrics["kl"] = kl(s) + rng.gauss(0, 0.0005)
+        rows.append((s, metrics))
+    return rows
+
+
+def _stagnation(found):
+    return [(f.severity.value, f.evidence.get("escalated_from")) for f in found
+            if f.rule == "reward_stagnation" and f.state == "firing"]  # fmt: skip
+
+
+def test_a_flat_reward_while_the_policy_does_not_move_is_a_warning_at_patience():
+    # entropy flat, KL to the reference tiny (or not logged): the updates change nothing that matters
+    for kl in (lambda s: 0.001 + 0.000002 * s, None):
+        rows = _flat_reward(lambda s: 1.3, kl)
+        found = _feed(HealthMonitor(), rows)
+        assert _stagnation(found) == [("warning", None)]
+        first = next(f for f in found if f.rule == "reward_stagnation")
+        ev = first.evidence
+        assert ev["policy_still"] and 300 <= ev["steps_since_best"] < 800 and ev["entropy_moved"] < 0.1
+        assert (ev["kl"] is None) == (
+            kl is None
+        ) and "the policy is not moving either: entropy" in first.message
+        assert ("KL to the reference" in first.message) == (kl is not None)
+        # a restore in the middle of the stretch changes nothing
+        split = 500
+        head = HealthMonitor()
+        got = _feed(head, [r for r in rows if r[0] < split])
+        restored = HealthMonitor.from_state(json.loads(json.dumps(head.state_dict())))
+        got += _feed(restored, [r for r in rows if r[0] >= split])
+        assert [f.to_dict() for f in got] == [f.to_dict() for f in found]
+
+
+def test_a_flat_reward_while_the_policy_moves_stays_info_until_warning_patience():
+    moving_entropy = _flat_reward(lambda s: 1.3 - 0.0005 * s)  # 1.3 -> 0.7: the policy is changing
+    far_kl = _flat_reward(lambda s: 1.3, lambda s: 0.05)  # entropy flat, but far from the reference
+    no_entropy = [(s, {"reward": m["reward"]}) for s, m in _flat_reward(lambda s: 1.3)]  # never assumed
+    # entropy down by a third and back by the time the plateau is 300 steps long: it moved meanwhile
+    out_and_back = _flat_reward(lambda s: 1.3 - 0.4 * math.sin(math.pi * min(s, 200) / 200))
+    # no entropy to measure a relative move against: never assumed either
+    zero_entropy = [(s, {**m, "entropy": 0.0}) for s, m in _flat_reward(lambda s: 1.3)]
+    for rows in (moving_entropy, far_kl, no_entropy, out_and_back, zero_entropy):
+        found = _feed(HealthMonitor(), rows)
+        assert _stagnation(found) == [("info", None), ("warning", "info")]
+        assert not next(f for f in found if f.rule == "reward_stagnation").evidence["policy_still"]
+    first = next(f for f in _feed(HealthMonitor(), moving_entropy) if f.rule == "reward_stagnation")
+    assert "still changing: entropy has moved" in first.message
+    # still_entropy_band = 0 turns the early warning off
+    off = HealthMonitor(settings={"reward_stagnation": {"still_entropy_band": 0.0}})
+    assert _stagnation(_feed(off, _flat_reward(lambda s: 1.3))) == [("info", None), ("warning", "info")]
+
+
+@pytest.mark.parametrize(
+    "bad", [{"still_entropy_band": -0.1}, {"still_entropy_band": 1.0}, {"still_kl_max": -1e-3}]
+)
+def test_reward_stagnation_still_settings_are_validated(bad):
+    (key,) = bad
+    with pytest.raises(SettingsError, match=f"reward_stagnation: {key} must be"):
+        HealthMonitor(settings={"reward_stagnation": bad})
+    HealthMonitor(settings={"reward_stagnation": {key: 0.0}})  # 0 is allowed (the band: off)
 
 
 def test_entropy_reward_fit_reports_the_ceiling_of_the_early_steps():

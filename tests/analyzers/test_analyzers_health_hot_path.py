@@ -126,11 +126,20 @@ ADDED_SINCE = {
     "entropy_explosion": {"reward": {"values": []}, "length": {"values": []}},
     "grad_norm_spike": {"kl": {"values": []}, "seen": 0},
     "grad_norm_zero": {"tied": False},
+    # whether the policy moves while the reward is flat: entropy and KL levels, and the entropy at the
+    # reward's best (unknown after a restore until the reward's next best, so no early warning till then)
+    "reward_stagnation": {
+        "entropy": {"value": None, "count": 0},
+        "kl": {"value": None, "count": 0},
+        "entropy_at_best": None,
+        "entropy_moved": None,
+    },
 }
 REFILLED = {
     "truncation_high": ("reward",),
     "entropy_explosion": ("reward", "length"),
     "grad_norm_spike": ("kl",),
+    "reward_stagnation": ("entropy", "kl", "entropy_at_best", "entropy_moved"),
 }
 
 

@@ -93,12 +93,7 @@ def test_no_warning_or_worse_alert_on_a_healthy_tuning_run(scores):
 
 # Tuning incidents no rule catches yet, each named and asserted exactly (so a fix shows here too): the labels
 # were written before any detector ran and are not moved to fit the rules. (run -> [(kind, onset)])
-KNOWN_MISSED = {
-    # a reward flat for 400 steps (20-step means -0.35..-0.12, no trend) that sits at neither the floor nor
-    # the ceiling of its range: reward_stagnation reports it at info only (the healthy remasking-dLLM run of
-    # more/ is as flat against its first points for 600 steps, so a warning at 400 would hit it too)
-    "trl_qwen2.5-3b_grpo_wordle_4090": [("reward_stagnation", 1)],
-}
+KNOWN_MISSED: dict[str, list[tuple[str, int]]] = {}
 
 
 @needs_corpus
