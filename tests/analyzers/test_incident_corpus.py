@@ -48,8 +48,6 @@ KNOWN_UNPAGED = {
     ("trl_qwen2.5-7b_grpo_gsm8k_exp1a_rho0.10_seed43", 1),  # length_collapse 15-20: ties warn at 15, page 35
     ("trl_qwen2.5-7b_grpo_gsm8k_exp1a_rho0.30_seed44", 1),  # entropy_explosion 150-160: warns 155, page 175
     ("trl_qwen2.5-7b_grpo_gsm8k_exp2_vanilla_rho1.0_seed43", 2),  # length_collapse 20-30: page 35
-    # a one-point gradient spike (no KL move) whose alert ended within the hold: a flicker, never paged
-    ("trl_qwen2.5-7b_grpo_gsm8k_gate2_rho0.70_seed44", 0),  # grad_norm_spike 132
 }
 
 # healthy tuning runs that get a warning page (run -> pages)

@@ -234,6 +234,31 @@ def test_a_flicker_that_comes_back_pages_once_when_it_does():
     assert updates[-2].kind == "reopened" and _notifications(updates) == [(1, "opened", "warning")]
 
 
+def test_a_gradient_spike_whose_clipped_update_was_outsized_pages_at_once_and_an_absorbed_one_never():
+    def spike(height, run_config=None):
+        rows = [(s, {"grad_norm": height if s == 160 else 0.12, "kl": 0.06}) for s in range(1, 240)]
+        _, findings, updates = _replay(rows, HealthMonitor(run_config=run_config))
+        assert [(f.step, f.state) for f in findings if f.rule == "grad_norm_spike"] == [
+            (160, "firing"),
+            (180, "resolved"),
+        ]
+        return [(u.step, *n) for u, n in zip(updates, _sent_per_update(updates), strict=True) if n]
+
+    # 20x; clipped at 1.0 (the default) the step was still 8x the usual one: the weights moved
+    assert spike(2.4) == [(160, 1, "opened", "warning"), (230, 1, "resolved", "warning")]
+    # 60x before clipping, but every step is clipped at 0.1: a step of the usual size, over within the hold
+    assert spike(7.2, {"max_grad_norm": 0.1}) == []
+
+
+def _sent_per_update(updates):
+    sent, notified = [], {}
+    for update in updates:
+        event = notification_for(update, notified=notified.get(update.number))
+        notified[update.number] = notified_after(event, update.severity, notified.get(update.number))
+        sent.append((update.number, event, update.severity) if event else ())
+    return sent
+
+
 def test_the_hold_ends_on_a_point_that_brings_a_finding_too():
     tracker = IncidentTracker(IncidentSettings(hold_steps=20, hold_points=2))
     updates = []
