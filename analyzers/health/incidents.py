@@ -22,9 +22,12 @@ findings into incidents:
   only rises. Its primary rule is the member with the highest severity (a rule native to the cause wins a
   tie, then the earliest).
 - **Hold.** A warning incident is worth a page (*confirmed*) once it has been open ``hold_steps`` steps
-  (at least ``hold_points`` points), so a flicker never pages; a critical one at once, and so is one whose
-  finding its rule confirmed by the cause (evidence ``corroborated_by``: a truncation burst the reward
-  fell with, a gradient spike the KL jumped with), which is no flicker however short.
+  (at least ``hold_points`` points after the one it opened on) with a member still firing, so a flicker
+  never pages: one whose alerts all ended within the hold (a one-point spike) is kept, not announced, and
+  is announced if a member fires again before it resolves, or reopens it. A critical one is confirmed at
+  once, and so is one whose finding its rule confirmed by the cause (evidence ``corroborated_by``: a
+  truncation burst the reward fell with, a gradient spike the KL jumped with or whose clipped update was
+  still outsized), which is no flicker however short.
 - **Damping.** An incident resolves only after every member has resolved *and* ``quiet_steps`` steps
   (at least ``quiet_points`` logged points) passed without any member firing again; a finding of the same
   cause within ``reopen_steps`` after it resolved reopens the same incident (same number) instead of
@@ -259,6 +262,11 @@ class IncidentUpdate:
         return str(self.incident["severity"])
 
 
+def _firing(incident: Incident) -> bool:
+    """Whether a member of ``incident`` still fires (its problem goes on)."""
+    return any(m.get("state") == "firing" for m in incident.members.values())
+
+
 def _update(kind: str, step: int, incident: Incident) -> IncidentUpdate:
     """The update saying ``incident`` changed at ``step`` (its severity unchanged by it)."""
     return IncidentUpdate(
@@ -290,20 +298,24 @@ class IncidentTracker:
             self._note_signals(step, signals)
         updates: list[IncidentUpdate] = []
         touched: set[int] = set()
+        started: set[int] = set()  # opened or reopened on this point: their hold starts after it
         for finding in findings:
             update = self._apply(finding)
             if update is not None:
                 touched.add(update.number)
+                if update.kind in (OPENED, REOPENED):
+                    started.add(update.number)
                 updates.append(update)
-        updates.extend(self._advance_quiet(step, skip=touched))
+        updates.extend(self._advance_quiet(step, skip=touched, started=started))
         return updates
 
     def confirm_open(self, step: int) -> list[IncidentUpdate]:
         """The stream ended (an import reached the end of its file, a run finished): confirm every open
-        incident still inside its hold, so it is reported rather than dropped."""
+        incident still inside its hold whose problem goes on (a member still firing), so it is reported
+        rather than dropped; one whose members all ended is a passing flicker, as at the end of a hold."""
         updates = []
         for incident in self.incidents.values():
-            if incident.state == "open" and not incident.confirmed:
+            if incident.state == "open" and not incident.confirmed and _firing(incident):
                 incident.confirmed = True
                 updates.append(_update(UPDATED, step, incident))
         return updates
@@ -519,7 +531,10 @@ class IncidentTracker:
             return _update(UPDATED, finding.step, incident)
         return None
 
-    def _advance_quiet(self, step: int, *, skip: set[int]) -> list[IncidentUpdate]:
+    def _advance_quiet(self, step: int, *, skip: set[int], started: set[int]) -> list[IncidentUpdate]:
+        """Hold and quiet time, once per point. The hold is judged on every point, findings or not, and
+        counts the points after the one the incident opened (or reopened) on; the quiet time counts only
+        points without a finding of it."""
         updates = []
         reopen = self.settings.reopen_steps
         for number in list(self.incidents):
@@ -528,12 +543,16 @@ class IncidentTracker:
                 if incident.resolved_step is not None and step - incident.resolved_step > reopen:
                     del self.incidents[number]  # past the reopen window: the caller keeps the record
                 continue
-            if not incident.confirmed and number not in skip:
-                incident.held_points += 1
+            if not incident.confirmed:
+                if number not in started:
+                    incident.held_points += 1
                 opened = incident.opened_step if incident.opened_step is not None else step
+                # past its hold, and the problem goes on: a member still fires. One whose alerts all ended
+                # within the hold (a one-point spike, a flicker) is not announced; it is if one fires again
                 if (
                     step - opened >= self.settings.hold_steps
                     and incident.held_points >= self.settings.hold_points
+                    and _firing(incident)
                 ):
                     incident.confirmed = True
                     updates.append(_update(UPDATED, step, incident))

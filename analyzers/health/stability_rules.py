@@ -46,7 +46,9 @@ class GradNormSpike(Rule):
     update it fed, clipped at the run's threshold (``grad_clip``; 0: the run config's, else 1.0, the default
     of verl, TRL and OpenRLHF), is still ``update_ratio`` × the usual one. A run whose every step is
     clipped (a median above the threshold) takes steps of one size whatever the pre-clip norm says, so its
-    pre-clip spikes never fire this way. Exact zeros (a step with no gradient at all:
+    pre-clip spikes never fire this way. A spike the KL jumped with, or whose clipped update was
+    ``update_ratio`` × the usual one, names it in its evidence (``corroborated_by``: ``kl``, ``update``):
+    the step moved the weights, so its incident pages without the hold. Exact zeros (a step with no gradient at all:
     ``grad_norm_zero``'s concern) stay out of the median too, or a GRPO run whose logged points are
     mostly 0 would have no level to measure a spike against. They still count toward ``min_points`` (the
     warm-up is the run's, not the median's), so in such a run the median of its few learning steps — at
@@ -186,12 +188,14 @@ class GradNormSpike(Rule):
                     f", and the KL jumped to {kl_jump[0]:.3g} (median {kl_jump[1]:.3g}): the step "
                     "moved the policy"
                 )
-        elif relative < s["ratio"]:
-            evidence["lone_ratio"] = s["lone_ratio"]
-            message += (
-                f"; clipped at {self.clip:g}, the update was still "
-                f"{min(x, self.clip) / min(median, self.clip):.0f}× the usual one"
-            )
+        elif lone:
+            # the clipped update itself was outsized: the step moved the weights, however short the spike
+            evidence |= {"lone_ratio": s["lone_ratio"], CORROBORATED_BY: "update"}
+            if relative < s["ratio"]:
+                message += (
+                    f"; clipped at {self.clip:g}, the update was still "
+                    f"{min(x, self.clip) / min(median, self.clip):.0f}× the usual one"
+                )
         return Check(
             active=True,
             value=x,

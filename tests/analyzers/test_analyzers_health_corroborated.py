@@ -70,6 +70,10 @@ def test_a_lone_spike_fires_when_the_clipping_left_the_update_large():
     # 2.4 against a median of 0.12: 20x; clipped at 1.0 (the default) the update is still 8x the usual
     rows = [(s, {"grad_norm": 2.4 if s == 160 else 0.12, "kl": 0.06}) for s in range(1, 200)]
     assert _firing(rows, "grad_norm_spike") == [(160, "warning")]
+    # the outsized clipped update is the spike's cause confirmed: no flicker, however short
+    monitor = HealthMonitor()
+    found = [f for step, metrics in rows for f in monitor.observe(step, metrics)]
+    assert [f.evidence.get("corroborated_by") for f in found if f.rule == "grad_norm_spike"][:1] == ["update"]
     # every step clipped at 0.1 (the median is above it): the spike's step is the usual size
     monitor = HealthMonitor(run_config={"max_grad_norm": 0.1})
     found = [f for step, metrics in rows for f in monitor.observe(step, metrics)]

@@ -27,32 +27,31 @@ def _check(counts) -> dict:
     }
 
 
-# tuning incidents no incident of their cause family pages by the end of their window: the alerts catch them
-# only because another problem's alert falls in the same window (run, index of the labelled incident)
+# tuning incidents no incident of their cause family pages by the end of their window (run, index of the
+# labelled incident); the alerts catch them all
 KNOWN_UNPAGED = {
-    # a 2-point reward dip inside a length collapse of the same steps: the collapse incident pages, and no
-    # rule reads a reward dip on its own as a problem of its own
+    # no rule of the kind's family fires in the window: an alert of another problem falls in it
+    # - a 2-point reward dip inside a length collapse of the same steps: the collapse incident pages, and no
+    #   rule reads a reward dip on its own as a problem of its own
     ("trl_qwen2.5-7b_grpo_gsm8k_exp1a_rho0.50_seed44", 2),
-    # grad_norm 3.6 on the first non-zero gradient after four exactly-zero points: no calm level yet
+    ("trl_qwen2.5-7b_grpo_gsm8k_exp1a_rho0.10_seed43", 2),  # reward_collapse 15-20, the same
+    # - a gradient spike (3.6, 10) on the 5th-7th logged point, after exactly-zero ones: inside
+    #   grad_norm_spike's warm-up (min_points 10), no calm level to judge it against yet
     ("trl_qwen2.5-7b_grpo_gsm8k_exp1a_rho0.50_seed44", 3),
-    # runs of the retired held-out draw (now tuning): caught by alerts, but no incident of the labelled
-    # kind's cause family pages by the end of the window
-    ("trl_qwen2.5-7b_grpo_gsm8k_exp1a_rho0.10_seed43", 1),  # length_collapse 15-20
-    ("trl_qwen2.5-7b_grpo_gsm8k_exp1a_rho0.10_seed43", 2),  # reward_collapse 15-20
-    ("trl_qwen2.5-7b_grpo_gsm8k_exp1a_rho0.30_seed44", 1),  # entropy_explosion 150-160
     ("trl_qwen2.5-7b_grpo_gsm8k_exp1a_rho0.50_seed43", 1),  # grad_norm_spike 35
-    ("trl_qwen2.5-7b_grpo_gsm8k_exp2_vanilla_rho1.0_seed43", 2),  # length_collapse 20-30
     ("trl_qwen2.5-7b_grpo_gsm8k_exp2_vanilla_rho1.0_seed43", 3),  # grad_norm_spike 25
-    ("trl_qwen2.5-7b_grpo_gsm8k_gate2_rho0.70_seed44", 0),  # grad_norm_spike 132
-    ("trl_qwen2.5-coder-3b_grpo_text2sql_1000steps", 0),  # reward_stagnation from step 5
+    # - the reward flat for 1000 steps while the policy moves: reward_stagnation says info (a plateau of
+    #   a moving policy), a truncation warning falls in the open window
+    ("trl_qwen2.5-coder-3b_grpo_text2sql_1000steps", 0),
+    # a warning of the family in or just after a window shorter than the hold (hold_steps 20): it pages when
+    # the hold ends, after the window; the alert itself is on the dashboard at once
+    ("trl_qwen2.5-7b_grpo_gsm8k_exp1a_rho0.10_seed43", 1),  # length_collapse 15-20: ties warn at 15, page 35
+    ("trl_qwen2.5-7b_grpo_gsm8k_exp1a_rho0.30_seed44", 1),  # entropy_explosion 150-160: warns 155, page 175
+    ("trl_qwen2.5-7b_grpo_gsm8k_exp2_vanilla_rho1.0_seed43", 2),  # length_collapse 20-30: page 35
 }
 
-# healthy tuning runs that get a warning page (run -> pages): a spike inside the ignore window its label
-# leaves open opens an incident that pages after that window
-KNOWN_HEALTHY_PAGES = {
-    "trl_qwen2.5-7b_grpo_gsm8k_gate2_rho1.00_seed42": 2,
-    "trl_llama3.1-8b_grpo_gsm8k_unsloth": 1,
-}
+# healthy tuning runs that get a warning page (run -> pages)
+KNOWN_HEALTHY_PAGES: dict[str, int] = {}
 
 
 def test_the_labelled_corpus_gets_one_page_per_incident():

@@ -193,6 +193,84 @@ def test_a_finding_its_rule_corroborated_by_the_cause_pages_without_the_hold():
     assert _notifications(tracker.observe(10, {}, [moved])) == [(1, "opened", "warning")]
 
 
+def _spike(tracker, rule: str, at: int, *, lasts: int = 20):
+    """A one-point spike at ``at`` whose alert stays open ``lasts`` steps (as the spike rules keep it), on a
+    run that logs every step."""
+    updates = tracker.observe(at, {}, [_finding(rule, "warning", at)])
+    for step in range(at + 1, at + lasts):
+        updates += tracker.observe(step, {}, [])
+    updates += tracker.observe(
+        at + lasts, {}, [_finding(rule, "warning", at + lasts, state="resolved", onset=at)]
+    )
+    return updates
+
+
+def test_a_spike_whose_alert_ended_within_the_hold_pages_nobody():
+    tracker = IncidentTracker(IncidentSettings(hold_steps=20, hold_points=2, quiet_steps=50))
+    updates = _spike(tracker, "kl_spike", 50)
+    for step in range(71, 101):  # still open (quiet time), past the hold: the spike is over
+        updates += tracker.observe(step, {}, [])
+    updates += tracker.confirm_open(100)  # the stream ends with the incident still open
+    assert tracker.open_incidents() and not tracker.open_incidents()[0]["confirmed"]
+    for step in range(101, 131):
+        updates += tracker.observe(step, {}, [])
+    assert updates[-1].kind == "resolved"
+    assert _notifications(updates) == []  # neither a late "opened" nor its all-clear
+
+
+def test_a_flicker_that_comes_back_pages_once_when_it_does():
+    tracker = IncidentTracker(IncidentSettings(hold_steps=20, hold_points=2, quiet_steps=50))
+    updates = _spike(tracker, "kl_spike", 50)
+    updates += tracker.observe(80, {}, [])
+    assert _notifications(updates) == []
+    updates += tracker.observe(90, {}, [_finding("grad_norm_spike", "warning", 90)])  # back, still open
+    assert _notifications(updates) == [(1, "opened", "warning")] and updates[-1].step == 90
+    # one that resolved quietly and comes back within reopen_steps pages too, as the same incident
+    tracker = IncidentTracker(IncidentSettings(hold_steps=20, hold_points=2, quiet_steps=50))
+    updates = _spike(tracker, "kl_spike", 50)
+    for step in range(71, 131):
+        updates += tracker.observe(step, {}, [])
+    updates += tracker.observe(200, {}, [_finding("kl_spike", "warning", 200)])
+    assert updates[-2].kind == "reopened" and _notifications(updates) == [(1, "opened", "warning")]
+
+
+def test_a_gradient_spike_whose_clipped_update_was_outsized_pages_at_once_and_an_absorbed_one_never():
+    def spike(height, run_config=None):
+        rows = [(s, {"grad_norm": height if s == 160 else 0.12, "kl": 0.06}) for s in range(1, 240)]
+        _, findings, updates = _replay(rows, HealthMonitor(run_config=run_config))
+        assert [(f.step, f.state) for f in findings if f.rule == "grad_norm_spike"] == [
+            (160, "firing"),
+            (180, "resolved"),
+        ]
+        return [(u.step, *n) for u, n in zip(updates, _sent_per_update(updates), strict=True) if n]
+
+    # 20x; clipped at 1.0 (the default) the step was still 8x the usual one: the weights moved
+    assert spike(2.4) == [(160, 1, "opened", "warning"), (230, 1, "resolved", "warning")]
+    # 60x before clipping, but every step is clipped at 0.1: a step of the usual size, over within the hold
+    assert spike(7.2, {"max_grad_norm": 0.1}) == []
+
+
+def _sent_per_update(updates):
+    sent, notified = [], {}
+    for update in updates:
+        event = notification_for(update, notified=notified.get(update.number))
+        notified[update.number] = notified_after(event, update.severity, notified.get(update.number))
+        sent.append((update.number, event, update.severity) if event else ())
+    return sent
+
+
+def test_the_hold_ends_on_a_point_that_brings_a_finding_too():
+    tracker = IncidentTracker(IncidentSettings(hold_steps=20, hold_points=2))
+    updates = []
+    for step in range(15, 35, 5):
+        found = [_finding("zero_advantage_groups", "warning", 15)] if step == 15 else []
+        updates += tracker.observe(step, {}, found)
+    assert _notifications(updates) == []
+    # the hold (20 steps) ends on the point a second rule of the family joins: announced on it
+    updates += tracker.observe(35, {}, [_finding("response_length_collapse", "warning", 35)])
+    assert _notifications(updates) == [(1, "opened", "warning")] and updates[-1].step == 35
+
+
 def test_monitor_state_round_trip_keeps_incidents():
     points = _storm_points(300)
     _, _, expected = _replay(points)

@@ -143,6 +143,34 @@ def test_zero_gradients_on_tied_batches_are_an_info_incident_that_pages_nobody(
     assert hook.received == []
 
 
+def test_a_one_point_kl_spike_is_an_incident_that_pages_nobody(app_client, database_url, hooks):
+    hook = hooks()
+    api = app_client(database_url, webhook_urls=[hook.url("/generic")], webhook_events="incidents")
+    run_id = api.create_run("one-spike")
+    rng = random.Random(0)
+    steps = [
+        {
+            "step": step,
+            "metrics": {
+                "kl": 0.9 if step == 80 else 0.02 + abs(rng.gauss(0, 0.003)),
+                "grad_norm": 0.3 + abs(rng.gauss(0, 0.02)),
+                "reward": 0.5 + rng.gauss(0, 0.05),
+                "entropy": 0.5,
+            },
+        }
+        for step in range(1, 160)
+    ]
+    _log_all(api, run_id, steps)
+    alerts = api.get(f"/api/v1/runs/{run_id}/alerts").json()["data"]
+    assert [(a["rule"], a["severity"]) for a in alerts] == [("kl_spike", "warning")]  # on the dashboard
+    incidents = api.get(f"/api/v1/runs/{run_id}/incidents").json()["data"]
+    assert [(i["cause"], i["state"], i["notified_severity"]) for i in incidents] == [
+        ("kl_spike", "resolved", None)
+    ]
+    time.sleep(0.5)
+    assert hook.received == []  # over within the hold: no page 20 steps later, no all-clear
+
+
 def test_unknown_incident_and_run_are_404_in_the_error_shape(api):
     for url in ("/api/v1/incidents/999", "/api/v1/runs/999/incidents"):
         response = api.get(url)
