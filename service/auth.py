@@ -93,6 +93,14 @@ class Authenticator:
             self._enabled = (now, value)
         return value
 
+    def counts_as_client(self, digest: str) -> bool:
+        """Whether a request bearing the key of SHA-256 ``digest`` counts as a client of its own before
+        it is authenticated (``api.limits.client_of``): on a server with keys, only a key this process
+        has seen accepted; on an open one (or before the first look at the keys), any. It never reads
+        the database: the event loop asks it for every write."""
+        with self._lock:
+            return digest in self._valid or self._enabled is None or not self._enabled[1]
+
     def check_write(self, authorization: str | None) -> None:
         """Raise ``Unauthorized`` unless writes are open or the bearer key is active."""
         if not self.enabled():

@@ -101,8 +101,9 @@ class Settings(BaseSettings):
         description="Weighted bytes of request bodies being received and parsed at once per process: a "
         "JSON body counts 8x its size (what parsing it costs in memory), a batch upload its size; a "
         "request that would pass it -> 429 + Retry-After (one is always admitted when none is in flight, "
-        "and so is a body under 128 KiB). Each client (API key, else address) has a share, the limit / "
-        "clients with bodies in flight: one already holding a body is refused one more past its share; "
+        "and so is a body under 128 KiB). Each client (an API key the server has accepted, else the address) "
+        "has a share, the limit / clients with bodies in flight: one already holding a body is refused one "
+        "more past its share; "
         "one within its share is admitted while another client holds more than its own, up to 2x the limit.",
     )
     max_audit_tokens: int = Field(

@@ -49,7 +49,7 @@ class App(FastAPI):
             and not scope["path"].endswith("/batches")
         ):
             weight = gate.json_weight(scope, self.state.settings.max_request_bytes)
-            client = client_of(scope)
+            client = client_of(scope, self.state.services.auth)
             busy = gate.try_hold(weight, client)
             if busy is not None:
                 await error_response(429, busy.code, busy.message, busy.detail, busy.headers)(

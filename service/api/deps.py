@@ -45,7 +45,7 @@ class BodyTooSlow(ServiceError):
 def upload_client(request: Request) -> str:
     """Who an upload counts against: its API key (hashed; accepted by ``WriteAuth`` before), or the
     peer address without one (``limits.client_of``, which the parse gate counts JSON bodies by)."""
-    return client_of(request.scope)
+    return client_of(request.scope, request.app.state.services.auth)
 
 
 async def spool_body(

@@ -19,9 +19,9 @@ address) has a fair share of the budget, so one client's parallel large bodies c
 
 from __future__ import annotations
 
-import hashlib
 from contextlib import contextmanager
 
+from rlvitals.service.auth import Authenticator, hash_key
 from rlvitals.service.errors import Busy, error_response
 from rlvitals.service.fair_share import OVER_LIMIT, OVER_SHARE, fair_share
 from starlette.exceptions import HTTPException
@@ -175,11 +175,20 @@ JSON_WEIGHT = 8  # a JSON body's parse peak over its size (measured: 26.7 MB -> 
 SMALL_BODY = 1024 * 1024  # weighted bytes always admitted (a trainer's per-step write: ~1-100 KB)
 
 
-def client_of(scope) -> str:
-    """Who a request counts against: its API key (hashed), or the peer address without one."""
+def client_of(scope, auth: Authenticator | None = None) -> str:
+    """Who a request counts against: its bearer key (hashed), or the peer address without one. With
+    ``auth``, a key counts as a client of its own only where ``auth.counts_as_client`` says so (on a
+    server with keys: one it has seen accepted), so keys made up on the spot cannot make one sender
+    look like many and win it a share each; such a request counts against its address."""
     for name, value in scope.get("headers", ()):
         if name == b"authorization" and value:
-            return "key:" + hashlib.sha256(value).hexdigest()[:16]
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            token = token.strip()
+            if scheme.lower() == "bearer" and token:
+                digest = hash_key(token)
+                if auth is None or auth.counts_as_client(digest):
+                    return "key:" + digest[:16]
+            break
     client = scope.get("client")
     return "addr:" + (client[0] if client else "?")
 

@@ -83,3 +83,41 @@ def test_a_flooding_client_cannot_get_another_clients_write_refused(app_client, 
     assert third.status_code == 429 and third.headers["retry-after"], third.text  # the budget is full
     assert set(third.json()["error"]) == {"code", "message", "detail"}
     assert [f.result(timeout=30).status_code for f in held] == [200, 200]
+
+
+def _scope(authorization: str | None, address: str = "10.0.0.7") -> dict:
+    headers = [(b"authorization", authorization.encode())] if authorization else []
+    return {"type": "http", "headers": headers, "client": (address, 50000)}
+
+
+def test_made_up_keys_do_not_make_one_sender_many_clients(tmp_path):
+    """Before: the parse gate counted a client by the hash of whatever Authorization header came, before
+    authentication, so one sender with a made-up key per request got a share of the budget for each."""
+    from rlvitals.service.api.limits import client_of
+    from rlvitals.service.app import build_services
+    from rlvitals.service.auth import create_key
+    from rlvitals.service.settings import Settings
+
+    services = build_services(Settings(database_url=f"sqlite:///{tmp_path}/k.db", data_dir=str(tmp_path)))
+    try:
+        services.db.migrate()
+        auth = services.auth
+        # an open server (no key was ever created): any bearer key names its sender, as without auth
+        assert auth.enabled() is False
+        assert client_of(_scope("Bearer made-up-1"), auth) != client_of(_scope("Bearer made-up-2"), auth)
+        _, key = create_key(services.db, name="trainer")
+        auth.invalidate()
+        assert auth.enabled() is True
+        made_up = {client_of(_scope(f"Bearer made-up-{i}"), auth) for i in range(50)}
+        assert made_up == {"addr:10.0.0.7"}  # fifty made-up keys from one address: one client
+        assert client_of(_scope(f"Bearer {key}"), auth) == "addr:10.0.0.7"  # not yet seen accepted
+        auth.check_write(f"Bearer {key}")
+        mine = client_of(_scope(f"Bearer {key}"), auth)
+        assert mine.startswith("key:") and mine == client_of(_scope(f"Bearer {key}", "10.9.9.9"), auth)
+        assert (
+            client_of(_scope(None), auth) == client_of(_scope("Basic Zm9vOmJhcg=="), auth) == "addr:10.0.0.7"
+        )
+        # without an authenticator (the gates' own tests), the key names its sender as before
+        assert client_of(_scope("Bearer made-up-1")).startswith("key:")
+    finally:
+        services.db.dispose()
