@@ -13,8 +13,9 @@ Python objects costs about that much memory; without a Content-Length, ``max_req
 upload its declared size (spooled to disk, then mapped while validated). Beyond it: 429 + Retry-After
 in the one error shape. A request is always admitted when nothing else is held, so the largest
 allowed body is never refused for ever, and so is a small one (``SMALL_BODY`` weighted bytes: a
-trainer's per-step write never waits behind a large upload). Each client (its API key, else its
-address) has a fair share of the budget, so one client's parallel large bodies cannot hold it all.
+trainer's per-step write never waits behind a large upload). Each client (``client_of``: an API key
+the server has accepted, else the address) has a fair share of the budget, so one client's parallel
+large bodies cannot hold it all.
 """
 
 from __future__ import annotations
