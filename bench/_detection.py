@@ -48,9 +48,10 @@ def manifest() -> dict[str, Any]:
     return json.loads(MANIFEST.read_text())
 
 
-def split_record(key: str) -> list[int]:
-    """The batches a split record of the manifest names (``retired_heldout``, ``heldout_batches``)."""
-    return list(manifest().get(key, {}).get("batches", ()))
+def split_record(key: str, of: Mapping[str, Any] | None = None) -> list[int]:
+    """The batches a split record of the manifest names (``retired_heldout``, ``heldout_batches``), in
+    ``of`` (a manifest already read) or in the manifest on disk."""
+    return list((manifest() if of is None else of).get(key, {}).get("batches", ()))
 
 
 def corpus_files(part: str | None = None) -> list[str]:

@@ -143,11 +143,11 @@ def assign_splits() -> dict[str, str]:
     seeded rule (bench/_detection.py ``assign_split``); runs already in a part keep it. Returns the new
     assignments."""
     sys.path.insert(0, str(ROOT))
-    from bench._detection import assign_split
+    from bench._detection import assign_split, split_record
 
     manifest = json.loads(MANIFEST.read_text())
     pending = [run for run in manifest["runs"] if not run.get("split")]
-    whole = set(manifest.get("heldout_batches", {}).get("batches", ()))
+    whole = set(split_record("heldout_batches", manifest))
     split: dict[str, str] = {}
     for batch in sorted({run.get("batch", 0) for run in pending}):
         of_batch = [run for run in pending if run.get("batch", 0) == batch]

@@ -68,8 +68,8 @@ def _libc():
 
 
 def tune_malloc() -> bool:
-    """``MALLOC_ENV``'s settings for this process, from now on (``mallopt``), unless the user set
-    either variable; False where the C library is not glibc."""
+    """``MALLOC_ENV``'s settings for this process, from now on (``mallopt``), each unless the user set
+    that variable; False where the C library is not glibc."""
     mallopt = getattr(_libc() or None, "mallopt", None)
     if mallopt is None:
         return False

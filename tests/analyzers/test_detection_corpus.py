@@ -43,7 +43,8 @@ def scores(tuning):
 
 
 def test_every_run_is_in_one_part_and_the_held_out_split_is_the_seeded_rule():
-    runs = manifest()["runs"]
+    corpus = manifest()
+    runs = corpus["runs"]
     assert {r["split"] for r in runs} <= set(PARTS)
     assert len({r["id"] for r in runs}) == len(runs) and len({r["file"] for r in runs}) == len(runs)
     # the first 13 runs are the tuning part the rules grew up on; more/ is its own part
@@ -52,7 +53,10 @@ def test_every_run_is_in_one_part_and_the_held_out_split_is_the_seeded_rule():
     # the rest were split once per batch (runs added together): a batch held out whole is all held out;
     # any other was drawn by the seeded, stratified rule, and nobody moved a run between parts since,
     # except the retired draws: every run such a draw put in the held-out part moved to tuning, whole
-    retired, whole = set(split_record("retired_heldout")), set(split_record("heldout_batches"))
+    retired, whole = (
+        set(split_record("retired_heldout", corpus)),
+        set(split_record("heldout_batches", corpus)),
+    )
     assert not retired & whole
     later = [r for r in runs[13:] if r["split"] != "more"]
     for r in later:
