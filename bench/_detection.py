@@ -206,12 +206,16 @@ def _severity(finding: Any) -> str:
 def notifications_per_incident(run: CorpusRun, alerts: Iterable[Alert]) -> list[int]:
     """For each labelled incident of ``run``: how many warning-or-worse alerts were raised inside its window
     ``[onset − tolerance, end]`` (every one counts, storms included: a rule that resolves and re-fires is a
-    second notification)."""
+    second notification). An alert inside several windows is charged once, to the one that opened last,
+    as :func:`charged_pages` charges ours."""
     alerts = [a for a in alerts if a.counts]
-    labels, counts = run.labels, []
-    for incident in labels.incidents:
-        lo, hi = incident_window(labels, incident, run.last_step)
-        counts.append(sum(lo <= a.step <= hi for a in alerts))
+    labels = run.labels
+    windows = [incident_window(labels, incident, run.last_step) for incident in labels.incidents]
+    counts = [0] * len(windows)
+    for alert in alerts:
+        inside = [i for i, (lo, hi) in enumerate(windows) if lo <= alert.step <= hi]
+        if inside:
+            counts[max(inside, key=lambda i: (windows[i][0], i))] += 1
     return counts
 
 
@@ -291,18 +295,52 @@ def _about(page: Page, run: CorpusRun, incident: Any) -> bool:
     return speaks_of(page.span, page.families, run.labels, incident, run.last_step)
 
 
+def charged_pages(run: CorpusRun, pages: Iterable[Page]) -> list[list[Page]]:
+    """For each labelled incident of ``run``: the notifications charged to it. A notification is charged
+    to exactly one labelled incident it speaks of (:func:`_about`): the one whose window had opened most
+    recently when it went out (a page sent before every such window opened: the earliest of them). So a
+    burst of labelled spikes that one open incident spans is charged page by page (the opening to the
+    first spike, a reopen to the spike it reopened for), never every page to every spike; and no page is
+    dropped: a storm inside one window is charged to it whole, a late reopen to the last window before it."""
+    incidents = run.labels.incidents
+    windows = [incident_window(run.labels, incident, run.last_step) for incident in incidents]
+    charged: list[list[Page]] = [[] for _ in incidents]
+    for page in pages:
+        about = [i for i, incident in enumerate(incidents) if _about(page, run, incident)]
+        if not about:
+            continue
+        begun = [i for i in about if windows[i][0] <= page.step]
+        if begun:
+            charged[max(begun, key=lambda i: (windows[i][0], i))].append(page)
+        else:
+            charged[min(about, key=lambda i: (windows[i][0], i))].append(page)
+    return charged
+
+
 def pages_per_incident(
     run: CorpusRun, pages: Iterable[Page], *, all_clear: bool = False, by_end: bool = False
 ) -> list[int]:
-    """For each labelled incident of ``run``: the incident notifications about it (:func:`_about`). Every
-    one counts, storms included (a reopen or an escalation is another message, however late);
-    ``all_clear`` also counts the resolves; ``by_end`` only those sent by the end of its window."""
+    """For each labelled incident of ``run``: the incident notifications charged to it
+    (:func:`charged_pages`). Every one counts, storms included (a reopen or an escalation is another
+    message); ``all_clear`` also counts the resolves; ``by_end`` only those sent by the end of its window."""
     pages = [p for p in pages if all_clear or p.asks_attention]
     counts = []
+    for incident, mine in zip(run.labels.incidents, charged_pages(run, pages), strict=True):
+        _, hi = incident_window(run.labels, incident, run.last_step)
+        counts.append(sum(not by_end or p.step <= hi for p in mine))
+    return counts
+
+
+def told_per_incident(run: CorpusRun, pages: Iterable[Page], *, by_end: bool = False) -> list[bool]:
+    """For each labelled incident of ``run``: whether any page (opened, escalated, reopened) spoke of it
+    (:func:`_about`), charged to it or to an earlier incident it shares a page with; ``by_end``: one sent
+    by the end of its window."""
+    pages = [p for p in pages if p.asks_attention]
+    told = []
     for incident in run.labels.incidents:
         _, hi = incident_window(run.labels, incident, run.last_step)
-        counts.append(sum(_about(p, run, incident) and (not by_end or p.step <= hi) for p in pages))
-    return counts
+        told.append(any(_about(p, run, incident) and (not by_end or p.step <= hi) for p in pages))
+    return told
 
 
 def pages_elsewhere(run: CorpusRun, pages: Iterable[Page]) -> int:

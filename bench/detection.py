@@ -15,12 +15,13 @@ RLVITALS_SIDEENV_DIR to share one) — through the live path each documents. Sco
 - notifications per incident, median over the incidents that got at least one: what a user is paged
   with. Ours are incident notifications (``rlvitals.analyzers.health.notify``: an incident opened,
   escalated or reopened at warning or worse, the policy the server's webhooks use) about the incident — of
-  a cause family that speaks of its kind, from an incident overlapping its window (bench/_detection.py
-  ``pages_per_incident``); a peer has no incidents, so each of its warning-or-worse alerts inside the
-  window is one notification. Storms count: a reopen, an escalation, a rule that closes and re-fires is
-  charged each time. Beside it, ours: how many incidents got a page, the median with the all-clear
-  (resolved) messages counted too, the warning pages on healthy runs and the alert-level count this
-  replaced;
+  a cause family that speaks of its kind, from an incident overlapping its window — each charged to one
+  labelled incident, the one whose window opened last before it went out (bench/_detection.py
+  ``charged_pages``); a peer has no incidents, so each of its warning-or-worse alerts inside the window is
+  one notification. Storms count: a reopen, an escalation, a rule that closes and re-fires is charged
+  each time. Beside it, ours: how many incidents a page spoke of and how many had one charged to them,
+  the median with the all-clear (resolved) messages counted too, the warning pages on healthy runs and
+  the alert-level count this replaced;
 - median detection delay: first warning-or-worse alert's step − labelled onset.
 
 Runs whose file is absent from the corpus folder are left out and counted (CI has the first 13 runs and
@@ -59,6 +60,7 @@ from bench._detection import (
     pages_elsewhere,
     pages_per_incident,
     peer_alerts,
+    told_per_incident,
 )
 
 OURS = "rlvitals"
@@ -76,8 +78,9 @@ def _median(values: list[int]) -> str:
 class OurPages:
     """Our incident notifications over one part, per labelled incident (bench/_detection.py)."""
 
-    pages: list[int] = field(default_factory=list)  # opened / escalated / reopened, per labelled incident
-    timely: list[int] = field(default_factory=list)  # the same, sent by the end of the incident's window
+    pages: list[int] = field(default_factory=list)  # opened / escalated / reopened charged to each incident
+    told: list[bool] = field(default_factory=list)  # some page spoke of it (charged to it or shared)
+    timely: list[bool] = field(default_factory=list)  # the same, a page sent by the end of its window
     messages: list[int] = field(default_factory=list)  # the same with the all-clear (resolved) messages
     alerts: list[int] = field(default_factory=list)  # warning+ alerts in the window (the old count)
     on_healthy: int = 0  # warning+ pages on healthy runs (outside their ignore windows)
@@ -86,9 +89,10 @@ class OurPages:
     def line(self) -> str:
         paged = [n for n in self.pages if n]
         return (
-            f"{OURS} incident notifications: {len(paged)}/{len(self.pages)} labelled incidents paged "
-            f"({sum(n > 0 for n in self.timely)} by the end of their window); "
-            f"per paged incident median {_median(paged)}, max {max(paged, default=0)}, "
+            f"{OURS} incident notifications: {sum(self.told)}/{len(self.pages)} labelled incidents paged "
+            f"({sum(self.timely)} by the end of their window; {len(paged)} with a page charged to them, the "
+            f"others told by one charged to another); per charged incident median {_median(paged)}, "
+            f"max {max(paged, default=0)}, "
             f"{_median([m for n, m in zip(self.pages, self.messages, strict=True) if n])} with the all-clear "
             f"messages; {self.on_healthy} warning pages on healthy runs, {self.elsewhere} about no labelled "
             f"incident of an unhealthy run (alert-level count before incidents: median "
@@ -210,7 +214,8 @@ def _score_corpus(
     for r in runs:
         pages = ours[r.id][1]
         mine.pages += pages_per_incident(r, pages)
-        mine.timely += pages_per_incident(r, pages, by_end=True)
+        mine.told += told_per_incident(r, pages)
+        mine.timely += told_per_incident(r, pages, by_end=True)
         mine.messages += pages_per_incident(r, pages, all_clear=True)
         mine.alerts += notifications_per_incident(r, alerts[r.id])
         if r.labels.healthy:

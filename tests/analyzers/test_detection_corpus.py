@@ -361,6 +361,54 @@ def test_incident_pages_count_per_labelled_incident_by_cause_family_storms_inclu
     assert pages_elsewhere(run, pages) == 1  # the collapse page
 
 
+def test_a_page_is_charged_once_to_the_labelled_incident_whose_window_opened_last():
+    from pathlib import Path
+
+    from rlvitals.client.importers import History
+
+    from bench._detection import (
+        CorpusRun,
+        Page,
+        charged_pages,
+        notifications_per_incident,
+        pages_per_incident,
+    )
+
+    spikes = tuple(Incident("grad_norm_spike", s, s) for s in (100, 160, 260))
+    labels = RunLabels("r", healthy=False, incidents=(Incident("truncation", 20, 30), *spikes), tolerance=2)
+    run = CorpusRun(
+        "r", "trl-state", Path("x"), labels, History(kind="trl-state", points=[(0, {}), (400, {})])
+    )
+    instability = frozenset({"instability"})
+    span = (100, 300)  # one incident spans the three spikes: opened at the first, reopened at the third
+    pages = [
+        Page(10, "warning", "opened", (10, 40), frozenset({"degeneration"})),  # before its window: early
+        Page(120, "warning", "opened", span, instability),  # confirmed after the hold, past the window
+        Page(130, "critical", "escalated", span, instability),
+        Page(200, "warning", "resolved", span, instability),
+        Page(259, "warning", "reopened", span, instability),
+        Page(350, "warning", "reopened", (100, 400), instability),  # late: the last window before it
+    ]
+    assert pages_per_incident(run, pages) == [1, 2, 0, 2]  # the old "every page to every spike": [1, 4, 4, 4]
+    assert pages_per_incident(run, pages, by_end=True) == [1, 0, 0, 1]
+    assert pages_per_incident(run, pages, all_clear=True) == [
+        1,
+        2,
+        1,
+        2,
+    ]  # the all-clear: to the spike at 160
+    assert sum(map(len, charged_pages(run, pages))) == len(pages)  # none dropped, none charged twice
+    # a peer's alert inside two overlapping windows is charged once, to the one that opened last
+    overlapping = RunLabels(
+        "r",
+        healthy=False,
+        incidents=(Incident("truncation", 10, 50), Incident("kl_blowup", 40, 45)),
+        tolerance=2,
+    )
+    peer = CorpusRun("r", "trl-state", Path("x"), overlapping, run.history)
+    assert notifications_per_incident(peer, [Alert("x", 42), Alert("x", 49), Alert("x", 20)]) == [2, 1]
+
+
 def test_the_split_rule_is_stratified_seeded_and_balanced():
     def run(rid, kinds=(), fmt="trl-console"):
         incidents = [{"kind": k, "onset": 5 * n} for n, k in enumerate(kinds)]
