@@ -118,11 +118,13 @@ class ResponseLengthCollapse(Rule):
     second logged point — with the early level at least ``min_early`` tokens: the policy has learnt to answer with almost nothing (an exploit of a format
     reward, or a collapse that goes with entropy collapse). Critical below ``critical_tokens`` tokens.
 
-    While the reward has risen with it — by ``reward_rise`` × its level when the length was last above
-    ``release`` × its early level — and holds at least half of its best gain since (:class:`RewardGain`),
-    the finding is ``info``: answers shortening while the reward climbs are the policy learning the concise
-    form it is paid for (a format that asks for ``<answer>X</answer>``), not a collapse; a reward that did
-    not move with the length, or falls back, keeps the warning. 0 turns this off."""
+    While the reward has risen with it — by ``reward_rise`` × its level when the length was last at
+    ``reward_from`` × its early level or above, i.e. before the shortening began — and holds at least half
+    of its best gain since (:class:`RewardGain`), the finding is ``info``: answers shortening while the
+    reward climbs are the policy learning the concise form it is paid for (a format that asks for
+    ``<answer>X</answer>``), not a collapse, even when the reward rose in the first part of a slow
+    shortening and has held since; a length that drops while the reward does not move with it (however
+    the reward trended before), or a reward that falls back, keeps the warning. 0 turns this off."""
 
     signal = Signal.RESPONSE_LENGTH.value
     inputs = (signal, Signal.REWARD.value)
@@ -136,6 +138,7 @@ class ResponseLengthCollapse(Rule):
         "min_early": 10.0,
         "critical_tokens": 5.0,
         "reward_rise": 0.5,
+        "reward_from": 0.9,
     }
     fire_after = 5
     resolve_after = 20
@@ -154,6 +157,7 @@ class ResponseLengthCollapse(Rule):
         _check_seed(s, cls.id)
         require(0.0 < s["ratio"] <= s["release"] <= 1.0, cls.id, "need 0 < ratio <= release <= 1")
         require(s["reward_rise"] >= 0.0, cls.id, "reward_rise must be >= 0 (0: off)")
+        require(s["release"] <= s["reward_from"] <= 1.0, cls.id, "need release <= reward_from <= 1")
 
     def __init__(self, settings: Mapping[str, Any], run_config: Mapping[str, Any]) -> None:
         super().__init__(settings, run_config)
@@ -175,12 +179,15 @@ class ResponseLengthCollapse(Rule):
             return None
         s = self.settings
         level = self.series.update(x)
-        if not self.series.ready or self.series.early < s["min_early"]:
+        if not self.series.ready:  # the early level is being measured: the reward's level to rise from
+            self.reward.mark()
+            return None
+        if self.series.early < s["min_early"]:
             return None
         early = self.series.early
         relative = level / early
         active = self.latch.update(relative)
-        if relative >= s["release"]:  # still near its early level: the reward's level to rise from
+        if relative >= s["reward_from"]:  # not yet shortening: the reward's level to rise from
             self.reward.mark()
         if not active and self.idle:
             return IDLE

@@ -140,6 +140,22 @@ def test_a_late_length_collapse_is_not_excused_by_the_reward_learnt_before_it():
     assert firing and firing[0].severity == Severity.WARNING
 
 
+def test_a_slow_shortening_whose_first_part_the_reward_rose_with_is_info():
+    # TRL Countdown: completions 515 -> 210 tokens over 400 steps, the reward 0.3 -> 1.45 over the first
+    # 150 of them and holding since; the length passes 60 % of its start long after the reward's rise
+    rng = random.Random(3)
+    rows = _length_rows(
+        lambda s: (210.0 + 305.0 * math.exp(-s / 160)) * math.exp(rng.gauss(0, 0.08)),
+        lambda s: 1.45 - 1.15 * math.exp(-s / 60) + rng.gauss(0, 0.08),
+        steps=650,
+    )
+    findings = _findings(rows, "response_length_collapse")
+    assert findings and {f.severity for f in findings} == {Severity.INFO}
+    # the same shortening with a reward that never moved still warns
+    flat = [(s, {**m, "reward": 0.3 + 0.05 * math.sin(s)}) for s, m in rows]
+    assert Severity.WARNING in {f.severity for f in _firing(flat, "response_length_collapse")}
+
+
 # --- grad_norm_extreme: a run that started far off, against a level a short dip cannot fake ----------
 
 
