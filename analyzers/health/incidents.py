@@ -27,7 +27,7 @@ findings into incidents:
   is announced if a member fires again before it resolves, or reopens it. A critical one is confirmed at
   once, and so is one whose finding its rule confirmed by the cause (evidence ``corroborated_by``: a
   truncation burst the reward fell with, a gradient spike the KL jumped with or whose clipped update was
-  still outsized), which is no flicker however short.
+  still outsized, a KL spike past a nat), which is no flicker however short.
 - **Damping.** An incident resolves only after every member has resolved *and* ``quiet_steps`` steps
   (at least ``quiet_points`` logged points) passed without any member firing again; a finding of the same
   cause within ``reopen_steps`` after it resolved reopens the same incident (same number) instead of

@@ -243,7 +243,8 @@ class KlSpike(Rule):
     three calm points just before (a KL that grows from zero step by step, as every run's does early on,
     passes the first test, never the second) and at least ``min_kl`` nats (a tenfold jump from 0.002 is
     noise). Critical at ``critical_ratio`` ×. Points inside a spike stay out of the median, so a burst of
-    spikes is measured against the calm level.
+    spikes is measured against the calm level. A spike to ``confirm_kl`` nats or more is no flicker, even
+    on one point: its incident pages at once instead of waiting out the hold (0: never).
 
     ``kl_loss_runaway`` judges the KL's trend and needs it up on three steps in a row; a spike the next
     step forgets is the policy moved far on one batch (the k3 estimator blown up by a few tokens whose
@@ -260,6 +261,7 @@ class KlSpike(Rule):
         "critical_ratio": 100.0,
         "step_ratio": 2.0,
         "min_kl": 0.1,
+        "confirm_kl": 1.0,
     }
     fire_after = 1
     resolve_after = 20
@@ -284,6 +286,7 @@ class KlSpike(Rule):
         require(1.0 < s["ratio"] <= s["critical_ratio"], rid, "need 1 < ratio <= critical_ratio")
         require(s["step_ratio"] >= 1.0, rid, "step_ratio must be >= 1")
         require(s["min_kl"] >= 0.0, rid, "min_kl must be >= 0")
+        require(s["confirm_kl"] >= 0.0, rid, "confirm_kl must be >= 0 (0: never)")
 
     def __init__(self, settings: Mapping[str, Any], run_config: Mapping[str, Any]) -> None:
         super().__init__(settings, run_config)
@@ -321,10 +324,13 @@ class KlSpike(Rule):
                 evidence={"median": median, "relative": relative, "ratio": s["ratio"]},
                 message="the KL is back near its median",
             )
+        evidence = {"median": median, "relative": relative, "ratio": s["ratio"], "min_kl": s["min_kl"]}
+        if 0.0 < s["confirm_kl"] <= x:  # over a nat from the reference on one step: no flicker
+            evidence[CORROBORATED_BY] = "size"
         return Check(
             active=True,
             value=x,
-            evidence={"median": median, "relative": relative, "ratio": s["ratio"], "min_kl": s["min_kl"]},
+            evidence=evidence,
             severity=Severity.CRITICAL if relative >= s["critical_ratio"] else Severity.WARNING,
             message=f"kl {x:.3g} is {relative:.0f}× its recent median {median:.3g}: one step moved the "
             "policy far from the reference",

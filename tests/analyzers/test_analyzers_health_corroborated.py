@@ -194,3 +194,28 @@ def test_an_entropy_excursion_needs_min_rise_nats_as_well_as_the_ratio():
     # a tiny early level (0.02): 0.2 is 10x it, but 0.18 nats is no explosion
     rows = _trl(30, entropy=lambda i: 0.2 if i in (12, 13) else 0.02, reward=lambda i: 0.85)
     assert _firing(rows, "entropy_explosion") == []
+
+
+def _pages(rows, settings=None):
+    """The incident notifications (opened, escalated, reopened) ``rows`` send, as (step, event)."""
+    from rlvitals.client.importers import Diagnoser
+
+    from bench._detection import incident_pages
+
+    diagnosis = Diagnoser(settings=settings).feed(rows)
+    pages = incident_pages(diagnosis.incident_updates, last_step=rows[-1][0])
+    return [(p.step, p.event) for p in pages if p.asks_attention]
+
+
+def test_a_one_point_kl_spike_over_a_nat_pages_at_once_a_smaller_one_waits_out_the_hold():
+    # kl ~0.23 with one point at 12.4 (53x) that the next point forgets, the gradient unchanged: TRL's
+    # Countdown runs. Over confirm_kl (1 nat) the spike is no flicker: its incident pages on that step
+    big = _trl(120, kl=lambda i: 12.4 if i == 60 else 0.22 + 0.02 * (i % 3), grad_norm=lambda i: 0.07)
+    assert _firing(big, "kl_spike") == [(305, "warning")]
+    assert _pages(big) == [(305, "opened")]
+    # 12x at 0.5 nats: the same one-point warning pages when the hold (20 steps) ends, its alert still open
+    small = _trl(120, kl=lambda i: 0.5 if i == 60 else 0.035 + 0.005 * (i % 3), grad_norm=lambda i: 0.07)
+    assert _firing(small, "kl_spike") == [(305, "warning")]
+    assert _pages(small) == [(325, "opened")]
+    # confirm_kl 0: the big one is held like any other one-point warning
+    assert _pages(big, {"kl_spike": {"confirm_kl": 0.0}}) == [(325, "opened")]

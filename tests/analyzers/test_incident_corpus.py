@@ -80,10 +80,10 @@ KNOWN_UNPAGED = {
     #   ceiling from step 5 and the length and entropy collapsing: the KL and collapse incidents page,
     #   the reward's fall inside the run's first points has no level to fall from
     ("verl_qwen3-4b_grpo_retool_teacher_kl0.02", 0),
-    # - a one-point KL blow-up (kl 1.34 at 690, 1.4 at 860, logged every 5): kl_spike warns at that step,
-    #   its incident pages when the hold ends, after the one-point window
-    ("trl_qwen2.5-math-1.5b_grpo_gsm8k_easy_no_std", 2),
-    ("trl_qwen2.5-math-1.5b_grpo_gsm8k_medium_batch_std", 0),
+    # - the reward on the plateau a resumed run started on (1.5, flat for 560 steps): a plateau pages as
+    #   reward_stagnation's warning after warning_patience (800) steps without a new best, and a healthy
+    #   run of the tuning part holds a 450-step plateau; the run's KL and gradient spikes page (instability)
+    ("trl_qwen2.5-3b_grpo_countdown_feb19_resume", 0),
     # - missed by every rule (test_detection_corpus.KNOWN_MISSED): a 30x gradient spike the clip absorbed
     ("trl_qwen2.5-omni-7b_grpo_avqa_y8yqh7cm", 2),
 }
