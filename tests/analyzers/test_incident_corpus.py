@@ -93,6 +93,10 @@ KNOWN_UNPAGED = {
 KNOWN_HEALTHY_PAGES: dict[str, int] = {
     "trl_qwen2.5-math-1.5b_grpo_gsm8k_easy_standard": 2,
     "trl_qwen3-8b_grpo_cmexam_medical_mcq": 1,
+    # truncation_high fires at step 5, inside the run's ignore window (1-20: the base model starts at the
+    # 512-token cap and learns to finish inside it); its incident is announced when the hold ends at 25,
+    # past the window, and resolves at 113 (the page and its all-clear)
+    "verl_qwen3-0.6b_ppo_gae_gsm8k_2gpu": 2,
 }
 
 
