@@ -310,7 +310,9 @@ class TruncationHigh(Rule):
     """The share of responses cut at the length cap (verl ``response_length/clip_ratio``, TRL
     ``completions/clipped_ratio``), as the median of the last ``window`` points, above ``threshold``
     (warning) or ``critical`` (critical); the episode closes below ``release``. A truncated response
-    usually gets no reward and teaches the policy nothing but noise.
+    usually gets no reward and teaches the policy nothing but noise. The release band only keeps an alert
+    that fired open: while the rule waits out its ``fire_after`` steps the median must stay above
+    ``threshold`` (a first point cut at the cap, then answers that end inside it, is no episode).
 
     When the cut is already costing reward, the median's delay is not waited for: a point whose share is
     above ``threshold`` while the reward is ``reward_drop`` × below its median over the previous
@@ -320,7 +322,7 @@ class TruncationHigh(Rule):
 
     signal = Signal.RESPONSE_CLIP_RATIO.value
     inputs = (signal,)
-    state_components = ("level", "latch", "reward")
+    state_components = ("level", "latch", "reward", "since")
     summary = "too many responses truncated at the max response length"
     defaults: ClassVar[Mapping[str, Any]] = {
         "window": 5,
@@ -357,6 +359,8 @@ class TruncationHigh(Rule):
         self.level = Window(size=settings["window"])
         self.latch = Hysteresis(on=settings["threshold"], off=settings["release"])
         self.reward = Window(size=settings["reward_window"])
+        # the step the latch opened on (None while it is off, or restored from a state saved without it)
+        self.since: int | None = None
 
     def chart_marks(self) -> list[dict[str, Any]]:
         s = self.settings
@@ -371,7 +375,17 @@ class TruncationHigh(Rule):
             return None
         s = self.settings
         level = self.level.update(x)
+        opened = self.latch.active
         active = self.latch.update(level)
+        if not active:
+            self.since = None
+        elif not opened:
+            self.since = step
+        elif self.since is not None and level <= s["threshold"] and step - self.since < s["fire_after"]:
+            # the release keeps an alert that fired open; one still waiting out its persistence needs the
+            # share above the threshold (a first point cut at the cap, then answers that end, is no episode)
+            active = self.latch.active = False
+            self.latch.peak = self.since = None
         reward = signals.get(_REWARD)
         recent = self.reward.median
         costly = (

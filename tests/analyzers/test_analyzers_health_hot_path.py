@@ -122,7 +122,7 @@ ADDED_SINCE = {
     "policy_collapse": {"collapsed": False},
     # the recent reward (and length, and KL) a rule corroborates its signal with: empty after a restore,
     # refilled from the points after it (so left out of the final comparison)
-    "truncation_high": {"reward": {"values": []}},
+    "truncation_high": {"reward": {"values": []}, "since": None},
     "entropy_explosion": {"reward": {"values": []}, "length": {"values": []}},
     "grad_norm_spike": {"kl": {"values": []}, "seen": 0, "since_tied": None},
     "grad_norm_zero": {"tied": False},

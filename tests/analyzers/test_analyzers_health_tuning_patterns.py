@@ -171,3 +171,26 @@ def test_a_run_that_started_extreme_and_calmed_down_is_still_reported():
     rows = [(s, {"grad_norm": 500.0 if s <= 5 else 1.5}) for s in range(1, 60)]
     firing = _firing(rows, "grad_norm_extreme")
     assert len(firing) == 1 and "started with gradient norms" in firing[0].message
+
+
+# --- truncation_high: the release holds an alert that fired, not one still waiting out its persistence ----
+
+
+def _clipped(shares, reward=0.5):
+    return [(s, {"completions/clipped_ratio": x, "reward": reward}) for s, x in enumerate(shares, start=1)]
+
+
+def test_a_first_point_cut_at_the_cap_then_answers_that_end_is_no_truncation():
+    # the first point alone set the median (70 %), and the latch held on while the share fell through the
+    # release band (21 %, 15 %): it fired at step 5 on 21 %
+    rows = _clipped([0.70, 0.39, 0.21, 0.14, 0.15, 0.06, 0.06, 0.09, 0.10, 0.12] + [0.05] * 40)
+    assert _firing(rows, "truncation_high") == []
+    # every completion at the cap from the first step still fires on the fifth
+    capped = _firing(_clipped([0.9, 0.98, 0.99, 0.97, 0.99] + [0.95] * 45), "truncation_high")
+    assert [(f.step, f.severity) for f in capped] == [(5, Severity.CRITICAL)]
+
+
+def test_an_alert_that_fired_stays_open_while_the_share_is_in_the_release_band():
+    # above the threshold (30 %) for ten steps, then 20 % (between the release, 15 %, and the threshold)
+    findings = _findings(_clipped([0.45] * 10 + [0.2] * 40), "truncation_high")
+    assert [(f.step, f.state) for f in findings] == [(5, "firing")]

@@ -179,16 +179,10 @@ KNOWN_OUTSIDE = {
     # of groups tied): only the whole-run count (9 of 40 zero points, under the 40 % labelling rule) tells
     # it apart, and a live rule cannot know that at step 30
     "trl_qwen2.5-7b_grpo_gsm8k_exp1a_rho1.50_seed43": [("zero_advantage_groups", 15), ("grad_norm_zero", 30)],
-    # 24 % of completions at the 512-token cap over the first 20 steps (falling to 0.6 % as the policy learns
-    # to answer shorter); the label reads the start as learning, not truncation
-    "trl_qwen2.5-7b_grpo_recall_l2": [("truncation_high", 5)],
-    # one prompt a step, so length, entropy and KL move with the prompt: a quarter of the first steps'
-    # completions at the 128-token cap (answers shortening from step 3 while the reward climbs with them is
-    # info: learning, as the label reads it), KL points at 7-22x the run's median of 0.03 (0.2-0.66, under the labelling rule's 1.0), a
-    # reward dip with entropy and length swinging on single prompts, and a stretch of tied groups
+    # one prompt a step, so length, entropy and KL move with the prompt: KL points at 7-22x the run's median
+    # of 0.03 (0.2-0.66, under the labelling rule's 1.0), a reward dip with entropy and length swinging on
+    # single prompts, and a stretch of tied groups
     "trl_llama3.1-8b_grpo_unlearning_sft_stage2": [
-        ("truncation_high", 5),
-        ("truncation_high", 8),
         ("kl_spike", 40),
         ("policy_collapse", 50),
         ("kl_spike", 84),
