@@ -124,7 +124,9 @@ class ResponseLengthCollapse(Rule):
     reward climbs are the policy learning the concise form it is paid for (a format that asks for
     ``<answer>X</answer>``), not a collapse, even when the reward rose in the first part of a slow
     shortening and has held since; a length that drops while the reward does not move with it (however
-    the reward trended before), or a reward that falls back, keeps the warning. 0 turns this off."""
+    the reward trended before), or a reward that falls back, keeps the warning. 0 turns this off. The
+    reward's level is the median of its last ``reward_window`` points: a per-step reward is far noisier
+    than a mean length, and a 5-point median of it dips below half its gain on noise alone."""
 
     signal = Signal.RESPONSE_LENGTH.value
     inputs = (signal, Signal.REWARD.value)
@@ -139,6 +141,7 @@ class ResponseLengthCollapse(Rule):
         "critical_tokens": 5.0,
         "reward_rise": 0.5,
         "reward_from": 0.9,
+        "reward_window": 20,
     }
     fire_after = 5
     resolve_after = 20
@@ -158,12 +161,13 @@ class ResponseLengthCollapse(Rule):
         require(0.0 < s["ratio"] <= s["release"] <= 1.0, cls.id, "need 0 < ratio <= release <= 1")
         require(s["reward_rise"] >= 0.0, cls.id, "reward_rise must be >= 0 (0: off)")
         require(s["release"] <= s["reward_from"] <= 1.0, cls.id, "need release <= reward_from <= 1")
+        require(s["reward_window"] >= 1, cls.id, "reward_window must be >= 1")
 
     def __init__(self, settings: Mapping[str, Any], run_config: Mapping[str, Any]) -> None:
         super().__init__(settings, run_config)
         self.series = SeededLevel(settings["seed_points"], settings["window"], peak=True)
         self.latch = Hysteresis(on=settings["ratio"], off=settings["release"], upward=False)
-        self.reward = RewardGain(settings["window"])
+        self.reward = RewardGain(settings["reward_window"])
 
     def chart_marks(self) -> list[dict[str, Any]]:
         if not self.series.ready:

@@ -194,3 +194,21 @@ def test_an_alert_that_fired_stays_open_while_the_share_is_in_the_release_band()
     # above the threshold (30 %) for ten steps, then 20 % (between the release, 15 %, and the threshold)
     findings = _findings(_clipped([0.45] * 10 + [0.2] * 40), "truncation_high")
     assert [(f.step, f.state) for f in findings] == [(5, "firing")]
+
+
+def test_a_small_noisy_reward_that_doubled_with_the_shortening_is_not_read_as_falling_back():
+    # TRL GRPO on APPS with a BLEU reward: completions 205 -> ~80 tokens over 200 steps while the reward
+    # doubles from 0.009 to ~0.02 with per-step noise of ~25 %; a 5-point median of it dips below half its
+    # gain on noise alone and read as a reward that fell back
+    rng = random.Random(11)
+    rows = _length_rows(
+        lambda s: (80.0 + 125.0 * math.exp(-s / 25)) * math.exp(rng.gauss(0, 0.06)),
+        lambda s: (0.009 + 0.011 * (1 - math.exp(-s / 60))) * math.exp(rng.gauss(0, 0.25)),
+        steps=214,
+    )
+    findings = _findings(rows, "response_length_collapse")
+    assert findings and {f.severity for f in findings} == {Severity.INFO}
+    short = _findings(
+        rows, "response_length_collapse", settings={"response_length_collapse": {"reward_window": 5}}
+    )
+    assert Severity.WARNING in {f.severity for f in short}
