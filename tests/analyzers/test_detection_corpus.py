@@ -59,7 +59,9 @@ def test_every_run_is_in_one_part_and_the_held_out_split_is_the_seeded_rule():
         set(split_record("heldout_batches", corpus)),
         set(split_record("retired_heldout_batches", corpus)),
     )
-    assert whole and not retired & whole and not retired_whole & (whole | retired)
+    # between rounds the held-out part may be empty: every whole batch scored and read has been retired
+    # until fresh ones, labelled blind, take their place
+    assert (whole or retired_whole) and not retired & whole and not retired_whole & (whole | retired)
     later = [r for r in runs[13:] if r["split"] != "more"]
     assert {r["batch"] for r in later} >= whole | retired_whole
     for r in later:
@@ -106,6 +108,19 @@ KNOWN_HEALTHY_FALSE: dict[str, list[tuple[str, int]]] = {
     # frac_reward_zero_std 0.41 -> 0.59, the prompts the model always or never gets right; the same damping
     # question as above
     "trl_qwen3-8b_grpo_cmexam_medical_mcq": [("zero_advantage_groups", 205)],
+    # right after an SFT warm-up 56-60 % of the completions hit the 256-token cap over the first five steps
+    # (0.48, 0.43, 0.37, 0.41 on the next four, under 0.3 from the ninth) as the policy learns to finish
+    # inside it; the label's ignore window ends at step 4, the rule's persistence fires on the fifth
+    "trl_qwen3-1.7b_grpo_apps_bleu_only": [("truncation_high", 5)],
+    # a penalty component (reward_disagreement_penalty) falling from -0.136 to -0.185 while a code-similarity
+    # reward rises 153 % and the total climbs -0.53 -> 0.37: the trade the rule names, a net gain the label
+    # reads as learning
+    "trl_qwen3-1.7b_grpo_apps_multireward_kl": [("reward_components_diverge", 30)],
+    # two completions a group: a group of two ties whenever both score alike, so frac_reward_zero_std is
+    # 0.54-0.96 for the whole run (0.95 at the start, where the reward sits at its floor -0.95 and the
+    # policy learns the format by step 40), and nothing in the log gives the group size to expect it; 36 %
+    # of completions at the 240-token cap on the first two points (logged every 10 steps), 11 % by step 40
+    "trl_qwen2-0.5b_grpo_gsm8k_openr1_2gen_240tok": [("zero_advantage_groups", 20), ("truncation_high", 20)],
 }
 
 

@@ -62,6 +62,7 @@ KNOWN_UNPAGED = {
     ("trl_qwen2.5-14b_grpo_vyomraksha_threat_phase1_5", 0),
     ("trl_qwen2.5-7b_grpo_vyomraksha_thermal_phase1_5", 0),
     ("trl_qwen2.5-1.5b_grpo_gsm8k_unsloth_300steps", 0),
+    ("trl_qwen2.5-1.5b_grpo_lora_obliteration_truncated", 1),  # 300 steps; its truncation pages
     ("trl_qwen2.5-3b_grpo_medrecord_audit", 0),  # 150 steps
     ("trl_qwen3-8b_grpo_prorag_gf86uccg", 0),  # 118 steps; the gradient spikes page
     ("trl_qwen2.5-0.5b_ppo_emoji_rm_tjfg8e2w", 1),  # 210 updates; KL spikes page
@@ -97,6 +98,12 @@ KNOWN_HEALTHY_PAGES: dict[str, int] = {
     # 512-token cap and learns to finish inside it); its incident is announced when the hold ends at 25,
     # past the window, and resolves at 113 (the page and its all-clear)
     "verl_qwen3-0.6b_ppo_gae_gsm8k_2gpu": 2,
+    # the alerts of test_detection_corpus.KNOWN_HEALTHY_FALSE: a truncation at the start after an SFT
+    # warm-up (the page and its all-clear), a penalty component traded for a climbing total, and a run of
+    # two completions a group whose groups tie on most steps
+    "trl_qwen3-1.7b_grpo_apps_bleu_only": 2,
+    "trl_qwen3-1.7b_grpo_apps_multireward_kl": 1,
+    "trl_qwen2-0.5b_grpo_gsm8k_openr1_2gen_240tok": 1,
 }
 
 
