@@ -17,7 +17,9 @@ counted as ``n × logging_steps``. A capture that hard-wrapped the long dict lin
 terminal or notebook copy: the breaks fall anywhere, inside a key or a number) is joined back: the lines
 after an unclosed ``{'`` are appended without a separator until one ends the dict and the whole parses
 (a first line broken right after a comma only while the lines are as wide as it: pprint's rows of a
-printed config end in commas too, at uneven widths).
+printed config end in commas too, at uneven widths). Other dicts on the console (DeepSpeed's config
+rows, an environment's counts) are not steps: a dict is a log only with a key the Trainer adds to every
+log (``epoch``, ``loss``, ``learning_rate``), an ``eval_*`` key or a metric a health signal reads.
 """
 
 from __future__ import annotations
@@ -29,7 +31,17 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-from .history import History, ImportFormatError, Point, config_value, flat, merge_points, number, read_text
+from .history import (
+    History,
+    ImportFormatError,
+    Point,
+    config_value,
+    flat,
+    merge_points,
+    number,
+    read_text,
+    signal_of,
+)
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _TAG = re.compile(r"^\s*\((?P<tag>[^()]*?pid=\d+[^()]*)\)\s?")
@@ -128,7 +140,7 @@ def read_trl_console(path: str | os.PathLike[str], *, logging_steps: int | None 
         if not isinstance(record, dict) or "train_runtime" in record:
             continue
         metrics = {str(k): parsed for k, v in record.items() if (parsed := _as_number(v)) is not None}
-        if metrics:
+        if metrics and _is_log(metrics):
             records.append((last_bar, metrics, _is_eval(metrics)))
     if not records:
         raise ImportFormatError(f"{path}: no TRL console dict lines (\"{{'loss': ..., ...}}\")")
@@ -203,6 +215,17 @@ def _literal_dict(text: str) -> Any:
         except (ValueError, SyntaxError, MemoryError, RecursionError):
             continue
     return None
+
+
+# what the HF Trainer adds to every log it prints, beside the health signals
+_TRAINER_KEYS = frozenset({"epoch", "loss", "learning_rate", "step"})
+
+
+def _is_log(metrics: dict[str, float | int]) -> bool:
+    """A training or evaluation log, not another dict printed on the console (DeepSpeed's config rows
+    ``{'block_size': 1048576, 'queue_depth': 8}``, a ``{'seed': 1234}``): it carries a key the Trainer
+    adds to every log, an ``eval_*`` key, or a metric a health signal reads."""
+    return any(k in _TRAINER_KEYS or k.startswith("eval_") or signal_of(k) is not None for k in metrics)
 
 
 def _is_eval(metrics: dict[str, float | int]) -> bool:

@@ -335,6 +335,27 @@ def test_trl_console_joins_a_wrap_that_fell_right_after_a_comma(tmp_path):
     assert [m for _, m in read_history("trl-console", config).points] == [dicts[0]]
 
 
+def test_trl_console_leaves_out_dicts_that_are_no_trainer_log(tmp_path):
+    # DeepSpeed prints its config rows as dicts, an environment its action counts: neither is a logged step
+    logs = [
+        {"loss": 0.0, "grad_norm": 0.12 + i, "reward": 1.4 + i, "kl": 0.001 * i, "epoch": 0.01}
+        for i in range(3)
+    ]
+    evals = {"eval_loss": 0.5, "epoch": 0.02}
+    lines = [
+        "{'block_size': 1048576, 'queue_depth': 8, 'thread_count': 1}",
+        "{'seed': 1234}",
+        "{'PASS': 12, 'FLAG': 3}",
+        *map(repr, logs),
+        repr(evals),
+        "{'PASS': 14, 'FLAG': 1}",
+    ]
+    (tmp_path / "console.txt").write_text("\n".join(lines) + "\n")
+    points = read_history("trl-console", tmp_path / "console.txt").points
+    assert [s for s, _ in points] == [1, 2, 3]
+    assert [m for _, m in points] == [*logs[:2], logs[2] | evals]
+
+
 @real_files
 def test_trl_state_reads_the_real_file():
     history = read_history("trl-state", REAL / "trl_chaos-economy_grpo_trainer_state.json")
