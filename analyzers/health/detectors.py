@@ -299,6 +299,10 @@ class Hysteresis(_State):
             self.peak = x
         return self.active
 
+    def reset(self) -> None:
+        """Off, as if never crossed (a rule that declines an episode still waiting out its persistence)."""
+        self.active, self.peak = False, None
+
 
 # --------------------------------------------------------------------------- drift detectors
 

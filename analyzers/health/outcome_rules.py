@@ -388,8 +388,8 @@ class TruncationHigh(Rule):
         elif self.since is not None and level <= s["threshold"] and step - self.since < s["fire_after"]:
             # the release keeps an alert that fired open; one still waiting out its persistence needs the
             # share above the threshold (a first point cut at the cap, then answers that end, is no episode)
-            active = self.latch.active = False
-            self.latch.peak = self.since = None
+            self.latch.reset()
+            active, self.since = False, None
         reward = signals.get(_REWARD)
         recent = self.reward.median
         costly = (
