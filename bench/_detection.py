@@ -209,14 +209,26 @@ def notifications_per_incident(run: CorpusRun, alerts: Iterable[Alert]) -> list[
     second notification). An alert inside several windows is charged once, to the one that opened last,
     as :func:`charged_pages` charges ours."""
     alerts = [a for a in alerts if a.counts]
-    labels = run.labels
-    windows = [incident_window(labels, incident, run.last_step) for incident in labels.incidents]
+    windows = _windows(run)
     counts = [0] * len(windows)
     for alert in alerts:
         inside = [i for i, (lo, hi) in enumerate(windows) if lo <= alert.step <= hi]
         if inside:
-            counts[max(inside, key=lambda i: (windows[i][0], i))] += 1
+            counts[_charged_to(inside, windows, alert.step)] += 1
     return counts
+
+
+def _windows(run: CorpusRun) -> list[tuple[int, int]]:
+    return [incident_window(run.labels, incident, run.last_step) for incident in run.labels.incidents]
+
+
+def _charged_to(candidates: list[int], windows: list[tuple[int, int]], step: int) -> int:
+    """Of the labelled incidents ``candidates`` (indices into ``windows``), the one a notification sent at
+    ``step`` is charged to: the one whose window opened last by then (none had: the earliest)."""
+    begun = [i for i in candidates if windows[i][0] <= step]
+    if begun:
+        return max(begun, key=lambda i: (windows[i][0], i))
+    return min(candidates, key=lambda i: (windows[i][0], i))
 
 
 # a labelled incident's kind -> the families of causes (rlvitals.analyzers.health.incidents.FAMILIES) that
@@ -303,17 +315,12 @@ def charged_pages(run: CorpusRun, pages: Iterable[Page]) -> list[list[Page]]:
     first spike, a reopen to the spike it reopened for), never every page to every spike; and no page is
     dropped: a storm inside one window is charged to it whole, a late reopen to the last window before it."""
     incidents = run.labels.incidents
-    windows = [incident_window(run.labels, incident, run.last_step) for incident in incidents]
+    windows = _windows(run)
     charged: list[list[Page]] = [[] for _ in incidents]
     for page in pages:
         about = [i for i, incident in enumerate(incidents) if _about(page, run, incident)]
-        if not about:
-            continue
-        begun = [i for i in about if windows[i][0] <= page.step]
-        if begun:
-            charged[max(begun, key=lambda i: (windows[i][0], i))].append(page)
-        else:
-            charged[min(about, key=lambda i: (windows[i][0], i))].append(page)
+        if about:
+            charged[_charged_to(about, windows, page.step)].append(page)
     return charged
 
 

@@ -284,14 +284,13 @@ def main(argv: list[str] | None = None) -> int:
         runs = load_corpus(only=only, part=part, skip_absent=True)
         absent = len(corpus_files(part)) - len(runs) if only is None else 0
         if not runs:
-            why = (
-                f"{absent} run(s) absent from the corpus folder"
-                if absent
-                else "the manifest holds none: every held-out batch scored and read has been retired, until "
-                "fresh ones are labelled blind"
-                if part == "heldout"
-                else "the manifest holds none"
-            )
+            if absent:
+                why = f"{absent} run(s) absent from the corpus folder"
+            elif part == "heldout":
+                why = "the manifest holds none: every held-out batch scored and read has been retired, until "
+                why += "fresh ones are labelled blind"
+            else:
+                why = "the manifest holds none"
             print(f"Part {part}: no run of this part here ({why})\n")
             continue
         results, notifications, timings, timed_out, mine = _score_corpus(runs, peers, args.peer_run_timeout)
