@@ -24,6 +24,7 @@ from __future__ import annotations
 import http.client
 import json
 import secrets
+import subprocess
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -128,11 +129,16 @@ class Rlvitals(Target):
     workers: int | None = None
     postgres: bool = False  # False: an embedded SQLite file in the work dir
     database_url: str | None = None  # the PostgreSQL database, set by the caller when postgres
+    # a reference, not a configuration to run: every health rule disabled (RLVITALS_RULES), so the
+    # write path (parse, validate, insert, HTTP) is measured without the rules' CPU beside it
+    rules_off: bool = False
     kind: str = "rlvitals"
 
     @property
     def label(self) -> str:  # type: ignore[override]
         label = "rlvitals" if self.workers is None else f"rlvitals --workers {self.workers}"
+        if self.rules_off:
+            label += ", every rule off (reference)"
         return f"{label} (PostgreSQL)" if self.postgres else label
 
     def server(self, workdir: Path, port: int) -> Server:
@@ -143,7 +149,8 @@ class Rlvitals(Target):
         ]  # fmt: skip
         if self.workers is not None:
             argv += ["--workers", str(self.workers)]
-        return Server(name="rlvitals", argv=argv, port=port, workdir=workdir, ready_path="/healthz")
+        env = {"RLVITALS_RULES": _every_rule_off(self.python)} if self.rules_off else {}
+        return Server(name="rlvitals", argv=argv, port=port, workdir=workdir, ready_path="/healthz", env=env)
 
     def create_run(self, conn: Conn, name: str) -> RunRef:
         body = _json({"name": name, "project": "bench", "config": {"algorithm": "grpo"}, "tags": ["bench"]})
@@ -173,6 +180,15 @@ class Rlvitals(Target):
 
     def probe_path(self) -> str:
         return "/healthz"
+
+
+def _every_rule_off(python: str) -> str:
+    """``RLVITALS_RULES`` for the server at ``python``: every rule it registers, disabled."""
+    code = (
+        "import json; from rlvitals.analyzers.health.registry import RuleId; "
+        "print(json.dumps({rule.value: {'enabled': False} for rule in RuleId}))"
+    )
+    return subprocess.run([python, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
 
 
 @dataclass

@@ -33,7 +33,9 @@ uvicorn#3149 (``--workers N`` listeners without TCP_NODELAY).
 
 Targets: rlvitals (1 process and ``--workers 2``, embedded SQLite), MLflow (its default 4 workers
 and ``--workers 1``), trackio; opt-in ``rlvitals-pg`` and ``rlvitals-pg-workers`` run rlvitals on a
-private database of the PostgreSQL at ``--pg-url``.
+private database of the PostgreSQL at ``--pg-url``; opt-in ``rlvitals-no-rules`` is a reference, not a
+configuration to deploy: rlvitals with every health rule disabled, i.e. what the write path alone
+(parse, validation, insert, HTTP) costs, beside the real thing.
 
 Peers live in their own virtual environments, outside this repository, found by flag, environment
 variable or the default ``<checkout>/../peer-venvs/{mlflow,trackio}/bin/python``; a peer that is not
@@ -92,6 +94,7 @@ METRIC_NAMES = (
 )
 TARGET_NAMES = (
     "rlvitals",
+    "rlvitals-no-rules",
     "rlvitals-workers",
     "rlvitals-pg",
     "rlvitals-pg-workers",
@@ -222,7 +225,7 @@ def prepare(live: Live, work: Workload) -> None:
                                   for s in make_steps(work.trainer_steps, seed=10 + i)], rounds))  # fmt: skip
     live.plans["trainers"] = [[worker[r] for worker in per_worker] for r in range(rounds)]
     live.phases = {name: Phase(name) for name in live.plans}
-    if target.kind == "rlvitals":
+    if target.kind == "rlvitals" and not target.rules_off:  # with every rule off no alert comes
         live.alerts = AlertProbe(live.server.port)
 
 
@@ -429,6 +432,8 @@ def select_targets(args: argparse.Namespace, log) -> list[Target]:
     targets: list[Target] = []
     if "rlvitals" in only:
         targets.append(Rlvitals(args.rlvitals_python))
+    if "rlvitals-no-rules" in only:
+        targets.append(Rlvitals(args.rlvitals_python, rules_off=True))
     if "rlvitals-workers" in only and args.rlvitals_workers > 1:
         if _serve_supports_workers(args.rlvitals_python):
             targets.append(Rlvitals(args.rlvitals_python, workers=args.rlvitals_workers))

@@ -54,6 +54,23 @@ def test_ingest_bench_runs_rlvitals_quick(tmp_path):
     assert "SQLite alone (the ceiling" in out and "| 100 steps (1,200 points) |" in out  # issue 13
 
 
+def test_ingest_bench_reference_target_turns_every_rule_off(monkeypatch):
+    """``rlvitals-no-rules`` (the write path alone, beside the real server) must really run no rule: the
+    environment it gives the server, read as the server reads it, leaves no rule enabled."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))  # the bench's modules import each other flat
+    from _peers import Rlvitals
+    from rlvitals.analyzers.health.monitor import HealthMonitor
+    from rlvitals.service.settings import Settings
+
+    reference = Rlvitals(sys.executable, rules_off=True)
+    server = reference.server(ROOT, 1)
+    assert "reference" in reference.label and set(server.env) == {"RLVITALS_RULES"}
+    monkeypatch.setenv("RLVITALS_RULES", server.env["RLVITALS_RULES"])
+    assert HealthMonitor(settings=Settings().rules).rules == ()
+    assert HealthMonitor().rules  # the plain target keeps them
+    assert Rlvitals(sys.executable).server(ROOT, 1).env == {}
+
+
 def test_upload_bench_prints_its_table():
     out = _run("bench/upload.py", "--sizes", "4", "--repeat", "1", "--phases", "upload")
     assert "| SQLite | upload | 4 |" in out
