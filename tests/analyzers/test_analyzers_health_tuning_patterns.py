@@ -212,3 +212,29 @@ def test_a_small_noisy_reward_that_doubled_with_the_shortening_is_not_read_as_fa
         rows, "response_length_collapse", settings={"response_length_collapse": {"reward_window": 5}}
     )
     assert Severity.WARNING in {f.severity for f in short}
+
+
+# --- kl_spike: a one-step flick of a small KL is not a blow-up ----------------------------------------
+
+
+def _flick_rows(peak: float):
+    # a verl-agent GRPO run's KL to the reference: 0.007-0.035 around 0.015, one step at ``peak``
+    rng = random.Random(11)
+    rows = [(step, {"actor/kl_loss": 0.015 * math.exp(rng.gauss(0, 0.3))}) for step in range(150)]
+    rows[116] = (116, {"actor/kl_loss": peak})
+    return rows
+
+
+def test_a_one_step_kl_flick_to_a_sixth_of_a_nat_does_not_warn():
+    # healthy runs flicked to 0.136 and 0.169 nats for a step (8-10x their median): under min_kl
+    assert [
+        f for f in _firing(_flick_rows(0.169), "kl_spike") if f.severity.rank >= Severity.WARNING.rank
+    ] == []
+
+
+def test_a_one_step_kl_jump_past_half_a_nat_still_warns():
+    fired = _firing(_flick_rows(0.6), "kl_spike")
+    assert [f.step for f in fired] == [116] and fired[0].severity.rank >= Severity.WARNING.rank
+    # and with the old floor the flick above was a warning: the setting is what keeps it quiet
+    old = _firing(_flick_rows(0.169), "kl_spike", settings={"kl_spike": {"min_kl": 0.1}})
+    assert [f.step for f in old] == [116]

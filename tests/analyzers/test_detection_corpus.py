@@ -195,13 +195,11 @@ KNOWN_OUTSIDE = {
     # it apart, and a live rule cannot know that at step 30
     "trl_qwen2.5-7b_grpo_gsm8k_exp1a_rho1.50_seed43": [("zero_advantage_groups", 15), ("grad_norm_zero", 30)],
     # one prompt a step, so length, entropy and KL move with the prompt: KL points at 7-22x the run's median
-    # of 0.03 (0.2-0.66, under the labelling rule's 1.0), a reward dip with entropy and length swinging on
-    # single prompts, and a stretch of tied groups
+    # of 0.03 (0.2-0.66, under the labelling rule's 1.0; those under kl_spike's 0.5-nat floor no longer
+    # warn), a reward dip with entropy and length swinging on single prompts, and a stretch of tied groups
     "trl_llama3.1-8b_grpo_unlearning_sft_stage2": [
-        ("kl_spike", 40),
         ("policy_collapse", 50),
         ("kl_spike", 84),
-        ("kl_spike", 107),
         ("policy_collapse", 166),
         ("kl_spike", 204),
         ("zero_advantage_groups", 221),
@@ -212,10 +210,9 @@ KNOWN_OUTSIDE = {
     "trl_qwen3-4b_grpo_code_kl_spikes": [("reward_stagnation", 350), ("reward_stagnation", 850)],
     # kl 0.914 at 63, 7.7x the run median of 0.118 (the labels call a blow-up from 10x and 1.0)
     "trl_qwen2.5-omni-7b_grpo_avqa_wkhupz57": [("kl_spike", 63)],
-    # kl 0.179 at 100 against 0.05-0.06 around it while the KL still grows from 0 (3.6x its recent level);
-    # and 60-100 % of groups tied from step 250 as the run masters GSM8K (as its healthy sibling
-    # easy_standard, KNOWN_HEALTHY_FALSE)
-    "trl_qwen2.5-math-1.5b_grpo_gsm8k_easy_no_std": [("kl_spike", 100), ("zero_advantage_groups", 345)],
+    # 60-100 % of groups tied from step 250 as the run masters GSM8K (as its healthy sibling easy_standard,
+    # KNOWN_HEALTHY_FALSE); its kl 0.179 at 100 is under kl_spike's 0.5-nat floor
+    "trl_qwen2.5-math-1.5b_grpo_gsm8k_easy_no_std": [("zero_advantage_groups", 345)],
 }
 
 
