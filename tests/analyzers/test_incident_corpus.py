@@ -65,6 +65,7 @@ KNOWN_UNPAGED = {
     ("trl_qwen2.5-1.5b_grpo_lora_obliteration_truncated", 1),  # 300 steps; its truncation pages
     ("trl_qwen2.5-3b_grpo_medrecord_audit", 0),  # 150 steps
     ("trl_qwen3-8b_grpo_prorag_gf86uccg", 0),  # 118 steps; the gradient spikes page
+    ("verl_qwen2.5-1.5b-instruct_gigpo_webshop_sft2k_sparse_reward", 0),  # 32 steps; the gradient spikes page
     ("trl_qwen2.5-0.5b_ppo_emoji_rm_tjfg8e2w", 1),  # 210 updates; KL spikes page
     # - truncation read from TRL PPOTrainer's val/num_eos_tokens (0 on every update: no response ends
     #   inside the 32-token cap), a metric no rule reads; the KL incidents of both runs page
