@@ -129,8 +129,8 @@ class Rlvitals(Target):
     workers: int | None = None
     postgres: bool = False  # False: an embedded SQLite file in the work dir
     database_url: str | None = None  # the PostgreSQL database, set by the caller when postgres
-    # a reference, not a configuration to run: every health rule disabled (RLVITALS_RULES), so the
-    # write path (parse, validate, insert, HTTP) is measured without the rules' CPU beside it
+    # a reference, not a configuration to run: every health rule disabled (RLVITALS_RULES, and no
+    # plugins), so the write path (parse, validate, insert, HTTP) is measured without the rules' CPU
     rules_off: bool = False
     kind: str = "rlvitals"
 
@@ -149,7 +149,12 @@ class Rlvitals(Target):
         ]  # fmt: skip
         if self.workers is not None:
             argv += ["--workers", str(self.workers)]
-        env = {"RLVITALS_RULES": _every_rule_off(self.python)} if self.rules_off else {}
+        # no plugin's rule either: the reference runs no rule at all
+        env = (
+            {"RLVITALS_RULES": _every_rule_off(self.python), "RLVITALS_PLUGINS": "false"}
+            if self.rules_off
+            else {}
+        )
         return Server(name="rlvitals", argv=argv, port=port, workdir=workdir, ready_path="/healthz", env=env)
 
     def create_run(self, conn: Conn, name: str) -> RunRef:

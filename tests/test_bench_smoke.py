@@ -64,9 +64,11 @@ def test_ingest_bench_reference_target_turns_every_rule_off(monkeypatch):
 
     reference = Rlvitals(sys.executable, rules_off=True)
     server = reference.server(ROOT, 1)
-    assert "reference" in reference.label and set(server.env) == {"RLVITALS_RULES"}
-    monkeypatch.setenv("RLVITALS_RULES", server.env["RLVITALS_RULES"])
-    assert HealthMonitor(settings=Settings().rules).rules == ()
+    assert "reference" in reference.label and set(server.env) == {"RLVITALS_RULES", "RLVITALS_PLUGINS"}
+    for name, value in server.env.items():
+        monkeypatch.setenv(name, value)
+    settings = Settings()
+    assert HealthMonitor(settings=settings.rules).rules == () and settings.plugins is False
     assert HealthMonitor().rules  # the plain target keeps them
     assert Rlvitals(sys.executable).server(ROOT, 1).env == {}
 
