@@ -93,14 +93,16 @@ class Api:
             time.sleep(0.1)
         raise TimeoutError(f"audit {audit_id} not finished after {timeout}s")
 
-    def wait_alert(self, run_id: int, rule: str, timeout: float = 15.0) -> dict:
+    def wait_alert(self, run_id: int, rule: str | None, timeout: float = 15.0, *, says: str = "") -> dict:
+        """The first alert of ``rule`` (None: any rule) on the run whose message holds ``says``: the
+        rules run after the writes and audits answered, so a page opened at once may not show it yet."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for alert in self.get(f"/api/v1/runs/{run_id}/alerts")["data"]:
-                if alert["rule"] == rule:
+                if rule in (None, alert["rule"]) and says in (alert.get("message") or ""):
                     return alert
             time.sleep(0.1)
-        raise TimeoutError(f"no {rule} alert on run {run_id} after {timeout}s")
+        raise TimeoutError(f"no {rule or 'alert'} saying {says!r} on run {run_id} after {timeout}s")
 
 
 @pytest.fixture(scope="module")

@@ -36,6 +36,9 @@ def runs(api) -> dict[str, int]:
             assert api.wait_audit(audit_id)["status"] == "done"
         ids[kind] = run
     api.wait_alert(ids["stale"], "mismatch_trend")
+    # the compare view quotes the bf16 run's cause: wait until its rules got there (a loaded machine
+    # evaluates the last audits after the page would otherwise have been read)
+    api.wait_alert(ids["bf16"], None, timeout=60, says="precision")
     return ids
 
 
