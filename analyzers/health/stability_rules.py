@@ -243,8 +243,8 @@ class KlSpike(Rule):
     three calm points just before (a KL that grows from zero step by step, as every run's does early on,
     passes the first test, never the second) and at least ``min_kl`` nats (a tenfold jump from 0.002 is
     noise, and so is a flick to 0.15: healthy verl GRPO runs whose KL sits at 0.01-0.05 reach 0.14-0.17 on
-    single steps). Critical at ``critical_ratio`` ×. Points inside a spike stay out of the median, so a burst of
-    spikes is measured against the calm level. A spike to ``confirm_kl`` nats or more is no flicker, even
+    single steps). Critical at ``critical_ratio`` ×. Points inside a spike stay out of the median, so a
+    burst of spikes is measured against the calm level. A spike to ``confirm_kl`` nats or more is no flicker, even
     on one point: its incident pages at once instead of waiting out the hold (0: never).
 
     ``kl_loss_runaway`` judges the KL's trend and needs it up on three steps in a row; a spike the next
