@@ -369,7 +369,9 @@ INCIDENTS: dict[str, Scenario] = {
             10,
             30,
         ),
-        Scenario("groups_all_solved", "zero_advantage_groups", groups(solved=True), 20, 80),
+        # groups that tie because every sample solved the prompt: said (info, with the advice to filter or
+        # re-sample them), not paged: the run is not failing
+        Scenario("groups_all_solved", "zero_advantage_groups", groups(solved=True), 20, 80, Severity.INFO),
         Scenario("groups_all_failed", "zero_advantage_groups", groups(solved=False), 20, 80),
         Scenario(
             "audit_mismatch",

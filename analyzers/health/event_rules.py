@@ -9,10 +9,12 @@ from typing import Any, ClassVar
 
 from ..contract.batch_rules import spell
 from ..contract.series import ZERO_ADV_SERIES
-from .detectors import Ewma, Hysteresis
+from .detectors import MAD_TO_SIGMA, Ewma, Hysteresis, Window
 from .findings import IDLE, Check, Severity
 from .registry import Rule, RuleId, register_rule, require
 from .signals import Signal, signal_of
+
+_REWARD = Signal.REWARD.value
 
 
 @register_rule(RuleId.NON_FINITE)
@@ -127,17 +129,37 @@ class ZeroAdvantageGroups(Rule):
     ``threshold`` opens an episode, below ``release`` closes it. The advice follows the dominant cause
     (``all_solved`` / ``all_failed`` when one is at least twice the other, else ``mixed``; ``unknown``
     without the split).
+
+    Groups that tie because every sample solved the prompt are said at ``info``, not paged: the run is
+    not failing, it has learnt those prompts (the advice is to filter or re-sample them). Without the
+    split (TRL's scalar share) the reward tells: while its median over the last ``reward_points`` points
+    is ``rise_sigmas`` σ above the median of its first ``reward_points`` (σ from their median absolute
+    deviation, at least 5 % of that start), and until it falls back under half that rise, the tied
+    groups are taken as ``likely_solved``. Tied groups on a reward that has not risen (flat from the
+    start, or fallen back) stay a warning; gradients that are exactly zero on most steps whatever the
+    cause are ``grad_norm_zero``'s.
     """
 
     signal = Signal.ZERO_STD_FRAC.value
     inputs = (signal,)
-    state_components = ("share", "solved", "failed", "latch", "groups_step")
+    state_components = (
+        "share",
+        "solved",
+        "failed",
+        "latch",
+        "groups_step",
+        "reward_start",
+        "reward_recent",
+        "risen",
+    )
     summary = "too many zero-variance (all-solved / all-failed) GRPO groups"
     defaults: ClassVar[Mapping[str, Any]] = {
         "threshold": 0.5,
         "release": 0.3,
         "alpha": 0.1,
         "reference_groups": 16.0,
+        "reward_points": 10,
+        "rise_sigmas": 3.0,
     }
     fire_after = 10
     resolve_after = 50
@@ -152,6 +174,8 @@ class ZeroAdvantageGroups(Rule):
         require(0.0 <= s["release"] <= s["threshold"] <= 1.0, cls.id, "need 0 <= release <= threshold <= 1")
         require(0.0 < s["alpha"] <= 1.0, cls.id, "alpha must be in (0, 1]")
         require(s["reference_groups"] > 0.0, cls.id, "reference_groups must be > 0")
+        require(s["reward_points"] >= 3, cls.id, "reward_points must be >= 3")
+        require(s["rise_sigmas"] > 0.0, cls.id, "rise_sigmas must be > 0")
 
     def __init__(self, settings: Mapping[str, Any], run_config: Mapping[str, Any]) -> None:
         super().__init__(settings, run_config)
@@ -160,6 +184,11 @@ class ZeroAdvantageGroups(Rule):
         self.failed = Ewma(alpha=settings["alpha"])
         self.latch = Hysteresis(on=settings["threshold"], off=settings["release"])
         self.groups_step: int | None = None
+        # the reward's first points (kept once full) and its latest: a reward well above where it started
+        # says the tied groups of TRL's scalar share are mostly solved prompts
+        self.reward_start = Window(size=settings["reward_points"])
+        self.reward_recent = Window(size=settings["reward_points"])
+        self.risen = False
         self.latest: list[Any] = []  # [[series, step, share]] of the newest group diagnostics (not state)
 
     def audit_series(self, step: int) -> list[list[Any]]:
@@ -169,7 +198,27 @@ class ZeroAdvantageGroups(Rule):
         x = signals.get(self.signal)
         if x is None or step == self.groups_step:
             return None
+        reward = signals.get(_REWARD)  # read on the steps that log the share (the rule's input)
+        if reward is not None:
+            if not self.reward_start.full:
+                self.reward_start.update(reward)
+            self.reward_recent.update(reward)
         return self._check(x, None, None, None)
+
+    def _reward_rose(self) -> tuple[float, float] | None:
+        """(start, now) while the reward has risen: its median over the latest ``reward_points`` points
+        ``rise_sigmas`` σ above the median of its first ones (σ from their median absolute deviation, at
+        least 5 % of the start's size), and until it falls back under half that rise; else None."""
+        start, recent = self.reward_start, self.reward_recent
+        if not (start.full and recent.full):
+            return None
+        first = start.median
+        sigma = MAD_TO_SIGMA * _median_abs_dev(start.values, first)
+        sigma = max(sigma, 0.05 * abs(first), 1e-12)
+        now = recent.median
+        rise = (now - first) / sigma
+        self.risen = rise >= self.settings["rise_sigmas"] * (0.5 if self.risen else 1.0)
+        return (first, now) if self.risen else None
 
     def observe_groups(self, step: int, diagnostics: Mapping[str, float]) -> Check | None:
         all_max = _first(diagnostics, _ALL_MAX_KEYS)
@@ -192,6 +241,7 @@ class ZeroAdvantageGroups(Rule):
         if all_min is not None:
             self.failed.update(all_min, weight)
         active = self.latch.update(m)
+        rose = self._reward_rose() if all_max is None or all_min is None else None  # state: every step
         if not active and self.idle:
             return IDLE
         solved, failed = self.solved.value, self.failed.value
@@ -203,6 +253,8 @@ class ZeroAdvantageGroups(Rule):
             cause, advice = "all_failed", ADVICE_FAILED
         else:
             cause, advice = "mixed", ""
+        if cause == "unknown" and rose is not None:
+            cause, advice = "likely_solved", ADVICE_SOLVED
         evidence = {
             "zero_std_frac": x,
             "smoothed": m,
@@ -223,17 +275,30 @@ class ZeroAdvantageGroups(Rule):
             "all_failed": "mostly all-failed groups",
             "mixed": "both all-solved and all-failed groups",
             "unknown": "cause unknown: no all-solved/all-failed split was reported",
+            "likely_solved": (
+                f"likely solved prompts: the reward rose from {rose[0]:.3g} to {rose[1]:.3g}" if rose else ""
+            ),
         }[cause]
         return Check(
             active=True,
             value=m,  # the smoothed share the message quotes
             evidence=evidence,
             advice=advice,
+            # a run that has learnt to solve its prompts is not failing: said, not paged
+            severity=Severity.INFO if cause in ("all_solved", "likely_solved") else None,
             message=f"{m:.0%} of GRPO groups have zero reward variance and give no gradient ({why})",
         )
 
     def chart_marks(self) -> list[dict[str, Any]]:
         return [{"kind": "line", "y": self.settings["threshold"], "label": "threshold"}]
+
+
+def _median_abs_dev(values: list[float], center: float) -> float:
+    deviations = sorted(abs(v - center) for v in values)
+    n = len(deviations)
+    return (
+        0.0 if not n else deviations[n // 2] if n % 2 else 0.5 * (deviations[n // 2 - 1] + deviations[n // 2])
+    )
 
 
 def _get(obj: Any, key: str, default: Any = None) -> Any:

@@ -398,6 +398,8 @@ class IncidentTracker:
                         "explained_by": "tied_batches",
                         "tied_share": round(share, 4),
                         "zero_grad_points": len(recent),
+                        # the rule warns on tied zeros only when they are sustained over most steps
+                        "sustained": bool(finding.evidence.get("sustained")),
                     }
         if rule == "policy_collapse":
             clipped = [value for s, value in self._clips if s <= finding.step]
@@ -578,14 +580,17 @@ class IncidentTracker:
 
     @staticmethod
     def _effective(incident: Incident, member: Mapping[str, Any]) -> str:
-        """A zero gradient explained by tied batches pages only with a rule that judges the tie share."""
-        if member.get("explained", {}).get("explained_by") == "tied_batches":
-            judged = max(
-                (_RANK[m["severity"]] for r, m in incident.members.items() if r in ZERO_ADVANTAGE_JUDGES),
-                default=0,
-            )
-            if judged == 0:
-                return "info"
+        """A zero gradient explained by tied batches pages only with a rule that judges the tie share (at
+        any severity: tied groups that are solved prompts are ``info`` for that rule, but gradients that are
+        zero on most steps still waste them), or when the zeros are sustained over most of the run's
+        recent steps (``grad_norm_zero``'s ``sustained_share``)."""
+        explained = member.get("explained", {})
+        if (
+            explained.get("explained_by") == "tied_batches"
+            and not explained.get("sustained")
+            and not any(rule in ZERO_ADVANTAGE_JUDGES for rule in incident.members)
+        ):
+            return "info"
         return str(member["severity"])
 
     def _rescore(self, incident: Incident) -> None:

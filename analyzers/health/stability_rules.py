@@ -348,11 +348,13 @@ class GradNormZero(Rule):
     A zero on a step whose batch tied on reward (``reward_std`` 0, or every group zero-std, on that point
     or the one before: the batch a repeated update reuses) is what GRPO does with it, not a fault: when at
     least ``explained_share`` of the zeros are such, the episode is ``info`` (the share of tied groups is
-    ``zero_advantage_groups``' to judge)."""
+    ``zero_advantage_groups``' to judge) — unless the zeros are sustained, on at least ``sustained_share``
+    of the last ``sustained_window`` points (a full window): then most of the run's steps teach nothing,
+    whatever the reason, and it warns."""
 
     signal = Signal.GRAD_NORM.value
     inputs = (signal,)
-    state_components = ("zeros", "latch", "tied")
+    state_components = ("zeros", "latch", "tied", "history")
     summary = "gradient norm exactly 0 on most recent steps (nothing is being learnt)"
     defaults: ClassVar[Mapping[str, Any]] = {
         "window": 10,
@@ -361,6 +363,8 @@ class GradNormZero(Rule):
         "critical_share": 0.9,
         "tol": 1e-12,
         "explained_share": 0.8,
+        "sustained_window": 100,
+        "sustained_share": 0.4,
     }
     fire_after = 5
     resolve_after = 20
@@ -381,10 +385,13 @@ class GradNormZero(Rule):
         )
         require(s["tol"] >= 0.0, cls.id, "tol must be >= 0")
         require(0.0 < s["explained_share"] <= 1.0, cls.id, "explained_share must be in (0, 1]")
+        require(s["sustained_window"] >= s["window"], cls.id, "sustained_window must be >= window")
+        require(0.0 < s["sustained_share"] <= 1.0, cls.id, "sustained_share must be in (0, 1]")
 
     def __init__(self, settings: Mapping[str, Any], run_config: Mapping[str, Any]) -> None:
         super().__init__(settings, run_config)
         self.zeros: list[int] = []  # per point: 0 a gradient, 1 a zero, 2 a zero on a batch that tied
+        self.history: list[int] = []  # per point of the last sustained_window: 1 a zero gradient
         self.latch = Hysteresis(on=settings["share"], off=settings["release"])
         self.tied = False  # the previous point's batch tied on reward
 
@@ -406,6 +413,8 @@ class GradNormZero(Rule):
         tied = self._tied(signals)
         self.zeros.append((2 if tied else 1) if abs(x) <= s["tol"] else 0)
         del self.zeros[: max(0, len(self.zeros) - s["window"])]
+        self.history.append(1 if abs(x) <= s["tol"] else 0)
+        del self.history[: max(0, len(self.history) - s["sustained_window"])]
         zeros = sum(z > 0 for z in self.zeros)
         share = zeros / len(self.zeros)
         active = self.latch.update(share) and len(self.zeros) >= min(3, s["window"])
@@ -420,7 +429,10 @@ class GradNormZero(Rule):
         }
         if not active:
             return Check(active=False, value=x, evidence=evidence, message="gradients are non-zero again")
-        if explained >= s["explained_share"]:
+        sustained = sum(self.history) / len(self.history)
+        long_enough = len(self.history) >= s["sustained_window"] and sustained >= s["sustained_share"]
+        evidence["sustained_share"] = sustained
+        if explained >= s["explained_share"] and not long_enough:
             return Check(
                 active=True,
                 value=share,
@@ -431,12 +443,19 @@ class GradNormZero(Rule):
                     "on batches whose rewards tied: what GRPO does with them (zero_advantage_groups judges the share)"
                 ),
             )
+        # zeros on tied batches that warn because they are sustained (the incident keeps the warning)
+        evidence["sustained"] = explained >= s["explained_share"]
         return Check(
             active=True,
             value=share,  # the share of zero points the message quotes (not this point's grad_norm)
             evidence=evidence,
             severity=Severity.CRITICAL if share >= s["critical_share"] else Severity.WARNING,
-            message=f"grad_norm is 0 on {share:.0%} of the last {len(self.zeros)} points: nothing is being learnt",
+            message=f"grad_norm is 0 on {share:.0%} of the last {len(self.zeros)} points: nothing is being learnt"
+            + (
+                f" ({sustained:.0%} of the last {len(self.history)}, on batches whose rewards tied)"
+                if explained >= s["explained_share"]
+                else ""
+            ),
         )
 
 

@@ -238,3 +238,73 @@ def test_a_one_step_kl_jump_past_half_a_nat_still_warns():
     # and with the old floor the flick above was a warning: the setting is what keeps it quiet
     old = _firing(_flick_rows(0.169), "kl_spike", settings={"kl_spike": {"min_kl": 0.1}})
     assert [f.step for f in old] == [116]
+
+
+# --- zero_advantage_groups: tied groups on prompts the run has learnt to solve ------------------------
+
+
+def _tied_rows(reward, *, steps=600, every=5, grad_zero=lambda s: False):
+    # TRL, logged every 5 steps, 5 groups a step: the scalar tied share climbs from 0.1 to ~0.8 from step 200;
+    # the reward (with noise) is ``reward(step)``
+    rng = random.Random(11)
+    rows = []
+    for s in range(every, steps + 1, every):
+        share = min(1.0, max(0.0, (0.1 if s < 200 else 0.8) + rng.choice((-0.2, 0.0, 0.0, 0.2))))
+        rows.append(
+            (
+                s,
+                {
+                    "frac_reward_zero_std": share,
+                    "reward": reward(s) + rng.gauss(0.0, 0.1),
+                    "grad_norm": 0.0 if grad_zero(s) else rng.uniform(0.01, 0.05),
+                },
+            )
+        )
+    return rows
+
+
+def test_tied_groups_on_a_reward_that_rose_are_said_not_paged():
+    # a GSM8K run mastering its prompts: reward 0.4 -> 1.45 of 1.5 while the tied share climbs to 0.8
+    rows = _tied_rows(lambda s: 0.4 + 1.05 * min(1.0, s / 250))
+    firing = _firing(rows, "zero_advantage_groups")
+    assert firing and {f.severity for f in firing} == {Severity.INFO}
+    assert firing[0].evidence["cause"] == "likely_solved" and "likely solved" in firing[0].message
+
+
+def test_tied_groups_on_a_flat_reward_still_warn():
+    # the same share on a reward that never left its start: nothing says the groups are solved
+    firing = _firing(_tied_rows(lambda s: 0.4), "zero_advantage_groups")
+    assert firing and firing[0].severity == Severity.WARNING
+    assert firing[0].evidence["cause"] == "unknown"
+
+
+def test_tied_groups_warn_again_when_the_reward_falls_back_to_its_start():
+    # rose to 1.4 by step 250, then back to its start from step 400: the ties are no longer solved prompts
+    rows = _tied_rows(lambda s: 0.4 + 1.0 * min(1.0, s / 250) if s < 400 else 0.4)
+    severities = [f.severity for f in _findings(rows, "zero_advantage_groups") if f.state == "firing"]
+    assert severities[0] == Severity.INFO and Severity.WARNING in severities
+
+
+def test_sustained_zero_gradients_on_tied_batches_warn():
+    # every step from 200 on ties (share 1.0, reward_std 0), so its gradient is exactly 0: a few such
+    # steps are what GRPO does (info), but zeros on 40% of the last 100 points are a run that learns nothing
+    rows = []
+    for s in range(1, 401):
+        tied = s >= 200 and s % 3 != 0
+        rows.append((s, {"grad_norm": 0.0 if tied else 0.3, "frac_reward_zero_std": 1.0 if tied else 0.2}))
+    findings = [f for f in _findings(rows, "grad_norm_zero") if f.state == "firing"]
+    assert findings and findings[0].severity == Severity.INFO
+    warned = [f for f in findings if f.severity == Severity.WARNING]
+    assert warned and 235 <= warned[0].step <= 260, [(f.step, f.severity) for f in findings]
+    # a burst of tied steps in a run that mostly learns stays info
+    rows = [
+        (
+            s,
+            {
+                "grad_norm": 0.0 if 200 <= s < 215 else 0.3,
+                "frac_reward_zero_std": 1.0 if 200 <= s < 215 else 0.2,
+            },
+        )
+        for s in range(1, 401)
+    ]
+    assert {f.severity for f in _findings(rows, "grad_norm_zero") if f.state == "firing"} == {Severity.INFO}

@@ -90,10 +90,12 @@ KNOWN_UNPAGED = {
     ("trl_qwen2.5-omni-7b_grpo_avqa_y8yqh7cm", 2),
 }
 
-# healthy tuning runs that get a warning page (run -> pages): zero_advantage_groups on runs whose groups
-# tie because the prompts are solved (test_detection_corpus.KNOWN_HEALTHY_FALSE)
+# healthy tuning runs that get a warning page (run -> pages): zero_advantage_groups on a run whose tied
+# groups the reward cannot tell apart (test_detection_corpus.KNOWN_HEALTHY_FALSE)
 KNOWN_HEALTHY_PAGES: dict[str, int] = {
-    "trl_qwen2.5-math-1.5b_grpo_gsm8k_easy_standard": 2,
+    # KL flicks to 0.81-0.87 nats (12-13x the run median), each back at the next point, inside the label's
+    # ignore windows: one instability incident, opened at 230 and resolved at 420
+    "trl_qwen2.5-math-1.5b_grpo_gsm8k_easy_standard": 1,
     "trl_qwen3-8b_grpo_cmexam_medical_mcq": 1,
     # truncation_high fires at step 5, inside the run's ignore window (1-20: the base model starts at the
     # 512-token cap and learns to finish inside it); its incident is announced when the hold ends at 25,

@@ -114,6 +114,45 @@ def test_zero_gradient_pages_when_the_tie_share_is_judged_too_high():
     assert _notifications(updates) == [(number, "opened", "warning")]
 
 
+def test_zero_gradient_pages_when_the_tie_share_rule_says_the_groups_are_solved():
+    # tied groups on solved prompts are info for the tie-share rule; the zero gradients they cause on most
+    # steps still page (the rule's judgement is there, at any severity)
+    tracker = IncidentTracker()
+    for step in range(1, 20):
+        tracker.observe(step, {"grad_norm": 0.0, "reward_std": 0.0}, [])
+    updates = tracker.observe(
+        20, {"grad_norm": 0.0, "reward_std": 0.0}, [_finding("zero_advantage_groups", "info", 20)]
+    )
+    updates += tracker.observe(
+        21, {"grad_norm": 0.0, "reward_std": 0.0}, [_finding("grad_norm_zero", "warning", 21)]
+    )
+    for step in range(22, 60):
+        updates += tracker.observe(step, {"grad_norm": 0.0, "reward_std": 0.0}, [])
+    assert updates[-1].incident["members"]["grad_norm_zero"]["effective_severity"] == "warning"
+    assert [event for _, event, _ in _notifications(updates)] == ["opened"]
+
+
+def test_sustained_zero_gradient_on_tied_batches_pages_without_a_tie_share_rule():
+    # no rule judges the tie share (none logged), but the rule warns because the zeros are sustained
+    tracker = IncidentTracker()
+    for step in range(1, 20):
+        tracker.observe(step, {"grad_norm": 0.0, "reward_std": 0.0}, [])
+    zero = _finding("grad_norm_zero", "warning", 20, evidence={"sustained": True})
+    updates = tracker.observe(20, {"grad_norm": 0.0, "reward_std": 0.0}, [zero])
+    for step in range(21, 60):
+        updates += tracker.observe(step, {"grad_norm": 0.0, "reward_std": 0.0}, [])
+    member = updates[-1].incident["members"]["grad_norm_zero"]
+    assert member["explained"]["sustained"] is True and member["effective_severity"] == "warning"
+    # the same finding without the flag is what GRPO does with tied batches: info
+    tracker = IncidentTracker()
+    for step in range(1, 20):
+        tracker.observe(step, {"grad_norm": 0.0, "reward_std": 0.0}, [])
+    updates = tracker.observe(
+        20, {"grad_norm": 0.0, "reward_std": 0.0}, [_finding("grad_norm_zero", "warning", 20)]
+    )
+    assert updates[-1].incident["members"]["grad_norm_zero"]["effective_severity"] == "info"
+
+
 def test_unexplained_zero_gradient_keeps_its_own_cause():
     tracker = IncidentTracker()
     for step in range(1, 10):
