@@ -313,7 +313,12 @@ class RewardComponentsDiverge(Rule):
     points and the current level the mean of its last ``window`` points; a component *rises* (*falls*) when
     its level moved by at least ``min_change`` × max(|early|, |current|, ``abs_scale``) in that direction
     and the move is ``min_t`` standard errors (Welch's t of the two windows) away from noise. One rising
-    while another falls is active; the episode closes when no pair diverges."""
+    while another falls is active; the episode closes when no pair diverges.
+
+    A penalty (a component never above 0 in either window) that deepens while the total reward rises by
+    the same test is the cost of what the policy gained, not a reward traded away: it does not count as
+    falling (a reward component that falls counts whatever the total does — a correctness reward given
+    up for a format reward raises the total too)."""
 
     signal = Signal.REWARD.value
     state_components = ("seeds", "recent")
@@ -345,17 +350,28 @@ class RewardComponentsDiverge(Rule):
         super().__init__(settings, run_config)
         self.seeds: dict[str, list[float]] = {}
         self.recent: dict[str, list[float]] = {}
+        # the total reward's seed and recent windows, on the steps that log components
+        self.total_seed: list[float] = []
+        self.total_recent: list[float] = []
         self._names: dict[str, str | None] = {}
 
     def state_dict(self) -> dict[str, Any]:
         return {
             "seeds": {k: list(v) for k, v in self.seeds.items()},
             "recent": {k: list(v) for k, v in self.recent.items()},
+            "total_seed": list(self.total_seed),
+            "total_recent": list(self.total_recent),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.seeds = {str(k): [float(x) for x in v] for k, v in (state.get("seeds") or {}).items()}
         self.recent = {str(k): [float(x) for x in v] for k, v in (state.get("recent") or {}).items()}
+        self.total_seed = [float(x) for x in state.get("total_seed") or []]
+        self.total_recent = [float(x) for x in state.get("total_recent") or []]
+
+    def _penalty(self, component: str) -> bool:
+        """Whether ``component`` is a penalty: never above 0 in its seed or recent window."""
+        return _never_positive(self.seeds[component], self.recent[component])
 
     def _component(self, name: str) -> str | None:
         hit = self._names.get(name, "")
@@ -382,8 +398,21 @@ class RewardComponentsDiverge(Rule):
             recent = self.recent.setdefault(component, [])
             recent.append(value)
             del recent[: max(0, len(recent) - s["window"])]
-        if not seen or len(self.seeds) < 2:
+        if not seen:
             return None
+        total = signals.get(self.signal)
+        if total is not None and math.isfinite(total):
+            if len(self.total_seed) < s["seed_points"]:
+                self.total_seed.append(total)
+            self.total_recent.append(total)
+            del self.total_recent[: max(0, len(self.total_recent) - s["window"])]
+        if len(self.seeds) < 2:
+            return None
+        total_rose = (
+            len(self.total_seed) >= s["seed_points"]
+            and len(self.total_recent) >= s["window"]
+            and (_move(self.total_seed, self.total_recent, s) or 0.0) > 0
+        )
         moves: dict[str, float] = {}
         for component, seed in self.seeds.items():
             recent = self.recent[component]
@@ -393,7 +422,10 @@ class RewardComponentsDiverge(Rule):
             if move is not None:
                 moves[component] = move
         rising = sorted((c for c, m in moves.items() if m > 0), key=lambda c: -moves[c])
-        falling = sorted((c for c, m in moves.items() if m < 0), key=lambda c: moves[c])
+        falling = sorted(
+            (c for c, m in moves.items() if m < 0 and not (total_rose and self._penalty(c))),
+            key=lambda c: moves[c],
+        )
         active = bool(rising and falling)
         if not active and self.idle:
             return IDLE
@@ -414,6 +446,10 @@ class RewardComponentsDiverge(Rule):
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
+
+
+def _never_positive(*windows: list[float]) -> bool:
+    return all(v <= 0.0 for window in windows for v in window)
 
 
 def _move(seed: list[float], recent: list[float], s: Mapping[str, Any]) -> float | None:

@@ -217,6 +217,30 @@ def test_reward_components_diverging_fires_and_moving_together_does_not():
     assert _firing(_feed(HealthMonitor(), rows(+0.4)), "reward_components_diverge") == []
 
 
+def test_a_penalty_that_deepens_while_the_total_climbs_is_not_a_divergence():
+    # a multi-reward code run: compile and unit-test rewards climb from -0.9 to 0.7 while a disagreement
+    # penalty deepens from -0.01 to -0.2 and the total climbs -0.5 -> 0.4: the cost of what was gained
+    rng = random.Random(8)
+
+    def rows(total_rises: bool):
+        out = []
+        for s in range(200):
+            gain = min(1.0, s / 120)
+            compile_ok = -0.9 + 1.6 * gain + rng.gauss(0, 0.05)
+            penalty = min(0.0, -0.01 - 0.19 * gain + rng.gauss(0, 0.01))
+            total = (-0.5 + 0.9 * gain if total_rises else -0.05) + rng.gauss(0, 0.05)
+            out.append((s, {"rewards/compile_check/mean": compile_ok, "rewards/disagreement_penalty/mean": penalty,
+                            "reward": total}))  # fmt: skip
+        return out
+
+    assert _firing(_feed(HealthMonitor(), rows(True)), "reward_components_diverge") == []
+    # the same penalty deepening while the total does not rise: the policy trades one for the other
+    found = _feed(HealthMonitor(), rows(False))
+    fired = [f for f in found if f.rule == "reward_components_diverge" and f.state == "firing"]
+    assert fired and fired[0].evidence["falling"] == ["disagreement_penalty"]
+    assert fired[0].severity.value == "warning"
+
+
 def test_reward_component_names():
     assert reward_component("rewards/format_reward/mean") == "format_reward"
     assert reward_component("train/rewards/accuracy/mean") == "accuracy"

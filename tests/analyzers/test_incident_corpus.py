@@ -102,10 +102,9 @@ KNOWN_HEALTHY_PAGES: dict[str, int] = {
     # past the window, and resolves at 113 (the page and its all-clear)
     "verl_qwen3-0.6b_ppo_gae_gsm8k_2gpu": 2,
     # the alerts of test_detection_corpus.KNOWN_HEALTHY_FALSE: a truncation at the start after an SFT
-    # warm-up (the page and its all-clear), a penalty component traded for a climbing total, and a run of
-    # two completions a group whose groups tie on most steps
+    # warm-up (the page and its all-clear) and a run of two completions a group whose groups tie on most
+    # steps
     "trl_qwen3-1.7b_grpo_apps_bleu_only": 2,
-    "trl_qwen3-1.7b_grpo_apps_multireward_kl": 1,
     "trl_qwen2-0.5b_grpo_gsm8k_openr1_2gen_240tok": 1,
 }
 
