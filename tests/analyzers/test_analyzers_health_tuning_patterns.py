@@ -308,3 +308,26 @@ def test_sustained_zero_gradients_on_tied_batches_warn():
         for s in range(1, 401)
     ]
     assert {f.severity for f in _findings(rows, "grad_norm_zero") if f.state == "firing"} == {Severity.INFO}
+
+
+# --- grad_norm_spike: 25x once the level has settled, 50x on a young one ------------------------------
+
+
+def _clipped_rows(spike_at: int, ratio: float):
+    # every step clipped (a median ~2 above the clip 1.0), so a pre-clip spike moves nothing: only its size
+    rng = random.Random(4)
+    return [
+        (s, {"grad_norm": (ratio * 2.0) if s == spike_at else 2.0 + rng.uniform(-0.2, 0.2)})
+        for s in range(1, 120)
+    ]
+
+
+def test_a_30x_spike_on_a_settled_level_fires_and_on_a_young_one_does_not():
+    # 30x the median after 60 points (an audio-visual QA run's 59.8 against ~2): the labels' 25x
+    assert [f.step for f in _firing(_clipped_rows(60, 30.0), "grad_norm_spike")] == [60]
+    # the same 30x on the 17th point of a run (a healthy verl PPO run's first-steps spike): the level of 16
+    # points is a rough one, judged at 50x
+    assert _firing(_clipped_rows(17, 30.0), "grad_norm_spike") == []
+    assert [f.step for f in _firing(_clipped_rows(17, 60.0), "grad_norm_spike")] == [17]
+    # under the settled ratio nothing fires, however settled
+    assert _firing(_clipped_rows(60, 20.0), "grad_norm_spike") == []

@@ -136,14 +136,6 @@ KNOWN_MISSED: dict[str, list[tuple[str, int]]] = {
     "trl_qwen2.5-7b_grpo_vyomraksha_thermal_phase1_5": [("reward_stagnation", 1)],
     # the same at 300 steps: reward_stagnation's patience is 300 steps without a new best
     "trl_qwen2.5-1.5b_grpo_gsm8k_unsloth_300steps": [("reward_stagnation", 1)],
-    # grad_norm 59.8 at 181, 30x the run median of 1.99: the labels call a spike from 25x, the rule from 50x
-    # unless the KL jumped with it (0.093 against ~0.05: no) or the clipped update was outsized (the median is
-    # above the clip 1.0, so every step is clipped to the same size: no). verl's healthy reference runs show
-    # pre-clip spikes of 18-31x; lowering the ratio to the label's 25x pages them
-    "trl_qwen2.5-omni-7b_grpo_avqa_y8yqh7cm": [("grad_norm_spike", 181)],
-    # grad_norm 307 at 53, 25.5x the median of 12 (the label's edge), every step clipped (median above 1.0),
-    # three steps after the episode of the spikes at 12 and 30 resolved: as above
-    "trl_qwen3-8b_grpo_prorag_gf86uccg": [("grad_norm_spike", 53)],
 }
 
 

@@ -86,8 +86,6 @@ KNOWN_UNPAGED = {
     #   reward_stagnation's warning after warning_patience (800) steps without a new best, and a healthy
     #   run of the tuning part holds a 450-step plateau; the run's KL and gradient spikes page (instability)
     ("trl_qwen2.5-3b_grpo_countdown_feb19_resume", 0),
-    # - missed by every rule (test_detection_corpus.KNOWN_MISSED): a 30x gradient spike the clip absorbed
-    ("trl_qwen2.5-omni-7b_grpo_avqa_y8yqh7cm", 2),
 }
 
 # healthy tuning runs that get a warning page (run -> pages): zero_advantage_groups on a run whose tied
