@@ -145,6 +145,15 @@ def kl_runaway(point: Point, rng: random.Random, since: int) -> None:
 
 
 def entropy_collapse(point: Point, rng: random.Random, since: int) -> None:
+    # the policy locks onto one answer and stops being right: the reward sinks back to where it started
+    point.metrics["actor/entropy"] *= max(0.08, 1 - since / 40)
+    point.metrics["critic/score/mean"] = 0.3 + (point.metrics["critic/score/mean"] - 0.3) * max(
+        0.0, 1 - since / 20
+    )
+
+
+def entropy_sharpening(point: Point, rng: random.Random, since: int) -> None:
+    # the same fall of the entropy while the reward keeps rising: the policy sharpening on what it learnt
     point.metrics["actor/entropy"] *= max(0.08, 1 - since / 40)
 
 
@@ -342,6 +351,8 @@ INCIDENTS: dict[str, Scenario] = {
         Scenario("grad_norm_lone_spike", "grad_norm_spike", lone_grad_spike, 0, 25, length=2),
         Scenario("kl_spike", "kl_spike", kl_spike, 0, 25, length=2),
         Scenario("entropy_collapse", "entropy_collapse", entropy_collapse, 60, 80),
+        # said (info), not paged: an entropy that falls while the reward rose and holds, answers inside the cap
+        Scenario("entropy_sharpening", "entropy_collapse", entropy_sharpening, 60, 80, Severity.INFO),
         Scenario("non_finite", "non_finite", nan, 1, 13, Severity.CRITICAL, active=NAN_STEPS),
         Scenario("entropy_explosion", "entropy_explosion", scale("actor/entropy", 4.0), 10, 30),
         Scenario("response_length_collapse", "response_length_collapse", length_collapse, 25, 30),

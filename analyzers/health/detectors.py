@@ -275,6 +275,46 @@ def _median(values: list[float]) -> float:
 
 
 @dataclass
+class RewardRise(_State):
+    """Whether a reward has risen from where it started and holds there: the median of its latest
+    ``points`` values at least ``sigmas`` σ above the median of its first ``points`` (σ from the smaller of
+    the two windows' median absolute deviations, at least 5 % of that start's size: a reward that rose
+    within its first points has a start window wide with the rise itself), until it falls back under half
+    that rise
+    (hysteresis, so a noisy plateau does not flap). Rules read it to tell a run that learnt from one that
+    did not: tied groups that are solved prompts, an entropy that fell as the policy sharpened."""
+
+    PARAMS: ClassVar[tuple[str, ...]] = ("points", "sigmas")
+    points: int = 10
+    sigmas: float = 3.0
+    start: list[float] = field(default_factory=list)
+    recent: list[float] = field(default_factory=list)
+    risen: bool = False
+
+    def update(self, x: float) -> tuple[float, float] | None:
+        """Take a reward value (a non-finite one is skipped); (start, now) while it has risen, else None."""
+        if x - x == 0.0:
+            if len(self.start) < self.points:
+                self.start.append(x)
+            self.recent.append(x)
+            del self.recent[: max(0, len(self.recent) - self.points)]
+        return self.rose()
+
+    def rose(self) -> tuple[float, float] | None:
+        if len(self.start) < self.points or len(self.recent) < self.points:
+            return None
+        first, now = _median(self.start), _median(self.recent)
+        # the noise: the smaller of the two windows' spreads (a reward that rose within its first points
+        # has a start window wide with the rise itself), at least 5 % of the start's size
+        spread = min(
+            _median([abs(v - first) for v in self.start]), _median([abs(v - now) for v in self.recent])
+        )
+        sigma = max(MAD_TO_SIGMA * spread, 0.05 * abs(first), 1e-12)
+        self.risen = (now - first) / sigma >= self.sigmas * (0.5 if self.risen else 1.0)
+        return (first, now) if self.risen else None
+
+
+@dataclass
 class Hysteresis(_State):
     """Latch with two thresholds. ``upward``: on when ``x > on``, off when ``x < off`` (``off <= on``);
     downward: on when ``x < on``, off when ``x > off`` (``off >= on``). ``peak`` is the most extreme

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 from ..contract.batch_rules import spell
 from ..contract.series import ZERO_ADV_SERIES
-from .detectors import MAD_TO_SIGMA, Ewma, Hysteresis, Window
+from .detectors import Ewma, Hysteresis, RewardRise
 from .findings import IDLE, Check, Severity
 from .registry import Rule, RuleId, register_rule, require
 from .signals import Signal, signal_of
@@ -134,24 +134,15 @@ class ZeroAdvantageGroups(Rule):
     not failing, it has learnt those prompts (the advice is to filter or re-sample them). Without the
     split (TRL's scalar share) the reward tells: while its median over the last ``reward_points`` points
     is ``rise_sigmas`` σ above the median of its first ``reward_points`` (σ from their median absolute
-    deviation, at least 5 % of that start), and until it falls back under half that rise, the tied
-    groups are taken as ``likely_solved``. Tied groups on a reward that has not risen (flat from the
+    deviation, at least 5 % of that start; the smaller of that and the latest points' spread), and until
+    it falls back under half that rise, the tied groups are taken as ``likely_solved``. Tied groups on a reward that has not risen (flat from the
     start, or fallen back) stay a warning; gradients that are exactly zero on most steps whatever the
     cause are ``grad_norm_zero``'s.
     """
 
     signal = Signal.ZERO_STD_FRAC.value
     inputs = (signal,)
-    state_components = (
-        "share",
-        "solved",
-        "failed",
-        "latch",
-        "groups_step",
-        "reward_start",
-        "reward_recent",
-        "risen",
-    )
+    state_components = ("share", "solved", "failed", "latch", "groups_step", "reward")
     summary = "too many zero-variance (all-solved / all-failed) GRPO groups"
     defaults: ClassVar[Mapping[str, Any]] = {
         "threshold": 0.5,
@@ -184,11 +175,8 @@ class ZeroAdvantageGroups(Rule):
         self.failed = Ewma(alpha=settings["alpha"])
         self.latch = Hysteresis(on=settings["threshold"], off=settings["release"])
         self.groups_step: int | None = None
-        # the reward's first points (kept once full) and its latest: a reward well above where it started
-        # says the tied groups of TRL's scalar share are mostly solved prompts
-        self.reward_start = Window(size=settings["reward_points"])
-        self.reward_recent = Window(size=settings["reward_points"])
-        self.risen = False
+        # a reward well above where it started says the tied groups of TRL's scalar share are mostly solved
+        self.reward = RewardRise(points=settings["reward_points"], sigmas=settings["rise_sigmas"])
         self.latest: list[Any] = []  # [[series, step, share]] of the newest group diagnostics (not state)
 
     def audit_series(self, step: int) -> list[list[Any]]:
@@ -200,25 +188,8 @@ class ZeroAdvantageGroups(Rule):
             return None
         reward = signals.get(_REWARD)  # read on the steps that log the share (the rule's input)
         if reward is not None:
-            if not self.reward_start.full:
-                self.reward_start.update(reward)
-            self.reward_recent.update(reward)
+            self.reward.update(reward)
         return self._check(x, None, None, None)
-
-    def _reward_rose(self) -> tuple[float, float] | None:
-        """(start, now) while the reward has risen: its median over the latest ``reward_points`` points
-        ``rise_sigmas`` σ above the median of its first ones (σ from their median absolute deviation, at
-        least 5 % of the start's size), and until it falls back under half that rise; else None."""
-        start, recent = self.reward_start, self.reward_recent
-        if not (start.full and recent.full):
-            return None
-        first = start.median
-        sigma = MAD_TO_SIGMA * _median_abs_dev(start.values, first)
-        sigma = max(sigma, 0.05 * abs(first), 1e-12)
-        now = recent.median
-        rise = (now - first) / sigma
-        self.risen = rise >= self.settings["rise_sigmas"] * (0.5 if self.risen else 1.0)
-        return (first, now) if self.risen else None
 
     def observe_groups(self, step: int, diagnostics: Mapping[str, float]) -> Check | None:
         all_max = _first(diagnostics, _ALL_MAX_KEYS)
@@ -241,7 +212,7 @@ class ZeroAdvantageGroups(Rule):
         if all_min is not None:
             self.failed.update(all_min, weight)
         active = self.latch.update(m)
-        rose = self._reward_rose() if all_max is None or all_min is None else None  # state: every step
+        rose = self.reward.rose() if all_max is None or all_min is None else None  # state: every step
         if not active and self.idle:
             return IDLE
         solved, failed = self.solved.value, self.failed.value
@@ -291,14 +262,6 @@ class ZeroAdvantageGroups(Rule):
 
     def chart_marks(self) -> list[dict[str, Any]]:
         return [{"kind": "line", "y": self.settings["threshold"], "label": "threshold"}]
-
-
-def _median_abs_dev(values: list[float], center: float) -> float:
-    deviations = sorted(abs(v - center) for v in values)
-    n = len(deviations)
-    return (
-        0.0 if not n else deviations[n // 2] if n % 2 else 0.5 * (deviations[n // 2 - 1] + deviations[n // 2])
-    )
 
 
 def _get(obj: Any, key: str, default: Any = None) -> Any:

@@ -11,7 +11,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from .detectors import Ewma, Hysteresis, Window, fell_below, rose_above
+from .detectors import Ewma, Hysteresis, RewardRise, Window, fell_below, rose_above
 from .findings import CORROBORATED_BY, IDLE, Check, Severity
 from .registry import Rule, RuleId, register_rule, require
 from .signals import Signal
@@ -19,6 +19,7 @@ from .signals import Signal
 # canonical names read on every point, resolved once (an Enum member's .value is a property lookup)
 _REWARD = Signal.REWARD.value
 _RESPONSE_LENGTH = Signal.RESPONSE_LENGTH.value
+_CLIP_RATIO = Signal.RESPONSE_CLIP_RATIO.value
 
 
 @register_rule(RuleId.KL_LOSS_RUNAWAY)
@@ -183,11 +184,19 @@ class EntropyCollapse(Rule):
     current rate of decay; while it is negative, ``forecast_step`` = the step at which entropy reaches the
     ``floor`` at that rate (exponential decay, log-linear fit). It is in the alert's evidence and message
     and drawn on the entropy panel, live.
+
+    An entropy that fell while the policy learnt stays ``info`` above the floor: while the reward
+    (read on the entropy's points) has risen ``rise_sigmas`` σ above its first ``reward_points`` points and
+    holds there (:class:`RewardRise`), and fewer than ``capped_share`` of the completions hit the length cap
+    (the median of the last ``window`` points of the clip ratio, where one is logged), the policy is
+    sharpening on what it learnt (a 7B PPO run on GSM8K: entropy 0.24 → 0.025 at a reward of 0.95). A
+    collapse while the reward falls back, never rose, or the completions run into the cap (a policy
+    repeating the one word a reward pays) keeps its warning.
     """
 
     signal = Signal.ENTROPY.value
     inputs = (signal,)
-    state_components = ("seed", "level", "fit", "collapsed")
+    state_components = ("seed", "level", "fit", "collapsed", "reward", "clip")
     summary = (
         "entropy collapsing toward 0 relative to where the run started; forecasts when it hits the floor"
     )
@@ -199,6 +208,9 @@ class EntropyCollapse(Rule):
         "release": 0.4,
         "floor": 0.02,
         "fit_points": 20,
+        "reward_points": 10,
+        "rise_sigmas": 3.0,
+        "capped_share": 0.5,
     }
     fire_after = 5
     resolve_after = 20
@@ -224,6 +236,12 @@ class EntropyCollapse(Rule):
             "need 0 < ratio <= info_ratio <= release <= 1",
         )
         require(s["floor"] > 0.0, rid, "floor must be > 0")
+        require(
+            s["reward_points"] >= 3 and s["rise_sigmas"] > 0.0,
+            rid,
+            "need reward_points >= 3, rise_sigmas > 0",
+        )
+        require(0.0 < s["capped_share"] <= 1.0, rid, "capped_share must be in (0, 1]")
 
     def __init__(self, settings: Mapping[str, Any], run_config: Mapping[str, Any]) -> None:
         super().__init__(settings, run_config)
@@ -231,6 +249,8 @@ class EntropyCollapse(Rule):
         self.level = Window(size=settings["window"])
         self.fit: list[list[float]] = []  # [step, log entropy] of the last fit_points points
         self.collapsed = False
+        self.reward = RewardRise(points=settings["reward_points"], sigmas=settings["rise_sigmas"])
+        self.clip = Window(size=settings["window"])
 
     def forecast(self) -> tuple[float | None, int | None]:
         """(slope of log entropy per step, step at which entropy reaches the floor at that slope)."""
@@ -278,6 +298,10 @@ class EntropyCollapse(Rule):
         if x is None:
             return None
         s = self.settings
+        reward, clipped = signals.get(_REWARD), signals.get(_CLIP_RATIO)
+        learnt = self.reward.update(reward) if reward is not None else self.reward.rose()
+        if clipped is not None:
+            self.clip.update(clipped)
         if not self.seed.full:
             self.seed.update(x)
         level = self.level.update(x)
@@ -335,12 +359,19 @@ class EntropyCollapse(Rule):
         else:
             outlook = "; it is not falling any further right now"
         latest_only = point_below_floor and not below_info and not below_floor
+        # fallen while the reward rose and holds, answers inside the cap: the policy sharpening, said not paged
+        sharpening = learnt is not None and not (self.clip.values and self.clip.median >= s["capped_share"])
+        if sharpening and learnt is not None:
+            evidence |= {"reward_from": learnt[0], "reward_now": learnt[1]}
+            outlook += f", while the reward rose from {learnt[0]:.3g} to {learnt[1]:.3g} and holds"
         return Check(
             active=True,
             value=x if latest_only else level,  # the number the message leads with
             evidence=evidence,
             severity=Severity.CRITICAL
             if below_floor
+            else Severity.INFO
+            if sharpening
             else (Severity.WARNING if below_ratio or point_below_floor else Severity.INFO),
             message=(
                 f"entropy has fallen to {share}{outlook}"
@@ -374,11 +405,11 @@ class EntropyExplosion(Rule):
     defaults: ClassVar[Mapping[str, Any]] = {
         "seed_points": 3,
         "window": 5,
-        "ratio": 2.5,
+        "ratio": 2.2,
         "critical_ratio": 5.0,
         "excursion_ratio": 5.0,
-        "min_rise": 0.5,
-        "release": 1.8,
+        "min_rise": 0.3,
+        "release": 1.6,
         "corroborated_rise": 0.25,
         "recent_window": 10,
         "reward_drop": 0.25,

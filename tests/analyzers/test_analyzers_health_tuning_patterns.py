@@ -331,3 +331,58 @@ def test_a_30x_spike_on_a_settled_level_fires_and_on_a_young_one_does_not():
     assert [f.step for f in _firing(_clipped_rows(17, 60.0), "grad_norm_spike")] == [17]
     # under the settled ratio nothing fires, however settled
     assert _firing(_clipped_rows(60, 20.0), "grad_norm_spike") == []
+
+
+# --- entropy_collapse / entropy_explosion on a 7B instruct model's low entropy ----------------------
+
+
+def _verl_rows(entropy, reward, clip=lambda s: 0.001, steps=140):
+    rng = random.Random(2)
+    return [
+        (
+            s,
+            {
+                "actor/entropy": entropy(s) * math.exp(rng.gauss(0, 0.03)),
+                "critic/score/mean": reward(s) + rng.gauss(0, 0.01),
+                "response_length/clip_ratio": clip(s),
+            },
+        )
+        for s in range(1, steps + 1)
+    ]
+
+
+def _sharpen(s):  # 0.24 -> 0.021 over 60 steps, as a 7B PPO run on GSM8K once it has solved it
+    return max(0.021, 0.24 * math.exp(-s / 26))
+
+
+def _learnt(s):  # 0.3 -> 0.95 within ten steps
+    return 0.3 + 0.65 * min(1.0, s / 10)
+
+
+def test_an_entropy_that_fell_while_the_reward_rose_and_holds_is_info():
+    firing = _firing(_verl_rows(_sharpen, _learnt), "entropy_collapse")
+    assert firing and {f.severity for f in firing} == {Severity.INFO}
+    assert "while the reward rose" in firing[0].message
+
+
+def test_an_entropy_collapse_without_a_reward_gain_or_at_the_cap_still_warns():
+    # the same fall on a reward that never moved
+    firing = _firing(_verl_rows(_sharpen, lambda s: 0.3), "entropy_collapse")
+    assert Severity.WARNING in {f.severity for f in firing}
+    # the same fall, reward learnt, but the answers run into the length cap
+    firing = _firing(_verl_rows(_sharpen, _learnt, clip=lambda s: 0.9), "entropy_collapse")
+    assert Severity.WARNING in {f.severity for f in firing}
+
+
+def test_a_low_entropy_that_climbs_2_5x_is_an_explosion():
+    # 0.24 for 40 steps, then a steady climb to ~0.6 while the reward holds at 0.96
+    rows = _verl_rows(
+        lambda s: 0.24 if s < 42 else 0.24 + 0.36 * min(1.0, (s - 42) / 25), lambda s: 0.96, steps=75
+    )
+    firing = _firing(rows, "entropy_explosion")
+    assert firing and 55 <= firing[0].step <= 75, [f.step for f in firing]
+    # a drift to 0.4 (1.7x, 0.16 nats) is not
+    rows = _verl_rows(
+        lambda s: 0.24 if s < 42 else 0.24 + 0.16 * min(1.0, (s - 42) / 25), lambda s: 0.96, steps=75
+    )
+    assert _firing(rows, "entropy_explosion") == []
