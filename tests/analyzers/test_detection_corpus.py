@@ -182,13 +182,13 @@ KNOWN_OUTSIDE = {
     "trl_qwen2.5-7b_grpo_gsm8k_exp1a_rho1.50_seed43": [("zero_advantage_groups", 15), ("grad_norm_zero", 30)],
     # one prompt a step, so length, entropy and KL move with the prompt: KL points at 7-22x the run's median
     # of 0.03 (0.2-0.66, under the labelling rule's 1.0; those under kl_spike's 0.5-nat floor no longer
-    # warn), a reward dip with entropy and length swinging on single prompts, and a stretch of tied groups
+    # warn), and a reward dip with entropy and length swinging on single prompts (its stretch of tied
+    # groups, on a reward that rose, is info)
     "trl_llama3.1-8b_grpo_unlearning_sft_stage2": [
         ("policy_collapse", 50),
         ("kl_spike", 84),
         ("policy_collapse", 166),
         ("kl_spike", 204),
-        ("zero_advantage_groups", 221),
         ("policy_collapse", 288),
     ],
     # the correctness reward sits below its step-50 best (0.765) for 800 steps, 0.64-0.71 per 100-step block,

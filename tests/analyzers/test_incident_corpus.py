@@ -62,6 +62,9 @@ KNOWN_UNPAGED = {
     ("trl_qwen2.5-14b_grpo_vyomraksha_threat_phase1_5", 0),
     ("trl_qwen2.5-7b_grpo_vyomraksha_thermal_phase1_5", 0),
     ("trl_qwen2.5-1.5b_grpo_gsm8k_unsloth_300steps", 0),
+    # the same at 250 steps (a physics MCQ run's reward at 0.49-0.57 per 25 steps): caught by the KL spike
+    # at 123 (19x its median) inside the window, which pages the instability family
+    ("trl_qwen3-4b_grpo_mmlupro_physics_sft_warmstart", 0),
     ("trl_qwen2.5-1.5b_grpo_lora_obliteration_truncated", 1),  # 300 steps; its truncation pages
     ("trl_qwen2.5-3b_grpo_medrecord_audit", 0),  # 150 steps
     ("trl_qwen3-8b_grpo_prorag_gf86uccg", 0),  # 118 steps; the gradient spikes page
@@ -99,6 +102,11 @@ KNOWN_HEALTHY_PAGES: dict[str, int] = {
     # 512-token cap and learns to finish inside it); its incident is announced when the hold ends at 25,
     # past the window, and resolves at 113 (the page and its all-clear)
     "verl_qwen3-0.6b_ppo_gae_gsm8k_2gpu": 2,
+    # the same start on two verl GSM8K runs of an instruct model: 84-89 % of answers at the 192-token cap
+    # over the first six steps (critical, inside the label's ignore window 1-14, resolved at 155), and
+    # 58-64 % at the 256-token cap for twelve steps, announced when the hold ends at 25, past the window 1-20
+    "verl_qwen2.5-0.5b-instruct_grpo_gsm8k_play_verl_8gpu": 1,
+    "verl_qwen2.5-0.5b-instruct_ppo_gsm8k_play_verl_8gpu": 1,
     # the alerts of test_detection_corpus.KNOWN_HEALTHY_FALSE: a truncation at the start after an SFT
     # warm-up (the page and its all-clear) and a run of two completions a group whose groups tie on most
     # steps
