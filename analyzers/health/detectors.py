@@ -280,9 +280,8 @@ class RewardRise(_State):
     ``points`` values at least ``sigmas`` σ above the median of its first ``points`` (σ from the smaller of
     the two windows' median absolute deviations, at least 5 % of that start's size: a reward that rose
     within its first points has a start window wide with the rise itself), until it falls back under half
-    that rise
-    (hysteresis, so a noisy plateau does not flap). Rules read it to tell a run that learnt from one that
-    did not: tied groups that are solved prompts, an entropy that fell as the policy sharpened."""
+    that rise (hysteresis, so a noisy plateau does not flap). Rules read it to tell a run that learnt from
+    one that did not: tied groups that are solved prompts, an entropy that fell as the policy sharpened."""
 
     PARAMS: ClassVar[tuple[str, ...]] = ("points", "sigmas")
     points: int = 10
