@@ -13,6 +13,7 @@ from rlvitals.analyzers.health.detectors import (
     Ewma,
     Hysteresis,
     PageHinkley,
+    RewardRise,
     RobustBaseline,
     make_detector,
 )
@@ -122,3 +123,28 @@ def test_detector_registry_rejects_unknown_and_duplicate_names():
         make_detector("adwin", k=1.0, cap=10.0)
     with pytest.raises(DuplicateRuleError):
         register_detector("cusum")(Cusum)
+
+
+def test_reward_rise_needs_a_rise_past_the_noise_and_holds_it_with_hysteresis():
+    rng = random.Random(3)
+    rise = RewardRise(points=10, sigmas=3.0)
+    # flat and noisy: never risen
+    assert all(rise.update(0.5 + rng.gauss(0, 0.05)) is None for _ in range(100))
+    rise = RewardRise(points=10, sigmas=3.0)
+    for _ in range(10):
+        rise.update(0.3 + rng.gauss(0, 0.02))
+    seen = [rise.update(0.6 + rng.gauss(0, 0.02)) for _ in range(10)]
+    assert seen[-1] is not None and abs(seen[-1][0] - 0.3) < 0.03 and abs(seen[-1][1] - 0.6) < 0.03
+    # back to 2 sigma above the start: still risen (under half the rise it would not be)
+    assert [rise.update(0.3 + 0.06 + rng.gauss(0, 0.005)) for _ in range(10)][-1] is not None
+    assert [rise.update(0.3 + rng.gauss(0, 0.005)) for _ in range(10)][-1] is None
+    # a reward that rose within its first points (0.3 -> 0.95 in ten steps) and holds: the latest window's
+    # quiet spread is the noise, not the start window's, which holds the rise itself
+    rise = RewardRise(points=10, sigmas=3.0)
+    got = [rise.update(0.3 + 0.65 * min(1.0, s / 8) + rng.gauss(0, 0.01)) for s in range(30)]
+    assert got[-1] is not None
+    # a non-finite value is skipped; the state restores
+    rise.update(float("nan"))
+    again = RewardRise(points=10, sigmas=3.0)
+    again.load_state_dict(json.loads(json.dumps(rise.state_dict())))
+    assert again.rose() == rise.rose() and again.state_dict() == rise.state_dict()
