@@ -153,6 +153,7 @@ class ZeroAdvantageGroups(Rule):
         "rise_sigmas": 3.0,
     }
     fire_after = 10
+    min_checks = 3  # as truncation_high: a share of a few groups on two logged points is no episode yet
     resolve_after = 50
     evidence_note = (
         "flapped 18 times on a 2,000-step run with 2–5 groups per step (a share that jumps by 0.2–0.5 "

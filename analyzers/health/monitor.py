@@ -39,6 +39,7 @@ from . import stability_rules as _stability_rules  # noqa: F401
 from . import start_rules as _start_rules  # noqa: F401
 from . import trend_rules as _trend_rules  # noqa: F401
 from .findings import (
+    CORROBORATED_BY,
     FIRING,
     IDLE,
     RESOLVED,
@@ -392,7 +393,9 @@ class HealthMonitor:
                 covered = 1  # the streak starts at this step: it covers it, not the gap before it
             episode.active_streak += 1
             episode.active_steps += covered
-            if not _lasted(episode.active_streak, episode.active_steps, settings["fire_after"]):
+            # a check its rule confirmed by the cause (a truncation burst the reward fell with) needs two
+            least = 2 if check.evidence.get(CORROBORATED_BY) else rule.min_checks
+            if not _lasted(episode.active_streak, episode.active_steps, settings["fire_after"], least):
                 return None
             onset = step if episode.streak_onset is None else episode.streak_onset
             severity = settings["severity"] or check.severity or rule.severity
@@ -460,10 +463,11 @@ class HealthMonitor:
         )
 
 
-def _lasted(checks: int, steps: int, needed: int) -> bool:
+def _lasted(checks: int, steps: int, needed: int, least: int = 2) -> bool:
     """A streak of ``checks`` checks covering ``steps`` steps has lasted ``needed`` steps (and, when more
-    than one step is needed, at least two checks: one outlier point never decides alone)."""
-    return steps >= needed and checks >= min(needed, 2)
+    than one step is needed, at least ``least`` checks — the rule's ``min_checks``, two unless it says
+    otherwise: one outlier point never decides alone)."""
+    return steps >= needed and checks >= min(needed, least)
 
 
 def _step(step: Any) -> int:

@@ -337,6 +337,9 @@ class TruncationHigh(Rule):
         "reward_drop": 0.25,
     }
     fire_after = 5
+    # a share of one batch's completions is noisy: two logged points (20 steps of a run logged every 10)
+    # at the start of a run are the policy still finding the cap, not yet an episode
+    min_checks = 3
     resolve_after = 20
     evidence_note = (
         "TRL and verl runs where 80–100% of completions hit the length cap (completions/clipped_ratio, "

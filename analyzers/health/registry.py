@@ -96,6 +96,9 @@ class Rule:
     # "steps": fire_after/resolve_after count training steps (sparse logging covers the gaps);
     # "points": they count checks (event rules: audits, NaN)
     persistence: ClassVar[str] = "steps"
+    # with persistence "steps", the fewest checks a firing needs however many steps they cover (when
+    # fire_after is more than one step): one outlier point never decides alone
+    min_checks: ClassVar[int] = 2
     evidence_note: ClassVar[str] = ""  # the real run that motivated the rule (docs)
     summary: ClassVar[str] = ""
     advice: ClassVar[str] = ""

@@ -110,11 +110,6 @@ KNOWN_HEALTHY_FALSE: dict[str, list[tuple[str, int]]] = {
     # (0.48, 0.43, 0.37, 0.41 on the next four, under 0.3 from the ninth) as the policy learns to finish
     # inside it; the label's ignore window ends at step 4, the rule's persistence fires on the fifth
     "trl_qwen3-1.7b_grpo_apps_bleu_only": [("truncation_high", 5)],
-    # two completions a group: a group of two ties whenever both score alike, so frac_reward_zero_std is
-    # 0.54-0.96 for the whole run (0.95 at the start, where the reward sits at its floor -0.95 and the
-    # policy learns the format by step 40), and nothing in the log gives the group size to expect it; 36 %
-    # of completions at the 240-token cap on the first two points (logged every 10 steps), 11 % by step 40
-    "trl_qwen2-0.5b_grpo_gsm8k_openr1_2gen_240tok": [("zero_advantage_groups", 20), ("truncation_high", 20)],
 }
 
 
