@@ -353,4 +353,18 @@ def test_compiled_and_torch_ops_agree_on_random_batches(
     # float64: the audit's own rtol 1e-7; log-ratios spread to 30 (clip_cov has no +-20 clamp) give
     # token losses near e^30 whose row sums cancel, and two float64 summation orders then differ by
     # ~3e-9 relative (seed 39444, 4x42, spread 19: 609883.57498 vs 609883.57324)
-    _agree(compiled, ops, 1e-7 if f64 else 2e-6)
+    if f64:
+        _agree(compiled, ops, 1e-7)
+        return
+    # float32: within 2e-6, or else the compiled value is the more accurate one. A log-ratio spread of 3
+    # still gives ratios near e^9, whose float32 token losses cancel in the torch ops' float32 sums: the
+    # same batch in float64 says which path lost the digits (clip_cov, 3x29, seed 28607, high 0: compiled
+    # 0.4744872 within 4e-8 of the float64 value, the torch ops 0.4745100, 5e-5 off)
+    exact = _both(
+        config, {k: v.double() if v.dtype.is_floating_point else v for k, v in t.items()}, seed=seed
+    )[1]
+    for key in compiled:
+        a, b, x = compiled[key], ops[key], exact[key]
+        if (math.isnan(a) and math.isnan(b)) or a == pytest.approx(b, rel=2e-6, abs=2e-6):
+            continue
+        assert abs(a - x) <= abs(b - x), (key, a, b, x)
