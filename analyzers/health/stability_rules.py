@@ -418,9 +418,10 @@ class GradNormZero(Rule):
             return None
         s = self.settings
         tied = self._tied(signals)
-        self.zeros.append((2 if tied else 1) if abs(x) <= s["tol"] else 0)
+        zero = abs(x) <= s["tol"]
+        self.zeros.append((2 if tied else 1) if zero else 0)
         del self.zeros[: max(0, len(self.zeros) - s["window"])]
-        self.history.append(1 if abs(x) <= s["tol"] else 0)
+        self.history.append(1 if zero else 0)
         del self.history[: max(0, len(self.history) - s["sustained_window"])]
         zeros = sum(z > 0 for z in self.zeros)
         share = zeros / len(self.zeros)
@@ -439,7 +440,8 @@ class GradNormZero(Rule):
         sustained = sum(self.history) / len(self.history)
         long_enough = len(self.history) >= s["sustained_window"] and sustained >= s["sustained_share"]
         evidence["sustained_share"] = sustained
-        if explained >= s["explained_share"] and not long_enough:
+        on_ties = explained >= s["explained_share"]
+        if on_ties and not long_enough:
             return Check(
                 active=True,
                 value=share,
@@ -451,7 +453,7 @@ class GradNormZero(Rule):
                 ),
             )
         # zeros on tied batches that warn because they are sustained (the incident keeps the warning)
-        evidence["sustained"] = explained >= s["explained_share"]
+        evidence["sustained"] = on_ties
         return Check(
             active=True,
             value=share,  # the share of zero points the message quotes (not this point's grad_norm)
@@ -460,7 +462,7 @@ class GradNormZero(Rule):
             message=f"grad_norm is 0 on {share:.0%} of the last {len(self.zeros)} points: nothing is being learnt"
             + (
                 f" ({sustained:.0%} of the last {len(self.history)}, on batches whose rewards tied)"
-                if explained >= s["explained_share"]
+                if on_ties
                 else ""
             ),
         )

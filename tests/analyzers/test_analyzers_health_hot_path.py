@@ -214,8 +214,7 @@ def _undecided(finding: dict) -> dict:
 def _behaviour(finding: dict) -> dict:
     """A finding without its text and the value the text quotes (both reworded since 9ca4140), nor what
     its rule decides differently since (DECIDED_SINCE)."""
-    changed = DECIDED_SINCE.get(finding.get("rule"), ())
-    return {k: v for k, v in finding.items() if k not in ("value", "message", *changed)}
+    return {k: v for k, v in _undecided(finding).items() if k not in ("value", "message")}
 
 
 def _perturbed_points(scenario, seed, steps):
