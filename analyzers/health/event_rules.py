@@ -132,12 +132,11 @@ class ZeroAdvantageGroups(Rule):
 
     Groups that tie because every sample solved the prompt are said at ``info``, not paged: the run is
     not failing, it has learnt those prompts (the advice is to filter or re-sample them). Without the
-    split (TRL's scalar share) the reward tells: while its median over the last ``reward_points`` points
-    is ``rise_sigmas`` σ above the median of its first ``reward_points`` (σ from their median absolute
-    deviation, at least 5 % of that start; the smaller of that and the latest points' spread), and until
-    it falls back under half that rise, the tied groups are taken as ``likely_solved``. Tied groups on a reward that has not risen (flat from the
-    start, or fallen back) stay a warning; gradients that are exactly zero on most steps whatever the
-    cause are ``grad_norm_zero``'s.
+    split (TRL's scalar share) the reward tells: while it has risen ``rise_sigmas`` σ above its first
+    ``reward_points`` points and holds there (:class:`RewardRise`), the tied groups are taken as
+    ``likely_solved``. Tied groups on a reward that has not risen (flat from the start, or fallen back)
+    stay a warning; gradients that are exactly zero on most steps whatever the cause are
+    ``grad_norm_zero``'s.
     """
 
     signal = Signal.ZERO_STD_FRAC.value
