@@ -290,6 +290,14 @@ class RewardRise(_State):
     recent: list[float] = field(default_factory=list)
     risen: bool = False
 
+    def __post_init__(self) -> None:
+        # the start window's median and spread, computed once it is full (it never changes after; not state)
+        self._start: tuple[float, float] | None = None
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        super().load_state_dict(state)
+        self._start = None
+
     def update(self, x: float) -> tuple[float, float] | None:
         """Take a reward value (a non-finite one is skipped); (start, now) while it has risen, else None."""
         if x - x == 0.0:
@@ -302,12 +310,14 @@ class RewardRise(_State):
     def rose(self) -> tuple[float, float] | None:
         if len(self.start) < self.points or len(self.recent) < self.points:
             return None
-        first, now = _median(self.start), _median(self.recent)
+        if self._start is None:
+            first = _median(self.start)
+            self._start = first, _median([abs(v - first) for v in self.start])
+        first, start_spread = self._start
+        now = _median(self.recent)
         # the noise: the smaller of the two windows' spreads (a reward that rose within its first points
         # has a start window wide with the rise itself), at least 5 % of the start's size
-        spread = min(
-            _median([abs(v - first) for v in self.start]), _median([abs(v - now) for v in self.recent])
-        )
+        spread = min(start_spread, _median([abs(v - now) for v in self.recent]))
         sigma = max(MAD_TO_SIGMA * spread, 0.05 * abs(first), 1e-12)
         self.risen = (now - first) / sigma >= self.sigmas * (0.5 if self.risen else 1.0)
         return (first, now) if self.risen else None
