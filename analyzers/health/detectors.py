@@ -315,11 +315,18 @@ class RewardRise(_State):
             self._start = first, _median([abs(v - first) for v in self.start])
         first, start_spread = self._start
         now = _median(self.recent)
+        need = self.sigmas * (0.5 if self.risen else 1.0)
+        floor = max(0.05 * abs(first), 1e-12)
         # the noise: the smaller of the two windows' spreads (a reward that rose within its first points
-        # has a start window wide with the rise itself), at least 5 % of the start's size
-        spread = min(start_spread, _median([abs(v - now) for v in self.recent]))
-        sigma = max(MAD_TO_SIGMA * spread, 0.05 * abs(first), 1e-12)
-        self.risen = (now - first) / sigma >= self.sigmas * (0.5 if self.risen else 1.0)
+        # has a start window wide with the rise itself), at least 5 % of the start's size. The latest
+        # window's spread can only shrink sigma, so it is needed only when the start's does not decide
+        if now <= first:
+            self.risen = False
+        elif now - first >= need * max(MAD_TO_SIGMA * start_spread, floor):
+            self.risen = True
+        else:
+            spread = min(start_spread, _median([abs(v - now) for v in self.recent]))
+            self.risen = now - first >= need * max(MAD_TO_SIGMA * spread, floor)
         return (first, now) if self.risen else None
 
 
