@@ -35,8 +35,9 @@ class GradNormSpike(Rule):
     ``settled_ratio`` × once ``settled_points`` have: a level of a few early points is a rough one while
     the run settles (a healthy run's 31× on its 17th point), a level of 30 is the run's own. One
     spike is the event — the optimizer step it fed already moved the weights — so it fires on one point; critical at ``critical_ratio`` ×. While it warms up, a point
-    ``critical_ratio`` × the median of the ``min_calm`` or more calm points so far is judged too (a
-    gradient ~10^4 on the seventh step of a run at ~12: no warm-up noise is that large). Points inside a spike do not enter the
+    ``early_ratio`` × the median of the ``min_calm`` or more calm points so far is judged too (a
+    gradient ~10^4 on the seventh step of a run at ~12, or 118× on a LoRA run's fourth logged point;
+    no healthy run's warm-up went past 25×). Points inside a spike do not enter the
     median, so a burst of spikes stays measured against the calm level; nor do points whose whole batch
     tied on reward (``reward_std`` 0): their gradient is the KL term's alone, a level of its own that
     would drag the median of a GRPO run with small groups far below its learning steps'.
@@ -72,6 +73,7 @@ class GradNormSpike(Rule):
         "settled_ratio": 25.0,
         "settled_points": 30,
         "critical_ratio": 500.0,
+        "early_ratio": 100.0,
         "moved_ratio": 15.0,
         "kl_ratio": 5.0,
         "kl_step_ratio": 2.0,
@@ -102,6 +104,7 @@ class GradNormSpike(Rule):
         )
         require(2 <= s["min_calm"] <= s["min_points"], cls.id, "need 2 <= min_calm <= min_points")
         require(1.0 < s["ratio"] <= s["critical_ratio"], cls.id, "need 1 < ratio <= critical_ratio")
+        require(s["ratio"] <= s["early_ratio"], cls.id, "need ratio <= early_ratio")
         require(1.0 < s["settled_ratio"] <= s["ratio"], cls.id, "need 1 < settled_ratio <= ratio")
         require(s["settled_points"] >= s["min_points"], cls.id, "need settled_points >= min_points")
         require(1.0 < s["moved_ratio"] <= s["ratio"], cls.id, "need 1 < moved_ratio <= ratio")
@@ -189,9 +192,9 @@ class GradNormSpike(Rule):
         kl_jump = self._kl_jump(signals)
         calm = x > 0.0 and signals.get(_REWARD_STD) != 0.0  # a point that may enter the median
         if len(self.calm.values) < s["min_points"] and not self._ready():
-            # warming up: only a spike of ``critical_ratio`` × the few calm points so far is judged (no
+            # warming up: only a spike of ``early_ratio`` × the few calm points so far is judged (no
             # warm-up noise is that large); anything else enters the level
-            early = len(self.calm.values) >= s["min_calm"] and x >= s["critical_ratio"] * self._level() > 0.0
+            early = len(self.calm.values) >= s["min_calm"] and x >= s["early_ratio"] * self._level() > 0.0
             if not early:
                 self.seen += 1
                 if calm:

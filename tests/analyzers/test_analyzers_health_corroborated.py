@@ -167,10 +167,10 @@ def test_a_spike_in_a_run_whose_gradients_are_mostly_exact_zeros_is_measured_aga
 
 
 def test_the_spike_warm_up_counts_logged_points_not_learning_steps_only_when_they_differ():
-    # every point carries a gradient: judged after min_points points, as before (a spike on the 10th
-    # point is still part of the warm-up, one on the 11th fires)
+    # every point carries a gradient: judged after min_points points, as before (a spike of 80x, under
+    # early_ratio, on the 10th point is still part of the warm-up, one on the 11th fires)
     for at, fired in ((10, []), (11, [(11, "warning")])):
-        rows = [(s, {"grad_norm": 12.0 if s == at else 0.1}) for s in range(1, 40)]
+        rows = [(s, {"grad_norm": 8.0 if s == at else 0.1}) for s in range(1, 40)]
         assert _firing(rows, "grad_norm_spike") == fired
 
 

@@ -97,6 +97,7 @@ def test_unknown_setting_key_lists_valid_keys():
         ({"kl_loss_runaway": {"ceiling": math.nan}}, r"ceiling must be a number"),
         ({"zero_advantage_groups": []}, r"must be a mapping"),
         ({"grad_norm_spike": {"min_calm": 11}}, r"need 2 <= min_calm <= min_points"),
+        ({"grad_norm_spike": {"early_ratio": 20}}, r"need ratio <= early_ratio"),
         ({"entropy_explosion": {"excursion_ratio": 2.0}}, r"need excursion_ratio >= ratio"),
     ],
 )

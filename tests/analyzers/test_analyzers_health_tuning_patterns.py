@@ -99,8 +99,13 @@ def test_a_huge_gradient_in_the_warm_up_fires_critical():
     rows = [(s, {"grad_norm": 9865.0 if s == 7 else 11.0 + 0.1 * (s % 5)}) for s in range(1, 40)]
     firing = _firing(rows, "grad_norm_spike")
     assert [(f.step, f.severity) for f in firing] == [(7, Severity.CRITICAL)]
-    # a warm-up point far above the rest but short of critical_ratio still only enters the level
-    rows = [(s, {"grad_norm": 600.0 if s == 7 else 11.0 + 0.1 * (s % 5)}) for s in range(1, 40)]
+    # 118x on the fourth point of a LoRA run whose first three sit at ~0.02: a warning (early_ratio)
+    rows = [(s, {"grad_norm": 2.1 if s == 4 else 0.0175 + 0.0001 * (s % 3)}) for s in range(1, 40)]
+    firing = _firing(rows, "grad_norm_spike")
+    assert [(f.step, f.severity) for f in firing] == [(4, Severity.WARNING)]
+    # a warm-up point far above the rest but short of early_ratio (a healthy run's warm-up reaches 25x)
+    # only enters the level
+    rows = [(s, {"grad_norm": 800.0 if s == 7 else 11.0 + 0.1 * (s % 5)}) for s in range(1, 40)]
     assert _firing(rows, "grad_norm_spike") == []
 
 

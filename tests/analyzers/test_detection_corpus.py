@@ -131,11 +131,6 @@ KNOWN_MISSED: dict[str, list[tuple[str, int]]] = {
     "trl_qwen2.5-7b_grpo_vyomraksha_thermal_phase1_5": [("reward_stagnation", 1)],
     # the same at 300 steps: reward_stagnation's patience is 300 steps without a new best
     "trl_qwen2.5-1.5b_grpo_gsm8k_unsloth_300steps": [("reward_stagnation", 1)],
-    # grad_norm 1.2-2.7 on the 4th-10th logged points (steps 40-100, logged every 10), 16-39x the run
-    # median of 0.07 but judged against no calm level yet: grad_norm_spike's warm-up is its first
-    # min_points (10) points, and only a point 500x the calm ones so far fires inside it. The run's later
-    # spikes (190, 330, 500) fire at once. No peer catches this one either
-    "trl_qwen2.5-0.5b_grpo_incident_commander": [("grad_norm_spike", 40)],
 }
 
 

@@ -40,8 +40,6 @@ KNOWN_UNPAGED = {
     ("trl_qwen2.5-7b_grpo_gsm8k_exp1a_rho0.50_seed44", 3),
     ("trl_qwen2.5-7b_grpo_gsm8k_exp1a_rho0.50_seed43", 1),  # grad_norm_spike 35
     ("trl_qwen2.5-7b_grpo_gsm8k_exp2_vanilla_rho1.0_seed43", 3),  # grad_norm_spike 25
-    # (missed by the alerts too, test_detection_corpus.KNOWN_MISSED: 16-39x on the 4th-10th points)
-    ("trl_qwen2.5-0.5b_grpo_incident_commander", 0),
     # - the reward flat for 1000 steps while the policy moves: reward_stagnation says info (a plateau of
     #   a moving policy), a truncation warning falls in the open window
     ("trl_qwen2.5-coder-3b_grpo_text2sql_1000steps", 0),
