@@ -1,7 +1,8 @@
 """Readers for files trainers and trackers write: ``trainer_state.json``, TensorBoard events, W&B exports.
 
 - ``trl-state``: a transformers/TRL ``trainer_state.json`` (its ``log_history``; entries logged at the
-  same step, train and eval, are merged). Never reads ``training_args.bin`` (a pickle).
+  same step, train and eval, are merged), or a JSON list of such entries (``trainer.state.log_history``
+  dumped on its own). Never reads ``training_args.bin`` (a pickle).
 - ``tensorboard``: an ``events.out.tfevents.*`` file or a directory holding them, read with
   ``tensorboard``'s own event reader (the ``rlvitals[import]`` extra). Scalars written as
   ``simple_value`` (``torch.utils.tensorboard``) and as rank-0 tensors (TensorBoard 2 / the HF
@@ -47,12 +48,14 @@ STEP_COLUMNS = ("train/global_step", "trainer/global_step", "_step", "Step", "st
 
 
 def read_trl_state(path: str | os.PathLike[str]) -> History:
-    """``trainer_state.json``'s ``log_history`` (entries without an int ``step`` are skipped)."""
+    """``trainer_state.json``'s ``log_history``, or that list on its own (entries without an int ``step``
+    are skipped; a list none of whose entries has one is not a Trainer log)."""
     try:
         state = json.loads(read_bytes(path))
     except ValueError as exc:
         raise ImportFormatError(f"{path}: not JSON ({exc})") from exc
-    history = state.get("log_history") if isinstance(state, dict) else None
+    # a trainer_state.json (or any dict holding log_history), or the log_history itself dumped as a list
+    history = state.get("log_history") if isinstance(state, dict) else state
     if not isinstance(history, list):
         raise ImportFormatError(f"{path}: no log_history list (is this a trainer_state.json?)")
     points: list[Point] = []
@@ -65,8 +68,10 @@ def read_trl_state(path: str | os.PathLike[str]) -> History:
         if "train_runtime" in entry:  # the end-of-training summary, not a training step
             continue
         points.append((step, scalars({k: v for k, v in entry.items() if k != "step"})))
+    if history and not points:
+        raise ImportFormatError(f"{path}: no log_history entry with an int 'step' (is this a Trainer log?)")
     config = {}
-    if isinstance(state.get("logging_steps"), int):
+    if isinstance(state, dict) and isinstance(state.get("logging_steps"), int):
         config["logging_steps"] = state["logging_steps"]
     return History(kind="trl-state", points=merge_points(points), config=config)
 

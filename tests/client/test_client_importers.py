@@ -99,6 +99,19 @@ def test_trl_state_merges_entries_of_a_step_and_finds_the_clip_problem(tmp_path,
     assert "pg_clipfrac_range" in {f.rule for f in result.findings if f.state == "firing"}
 
 
+def test_trl_state_reads_a_log_history_dumped_as_a_bare_list(tmp_path, histories):
+    # json.dump(trainer.state.log_history, f): the same entries, without the trainer_state.json around them
+    state = _write_trl_state(tmp_path / "trainer_state.json", histories["unstable"])
+    bare = tmp_path / "training_logs.json"
+    bare.write_text(json.dumps(json.loads(state.read_text())["log_history"]))
+    assert read_trl_state(bare).points == read_trl_state(state).points
+    # a list of something else is no Trainer log
+    other = tmp_path / "scores.json"
+    other.write_text(json.dumps([{"task": "easy", "score": 0.4}, 3]))
+    with pytest.raises(ValueError, match="no log_history entry with an int 'step'"):
+        read_trl_state(other)
+
+
 def test_bad_inputs_are_clear_errors(tmp_path):
     with pytest.raises(FileNotFoundError):
         run_import("verl-jsonl", tmp_path / "missing.jsonl", out=io.StringIO())
