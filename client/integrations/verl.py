@@ -540,8 +540,9 @@ def _uids(data: Any, keys: set) -> list[str] | None:
 def read_verl_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, float | int]]]:
     """``(step, numeric metrics)`` for every line of a verl ``file`` logger JSONL.
 
-    A line is ``{"step": int, "data": {name: value}}``; non-numeric values are left out. A malformed line
-    raises ``ValueError`` naming the file and line number.
+    A line is ``{"step": int, "data": {name: value}}``, or the metrics written flat beside their step
+    (``{"step": int, name: value, ...}``); non-numeric values are left out. A malformed line raises
+    ``ValueError`` naming the file and line number.
     """
     with open(path, "rb") as fh:
         for number, raw in enumerate(fh, start=1):
@@ -554,12 +555,17 @@ def _parse_line(raw: bytes, where: str) -> tuple[int, dict[str, float | int]]:
         record = json.loads(raw)
     except ValueError as exc:
         raise ValueError(f"{where}: not JSON ({exc})") from exc
-    if not isinstance(record, dict) or not isinstance(record.get("data"), dict):
+    if not isinstance(record, dict) or not ("step" in record and len(record) > 1):
         raise ValueError(f'{where}: expected {{"step": int, "data": {{...}}}}')
     step = record.get("step")
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ValueError(f"{where}: step must be an int >= 0, got {step!r}")
-    return step, scalars(record["data"])
+    data = record.get("data")
+    if isinstance(data, dict):
+        return step, scalars(data)
+    # the metrics dict written flat beside its step (``{"step": N, **metrics}``), as scripts that dump
+    # verl's per-step metrics themselves do
+    return step, scalars({k: v for k, v in record.items() if k != "step"})
 
 
 class JsonlTailer:

@@ -99,6 +99,22 @@ def test_trl_state_merges_entries_of_a_step_and_finds_the_clip_problem(tmp_path,
     assert "pg_clipfrac_range" in {f.rule for f in result.findings if f.state == "firing"}
 
 
+def test_verl_jsonl_reads_metrics_written_flat_beside_their_step(tmp_path):
+    nested = tmp_path / "file_logger.jsonl"
+    flat = tmp_path / "metrics.jsonl"
+    rows = [{"actor/entropy": 0.5 - 0.01 * s, "critic/score/mean": 0.1 * s, "note": "x"} for s in range(1, 4)]
+    nested.write_text("".join(json.dumps({"step": s, "data": r}) + "\n" for s, r in enumerate(rows, 1)))
+    flat.write_text("".join(json.dumps({"step": s, **r}) + "\n" for s, r in enumerate(rows, 1)))
+    got = read_history("verl-jsonl", flat).points
+    assert got == read_history("verl-jsonl", nested).points
+    assert [s for s, _ in got] == [1, 2, 3] and "note" not in got[0][1]
+    # a line with a step and nothing else, or no step, is still a malformed line, named
+    for bad in ('{"step": 4}', '{"actor/entropy": 0.4}'):
+        flat.write_text(json.dumps({"step": 1, **rows[0]}) + "\n" + bad + "\n")
+        with pytest.raises(ValueError, match=r"metrics.jsonl:2: expected"):
+            read_history("verl-jsonl", flat)
+
+
 def test_trl_state_reads_a_log_history_dumped_as_a_bare_list(tmp_path, histories):
     # json.dump(trainer.state.log_history, f): the same entries, without the trainer_state.json around them
     state = _write_trl_state(tmp_path / "trainer_state.json", histories["unstable"])
