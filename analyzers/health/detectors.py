@@ -307,6 +307,14 @@ class RewardRise(_State):
             del self.recent[: max(0, len(self.recent) - self.points)]
         return self.rose()
 
+    def start_level(self) -> float | None:
+        """The median of the first ``points`` values (None before there are that many)."""
+        return _median(self.start) if len(self.start) >= self.points else None
+
+    def recent_level(self) -> float | None:
+        """The median of the latest ``points`` values (None before there are that many)."""
+        return _median(self.recent) if len(self.recent) >= self.points else None
+
     def rose(self) -> tuple[float, float] | None:
         if len(self.start) < self.points or len(self.recent) < self.points:
             return None

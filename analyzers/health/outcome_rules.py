@@ -13,7 +13,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from .detectors import MAD_TO_SIGMA, Ewma, Hysteresis, Window, _median, fell_below
+from .detectors import MAD_TO_SIGMA, Ewma, Hysteresis, RewardRise, Window, _median, fell_below
 from .findings import CORROBORATED_BY, IDLE, Check, Severity, held
 from .registry import Rule, RuleId, register_rule, require
 from .signals import Signal
@@ -439,7 +439,14 @@ class RewardStagnation(Rule):
     of its level when the reward was last at its best all along, and the KL to the reference (where
     logged, the same EWMA) is under ``still_kl_max``. Then the updates change nothing that matters — the
     healthy run's plateau above had its entropy falling by a third meanwhile. Without an entropy series
-    this is never assumed. ``still_entropy_band`` = 0 turns the early warning off."""
+    this is never assumed. ``still_entropy_band`` = 0 turns the early warning off.
+
+    A reward that has not risen from its start (the median of its latest ``reward_points`` under
+    ``rise_sigmas`` σ above that of its first, :class:`RewardRise`) is a warning after ``unmoved_steps``
+    steps when the KL to the reference (its EWMA, once a KL above 0 is logged: a run without a KL term
+    logs 0) has never reached ``unmoved_kl``: the policy has barely left its reference, so the updates
+    change nothing, entropy logged or not (a GRPO run whose KL sat at 0.0004-0.001 for 300 steps while
+    its reward stayed at its first level). ``unmoved_steps`` = 0 turns it off."""
 
     signal = Signal.REWARD.value
     inputs = (signal,)
@@ -454,10 +461,12 @@ class RewardStagnation(Rule):
         "kl",
         "entropy_at_best",
         "entropy_moved",
+        "kl_peak",
+        "rise",
     )
     summary = (
         "reward has not improved for a long stretch (info; warning after 800 steps, or after 300 when "
-        "entropy and KL do not move either)"
+        "entropy and KL do not move either, or after 150 when the policy has not left its reference)"
     )
     severity = Severity.INFO
     defaults: ClassVar[Mapping[str, Any]] = {
@@ -469,6 +478,10 @@ class RewardStagnation(Rule):
         "warning_patience": 800,
         "still_entropy_band": 0.1,
         "still_kl_max": 0.01,
+        "unmoved_steps": 150,
+        "unmoved_kl": 0.002,
+        "reward_points": 10,
+        "rise_sigmas": 3.0,
     }
     fire_after = 1
     resolve_after = 50
@@ -493,6 +506,13 @@ class RewardStagnation(Rule):
         require(s["warning_patience"] >= s["patience"], cls.id, "need warning_patience >= patience")
         require(0.0 <= s["still_entropy_band"] < 1.0, cls.id, "still_entropy_band must be in [0, 1) (0: off)")
         require(s["still_kl_max"] >= 0.0, cls.id, "still_kl_max must be >= 0")
+        require(s["unmoved_steps"] >= 0, cls.id, "unmoved_steps must be >= 0 (0: off)")
+        require(s["unmoved_kl"] >= 0.0, cls.id, "unmoved_kl must be >= 0")
+        require(
+            s["reward_points"] >= 2 and s["rise_sigmas"] > 0.0,
+            cls.id,
+            "need reward_points >= 2, rise_sigmas > 0",
+        )
 
     def __init__(self, settings: Mapping[str, Any], run_config: Mapping[str, Any]) -> None:
         super().__init__(settings, run_config)
@@ -508,6 +528,9 @@ class RewardStagnation(Rule):
         self.kl = Ewma(alpha=settings["alpha"])
         self.entropy_at_best: float | None = None
         self.entropy_moved: float | None = None
+        # the KL EWMA's highest level (None until a KL above 0 is logged: a run without a KL term logs 0)
+        self.kl_peak: float | None = None
+        self.rise = RewardRise(points=settings["reward_points"], sigmas=settings["rise_sigmas"])
 
     def observe(self, step: int, signals: Mapping[str, float], metrics: Mapping[str, float]) -> Check | None:
         x = signals.get(self.signal)
@@ -521,7 +544,10 @@ class RewardStagnation(Rule):
             self.entropy.update(entropy)
         kl = signals.get(_KL)
         if kl is not None:
-            self.kl.update(kl)
+            smoothed = self.kl.update(kl)
+            if kl > 0.0 or self.kl_peak is not None:
+                self.kl_peak = smoothed if self.kl_peak is None else max(self.kl_peak, smoothed)
+        risen = self.rise.update(x)
         level = self.smooth.update(self.level.update(x))
         if not self.level.full:
             return None
@@ -542,16 +568,34 @@ class RewardStagnation(Rule):
         if step - self.first_step < s["warmup"]:
             return None
         since = step - (self.best_step if self.best_step is not None else step)
-        if since < s["patience"] and self.idle:
+        unmoved = (
+            s["unmoved_steps"] > 0
+            and self.kl_peak is not None
+            and self.kl_peak < s["unmoved_kl"]
+            and step - self.first_step >= s["unmoved_steps"]
+            and risen is None
+        )
+        if since < s["patience"] and not unmoved and self.idle:
             return IDLE
         long = still = False
-        if since >= s["patience"]:
+        if since >= s["patience"] or unmoved:
             long = since >= s["warning_patience"]
-            still = self._still()
-            severity = Severity.WARNING if long or still else Severity.INFO
+            still = since >= s["patience"] and self._still()
+            severity = Severity.WARNING if long or still or unmoved else Severity.INFO
             if self.held is not None and severity.rank <= self.held.rank:
                 return held(severity)  # still open, no worse: nothing below is read
         evidence = {"level": level, "best": self.best, "best_step": self.best_step, "steps_since_best": since}
+        if unmoved and not (long or still):
+            start, now = self.rise.start_level(), self.rise.recent_level()
+            evidence |= {"kl_peak": self.kl_peak, "unmoved_kl": s["unmoved_kl"], "start": start, "now": now}
+            message = (
+                f"reward {now:.3g} has not risen from its start ({start:.3g}) in {step - self.first_step} steps, "
+                f"and the policy has barely left its reference (KL to it at most {self.kl_peak:.2g}): "
+                "the updates change nothing, compute spent for nothing"
+            )
+            return Check(
+                active=True, value=now, evidence=evidence, severity=Severity.WARNING, message=message
+            )
         if since < s["patience"]:
             return Check(active=False, value=x, evidence=evidence, message="reward is improving again")
         kl_level = self.kl.value

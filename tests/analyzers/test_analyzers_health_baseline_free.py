@@ -126,8 +126,9 @@ def _stagnation(found):
 
 
 def test_a_flat_reward_while_the_policy_does_not_move_is_a_warning_at_patience():
-    # entropy flat, KL to the reference tiny (or not logged): the updates change nothing that matters
-    for kl in (lambda s: 0.001 + 0.000002 * s, None):
+    # entropy flat, KL to the reference small (or not logged): the updates change nothing that matters
+    # (a KL that never reached unmoved_kl, 0.002, warns earlier still: below)
+    for kl in (lambda s: 0.003 + 0.000002 * s, None):
         rows = _flat_reward(lambda s: 1.3, kl)
         found = _feed(HealthMonitor(), rows)
         assert _stagnation(found) == [("warning", None)]
@@ -145,6 +146,56 @@ def test_a_flat_reward_while_the_policy_does_not_move_is_a_warning_at_patience()
         restored = HealthMonitor.from_state(json.loads(json.dumps(head.state_dict())))
         got += _feed(restored, [r for r in rows if r[0] >= split])
         assert [f.to_dict() for f in got] == [f.to_dict() for f in found]
+
+
+def _unmoved(kl, reward=lambda s, noise: 1.07 + noise, steps=300):
+    """A run logged every step without entropy (as TRL logs it with ``beta`` > 0 and no entropy metric)."""
+    rng = random.Random(7)
+    rows = []
+    for s in range(1, steps + 1):
+        metrics = {"reward": reward(s, rng.gauss(0, 0.3))}
+        if kl is not None:
+            metrics["kl"] = max(0.0, kl(s) + rng.gauss(0, 0.0001))
+        rows.append((s, metrics))
+    return rows
+
+
+def test_a_flat_reward_whose_policy_never_left_its_reference_warns_after_unmoved_steps():
+    # reward flat from the first step, the KL to the reference at ~0.0005 for 300 steps: the policy is not
+    # moving, and no entropy is logged to say so; warned at unmoved_steps (150), not patience (300)
+    found = _feed(HealthMonitor(), _unmoved(lambda s: 0.0004 + 0.000001 * s))
+    firing = [f for f in found if f.rule == "reward_stagnation" and f.state == "firing"]
+    assert [(f.step, f.severity.value) for f in firing] == [(151, "warning")]
+    ev = firing[0].evidence
+    assert ev["kl_peak"] < 0.002 and ev["unmoved_kl"] == 0.002 and abs(ev["start"] - 1.07) < 0.3
+    assert "barely left its reference (KL to it at most" in firing[0].message
+    # a restore in the middle changes nothing
+    rows = _unmoved(lambda s: 0.0004 + 0.000001 * s)
+    head = HealthMonitor()
+    got = _feed(head, [r for r in rows if r[0] < 100])
+    restored = HealthMonitor.from_state(json.loads(json.dumps(head.state_dict())))
+    got += _feed(restored, [r for r in rows if r[0] >= 100])
+    assert [f.to_dict() for f in got] == [f.to_dict() for f in found]
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "kl_grows",  # the KL climbs past unmoved_kl: the policy moves, whatever the reward does
+        "no_kl_term",  # KL exactly 0 on every point: no KL term (beta 0), nothing to read
+        "no_kl",  # no KL logged at all
+        "reward_rises",  # a slow learner: tiny KL, but the reward climbs 3 sigma above its start
+        "off",  # unmoved_steps 0 turns it off
+    ],
+)
+def test_a_policy_that_moves_or_a_reward_that_rises_is_not_unmoved(case):
+    kl = {"kl_grows": lambda s: 0.00002 * s, "no_kl_term": lambda s: -1.0, "no_kl": None}.get(
+        case, lambda s: 0.0004
+    )
+    reward = (lambda s, n: 1.0 + 0.01 * s + n) if case == "reward_rises" else (lambda s, n: 1.07 + n)
+    settings = {"reward_stagnation": {"unmoved_steps": 0}} if case == "off" else None
+    found = _feed(HealthMonitor(settings=settings), _unmoved(kl, reward))
+    assert not [f for f in found if f.rule == "reward_stagnation" and f.state == "firing"]
 
 
 def test_a_flat_reward_while_the_policy_moves_stays_info_until_warning_patience():
@@ -167,13 +218,20 @@ def test_a_flat_reward_while_the_policy_moves_stays_info_until_warning_patience(
 
 
 @pytest.mark.parametrize(
-    "bad", [{"still_entropy_band": -0.1}, {"still_entropy_band": 1.0}, {"still_kl_max": -1e-3}]
+    "bad",
+    [
+        {"still_entropy_band": -0.1},
+        {"still_entropy_band": 1.0},
+        {"still_kl_max": -1e-3},
+        {"unmoved_kl": -1e-3},
+        {"unmoved_steps": -1},
+    ],
 )
 def test_reward_stagnation_still_settings_are_validated(bad):
     (key,) = bad
     with pytest.raises(SettingsError, match=f"reward_stagnation: {key} must be"):
         HealthMonitor(settings={"reward_stagnation": bad})
-    HealthMonitor(settings={"reward_stagnation": {key: 0.0}})  # 0 is allowed (the band: off)
+    HealthMonitor(settings={"reward_stagnation": {key: type(bad[key])(0)}})  # 0 is allowed (band, steps: off)
 
 
 def test_entropy_reward_fit_reports_the_ceiling_of_the_early_steps():

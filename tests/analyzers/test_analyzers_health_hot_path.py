@@ -141,6 +141,9 @@ ADDED_SINCE = {
         "kl": {"value": None, "count": 0},
         "entropy_at_best": None,
         "entropy_moved": None,
+        # the KL's highest level and the reward's start, which tell a policy that never left its reference
+        "kl_peak": None,
+        "rise": {"start": [], "recent": [], "risen": False},
     },
 }
 REFILLED = {
@@ -149,7 +152,7 @@ REFILLED = {
     "grad_norm_spike": ("kl",),
     "response_length_collapse": ("reward",),
     "grad_norm_extreme": ("later",),
-    "reward_stagnation": ("entropy", "kl", "entropy_at_best", "entropy_moved"),
+    "reward_stagnation": ("entropy", "kl", "entropy_at_best", "entropy_moved", "kl_peak", "rise"),
     "grad_norm_zero": ("history",),
     "zero_advantage_groups": ("reward",),
     "entropy_collapse": ("reward", "clip"),

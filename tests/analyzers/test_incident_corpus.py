@@ -40,9 +40,6 @@ KNOWN_UNPAGED = {
     ("trl_qwen2.5-7b_grpo_gsm8k_exp1a_rho0.50_seed44", 3),
     ("trl_qwen2.5-7b_grpo_gsm8k_exp1a_rho0.50_seed43", 1),  # grad_norm_spike 35
     ("trl_qwen2.5-7b_grpo_gsm8k_exp2_vanilla_rho1.0_seed43", 3),  # grad_norm_spike 25
-    # - the reward flat for 1000 steps while the policy moves: reward_stagnation says info (a plateau of
-    #   a moving policy), a truncation warning falls in the open window
-    ("trl_qwen2.5-coder-3b_grpo_text2sql_1000steps", 0),
     # a warning of the family in or just after a window shorter than the hold (hold_steps 20): it pages when
     # the hold ends, after the window; the alert itself is on the dashboard at once
     ("trl_qwen2.5-7b_grpo_gsm8k_exp1a_rho0.10_seed43", 1),  # length_collapse 15-20: ties warn at 15, page 35
@@ -53,19 +50,18 @@ KNOWN_UNPAGED = {
     ("trl_qwen2.5-0.5b_grpo_traffic_signal_sumo", 0),
     ("trl_qwen2.5-0.5b_grpo_traffic_signal_sumo", 1),
     # - a reward flat from the first step of a run of 300 steps or fewer: reward_stagnation waits 300 steps
-    #   without a new best (patience), so a run this short ends first; where the run has another problem,
-    #   that one pages (truncation, an entropy explosion, KL); where it has none, nothing does
+    #   without a new best (patience), so a run this short ends first, unless its KL shows the policy never
+    #   left its reference (unmoved_kl, after 150 steps); where the run has another problem, that one pages
+    #   (truncation, an entropy explosion, KL); where it has none, nothing does
     ("trl_qwen2.5-1.5b_grpo_unlearning_rmu_stage2", 1),
     ("trl_qwen2.5-1.5b_grpo_unlearning_run1", 0),
     ("trl_qwen2.5_grpo_kisan_farm_agent", 0),
     ("trl_qwen3-8b_grpo_verilog_model_parallel", 0),
     ("trl_qwen2.5-14b_grpo_vyomraksha_threat_phase1_5", 0),
     ("trl_qwen2.5-7b_grpo_vyomraksha_thermal_phase1_5", 0),
-    ("trl_qwen2.5-1.5b_grpo_gsm8k_unsloth_300steps", 0),
     # the same at 250 steps (a physics MCQ run's reward at 0.49-0.57 per 25 steps): caught by the KL spike
     # at 123 (19x its median) inside the window, which pages the instability family
     ("trl_qwen3-4b_grpo_mmlupro_physics_sft_warmstart", 0),
-    ("trl_qwen2.5-1.5b_grpo_lora_obliteration_truncated", 1),  # 300 steps; its truncation pages
     ("trl_qwen2.5-3b_grpo_medrecord_audit", 0),  # 150 steps
     ("trl_qwen3-8b_grpo_prorag_gf86uccg", 0),  # 118 steps; the gradient spikes page
     ("verl_qwen2.5-1.5b-instruct_gigpo_webshop_sft2k_sparse_reward", 0),  # 32 steps; the gradient spikes page
