@@ -59,6 +59,10 @@ KNOWN_UNPAGED = {
     ("trl_qwen3-8b_grpo_verilog_model_parallel", 0),
     ("trl_qwen2.5-14b_grpo_vyomraksha_threat_phase1_5", 0),
     ("trl_qwen2.5-7b_grpo_vyomraksha_thermal_phase1_5", 0),
+    ("trl_qwen2.5-3b_grpo_legaloom_task_hard_v3", 0),  # 40 steps (missed by the alerts too)
+    # a 21-step run whose score is 0 on 20 steps while its entropy explodes: the entropy explosion pages
+    # (the degeneration family); the flat score inside it has no rule of its own at this length
+    ("verl_qwen2.5-1.5b-instruct_grpo_math_lr3e-5_bsz2_entropy_blowup", 2),
     # the same at 250 steps (a physics MCQ run's reward at 0.49-0.57 per 25 steps): caught by the KL spike
     # at 123 (19x its median) inside the window, which pages the instability family
     ("trl_qwen3-4b_grpo_mmlupro_physics_sft_warmstart", 0),
