@@ -445,8 +445,9 @@ class RewardStagnation(Rule):
     ``rise_sigmas`` σ above that of its first, :class:`RewardRise`) is a warning after ``unmoved_steps``
     steps when the KL to the reference (its EWMA, once a KL above 0 is logged: a run without a KL term
     logs 0) has never reached ``unmoved_kl``: the policy has barely left its reference, so the updates
-    change nothing, entropy logged or not (a GRPO run whose KL sat at 0.0004-0.001 for 300 steps while
-    its reward stayed at its first level). ``unmoved_steps`` = 0 turns it off."""
+    change nothing, entropy logged or not (a GRPO run whose KL sat at 0.0004-0.0005 for 300 steps while
+    its reward stayed at its first level; a LoRA run that learnt late had its KL past 0.001 by step 160,
+    its reward rising from step 240). ``unmoved_steps`` = 0 turns it off."""
 
     signal = Signal.REWARD.value
     inputs = (signal,)
@@ -466,7 +467,7 @@ class RewardStagnation(Rule):
     )
     summary = (
         "reward has not improved for a long stretch (info; warning after 800 steps, or after 300 when "
-        "entropy and KL do not move either, or after 150 when the policy has not left its reference)"
+        "entropy and KL do not move either, or after 200 when the policy has not left its reference)"
     )
     severity = Severity.INFO
     defaults: ClassVar[Mapping[str, Any]] = {
@@ -478,8 +479,8 @@ class RewardStagnation(Rule):
         "warning_patience": 800,
         "still_entropy_band": 0.1,
         "still_kl_max": 0.01,
-        "unmoved_steps": 150,
-        "unmoved_kl": 0.002,
+        "unmoved_steps": 200,
+        "unmoved_kl": 0.001,
         "reward_points": 10,
         "rise_sigmas": 3.0,
     }
