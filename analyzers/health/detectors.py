@@ -300,12 +300,16 @@ class RewardRise(_State):
 
     def update(self, x: float) -> tuple[float, float] | None:
         """Take a reward value (a non-finite one is skipped); (start, now) while it has risen, else None."""
+        self.add(x)
+        return self.rose()
+
+    def add(self, x: float) -> None:
+        """Take a reward value without judging it (a rule that reads :meth:`rose` only now and then)."""
         if x - x == 0.0:
             if len(self.start) < self.points:
                 self.start.append(x)
             self.recent.append(x)
             del self.recent[: max(0, len(self.recent) - self.points)]
-        return self.rose()
 
     def start_level(self) -> float | None:
         """The median of the first ``points`` values (None before there are that many)."""

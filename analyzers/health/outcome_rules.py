@@ -548,7 +548,7 @@ class RewardStagnation(Rule):
             smoothed = self.kl.update(kl)
             if kl > 0.0 or self.kl_peak is not None:
                 self.kl_peak = smoothed if self.kl_peak is None else max(self.kl_peak, smoothed)
-        risen = self.rise.update(x)
+        self.rise.add(x)  # judged only where the KL test below needs it
         level = self.smooth.update(self.level.update(x))
         if not self.level.full:
             return None
@@ -574,7 +574,7 @@ class RewardStagnation(Rule):
             and self.kl_peak is not None
             and self.kl_peak < s["unmoved_kl"]
             and step - self.first_step >= s["unmoved_steps"]
-            and risen is None
+            and self.rise.rose() is None
         )
         if since < s["patience"] and not unmoved and self.idle:
             return IDLE
