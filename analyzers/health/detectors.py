@@ -311,6 +311,11 @@ class RewardRise(_State):
             self.recent.append(x)
             del self.recent[: max(0, len(self.recent) - self.points)]
 
+    @property
+    def ready(self) -> bool:
+        """Whether both windows are full (before that, :meth:`rose` says None for want of points)."""
+        return len(self.start) >= self.points and len(self.recent) >= self.points
+
     def start_level(self) -> float | None:
         """The median of the first ``points`` values (None before there are that many)."""
         return _median(self.start) if len(self.start) >= self.points else None

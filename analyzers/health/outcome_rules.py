@@ -574,6 +574,7 @@ class RewardStagnation(Rule):
             and self.kl_peak is not None
             and self.kl_peak < s["unmoved_kl"]
             and step - self.first_step >= s["unmoved_steps"]
+            and self.rise.ready  # a run logged every 50 steps has its first ten rewards by step 500
             and self.rise.rose() is None
         )
         if since < s["patience"] and not unmoved and self.idle:

@@ -148,11 +148,12 @@ def test_a_flat_reward_while_the_policy_does_not_move_is_a_warning_at_patience()
         assert [f.to_dict() for f in got] == [f.to_dict() for f in found]
 
 
-def _unmoved(kl, reward=lambda s, noise: 1.07 + noise, steps=300):
-    """A run logged every step without entropy (as TRL logs it with ``beta`` > 0 and no entropy metric)."""
+def _unmoved(kl, reward=lambda s, noise: 1.07 + noise, steps=300, every=1):
+    """A run logged every ``every`` steps without entropy (as TRL logs it with ``beta`` > 0 and no entropy
+    metric)."""
     rng = random.Random(7)
     rows = []
-    for s in range(1, steps + 1):
+    for s in range(every, steps + 1, every):
         metrics = {"reward": reward(s, rng.gauss(0, 0.3))}
         if kl is not None:
             metrics["kl"] = max(0.0, kl(s) + rng.gauss(0, 0.0001))
@@ -176,6 +177,10 @@ def test_a_flat_reward_whose_policy_never_left_its_reference_warns_after_unmoved
     restored = HealthMonitor.from_state(json.loads(json.dumps(head.state_dict())))
     got += _feed(restored, [r for r in rows if r[0] >= 100])
     assert [f.to_dict() for f in got] == [f.to_dict() for f in found]
+    # logged every 50 steps: judged once the reward's first ten points are in (step 500), not before
+    sparse = _feed(HealthMonitor(), _unmoved(lambda s: 0.0004, steps=1000, every=50))
+    firing = [f for f in sparse if f.rule == "reward_stagnation" and f.state == "firing"]
+    assert [(f.step, f.severity.value) for f in firing] == [(500, "warning")]
 
 
 @pytest.mark.parametrize(
