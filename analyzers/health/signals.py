@@ -75,6 +75,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
         "ppo_clip_ratio",  # OpenRLHF
         "policy/clipfrac_avg",  # TRL PPOTrainer
         "ppo/policy/clipfrac",  # TRL < 0.12 PPOTrainer
+        "clip_frac",  # plain PyTorch GRPO loops
     ),
     Signal.PG_CLIPFRAC_LOWER.value: (
         "actor/pg_clipfrac_lower",  # verl dual-clip share (A < 0 and ratio > clip_ratio_c)
@@ -138,6 +139,7 @@ ALIASES.update(
             "critic/rewards/mean",  # verl: score minus the in-reward KL penalty
             "reward",  # TRL, OpenRLHF, bare
             "objective/scores",  # TRL PPOTrainer / RLOO: the reward model's score, before the KL penalty
+            "reward_mean",  # plain PyTorch GRPO loops: the batch's mean reward
         ),
         Signal.REWARD_STD.value: (
             "reward_std",  # TRL: mean within-group std of the rewards
