@@ -53,7 +53,11 @@ from .findings import (
 from .incidents import IncidentSettings, IncidentTracker, IncidentUpdate
 from .registry import RULES, Rule, resolve_settings
 from .runconfig import flatten_config
-from .signals import signal_plan, to_float
+from .signals import Signal, signal_plan, to_float
+
+# a policy's mean token entropy is never exactly 0: a run that logs 0.0 from its first point has no
+# entropy measurement (a loop that hard-codes the value when it does not compute it)
+_ENTROPY = Signal.ENTROPY.value
 
 STATE_VERSION = 1
 _PLANS_MAX = 64  # sets of raw names a monitor remembers the signal plan of (a trainer sends one or a few)
@@ -129,6 +133,8 @@ class HealthMonitor:
             rule.idle = True  # no episode open yet
         self._bind()
         self.last_step: int | None = None
+        # whether an entropy other than exactly 0 has been logged (until then 0.0 is a placeholder, absent)
+        self.entropy_measured = False
         self.incidents = IncidentTracker(incidents)
         self._incident_updates: list[IncidentUpdate] = []
 
@@ -183,7 +189,11 @@ class HealthMonitor:
             for signal, name in plan:
                 value = raw[name]
                 if value - value == 0.0:  # finite (inf - inf and nan - nan are nan)
+                    if value == 0.0 and signal == _ENTROPY and not self.entropy_measured:
+                        continue  # no entropy measured yet: a logged 0.0 is a placeholder
                     signals[signal] = value
+            if not self.entropy_measured and _ENTROPY in signals:
+                self.entropy_measured = True
             present = signals.keys()
             if len(signals) < len(plan):  # a non-finite value: the observers with a finite input
                 called = [o for o in observers if o[3] is None or not present.isdisjoint(o[3])]
@@ -279,6 +289,7 @@ class HealthMonitor:
                 "settings": self._overrides,
                 "run_config": self._persisted_config(),
                 "last_step": self.last_step,
+                "entropy_measured": self.entropy_measured,
                 "rules": {
                     rule_id: {"rule": rule.state_dict(), "episode": self._episodes[rule_id].state_dict()}
                     for rule_id, rule in self._rules.items()
@@ -308,6 +319,7 @@ class HealthMonitor:
             incidents=incidents,
         )
         monitor.last_step = state.get("last_step")
+        monitor.entropy_measured = bool(state.get("entropy_measured", False))
         monitor.incidents = IncidentTracker.from_state(state.get("incidents"), monitor.incidents.settings)
         for rule_id, saved in (state.get("rules") or {}).items():
             rule = monitor._rules.get(rule_id)

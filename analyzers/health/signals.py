@@ -140,6 +140,7 @@ ALIASES.update(
             "reward",  # TRL, OpenRLHF, bare
             "objective/scores",  # TRL PPOTrainer / RLOO: the reward model's score, before the KL penalty
             "reward_mean",  # plain PyTorch GRPO loops: the batch's mean reward
+            "mean_reward",  # the same, spelled the other way
         ),
         Signal.REWARD_STD.value: (
             "reward_std",  # TRL: mean within-group std of the rewards

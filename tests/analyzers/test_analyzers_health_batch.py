@@ -50,6 +50,9 @@ class PerStep(HealthMonitor):
                     continue
             raw[name] = value
         signals = {name: value for name, value in canonical_signals(raw).items() if math.isfinite(value)}
+        if signals.get("entropy") == 0.0 and not self.entropy_measured:
+            del signals["entropy"]  # a placeholder until an entropy other than 0 is logged
+        self.entropy_measured = self.entropy_measured or "entropy" in signals
         present = signals.keys()
         findings: list[Finding] = []
         episodes = self._episodes

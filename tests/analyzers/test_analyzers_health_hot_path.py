@@ -176,8 +176,9 @@ def _known(state, fixture):
 
 
 def _rules_only(state):
-    """The monitor's state without its incident tracker's (the fixture predates incidents)."""
-    return {k: v for k, v in state.items() if k != "incidents"}
+    """The monitor's state without its incident tracker's and its entropy-measured flag (the fixture
+    predates both)."""
+    return {k: v for k, v in state.items() if k not in ("incidents", "entropy_measured")}
 
 
 def _with_added(state):

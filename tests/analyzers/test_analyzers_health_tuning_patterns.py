@@ -391,3 +391,37 @@ def test_a_low_entropy_that_climbs_2_5x_is_an_explosion():
         lambda s: 0.24 if s < 42 else 0.24 + 0.16 * min(1.0, (s - 42) / 25), lambda s: 0.96, steps=75
     )
     assert _firing(rows, "entropy_explosion") == []
+
+
+# --- an entropy logged as exactly 0.0 from the first point: a placeholder, not a measurement ---------------
+
+
+def _placeholder_rows(entropy, steps=300):
+    """A plain loop that learns (reward 0.9 -> 1.2) and logs ``entropy(s)``, 0.0 where it computes none."""
+    rng = random.Random(11)
+    return [
+        (s, {"mean_reward": 0.9 + 0.001 * s + rng.gauss(0, 0.05), "entropy": entropy(s)})
+        for s in range(1, steps + 1)
+    ]
+
+
+def test_an_entropy_of_exactly_zero_from_the_first_point_is_no_measurement():
+    monitor = HealthMonitor()
+    found = [f for s, m in _placeholder_rows(lambda s: 0.0) for f in monitor.observe(s, m)]
+    assert not [f for f in found if f.rule.startswith("entropy") or f.rule == "policy_collapse"]
+    assert monitor.entropy_measured is False
+    # restored, it still knows it has measured none
+    restored = HealthMonitor.from_state(monitor.state_dict())
+    assert restored.entropy_measured is False
+
+
+def test_an_entropy_that_falls_to_exactly_zero_after_real_values_is_read():
+    # 0.6 nats falling to 0.0 exactly (a policy collapsed to one token in low precision): a measurement
+    rows = _placeholder_rows(lambda s: max(0.0, 0.6 - 0.006 * s), steps=200)
+    rows = [(s, {**m, "mean_reward": 0.9 - 0.002 * s}) for s, m in rows]  # the reward sinks with it
+    monitor = HealthMonitor()
+    for s, m in rows:
+        monitor.observe(s, m)
+    assert monitor.entropy_measured is True
+    assert _firing(rows, "entropy_collapse")
+    assert HealthMonitor.from_state(monitor.state_dict()).entropy_measured is True

@@ -106,6 +106,10 @@ KNOWN_HEALTHY_FALSE: dict[str, list[tuple[str, int]]] = {
     # rose, easy_standard's 0.39 -> 1.45 of 1.5) without also taking the tied groups of a reward flat from
     # the start (recall_l1/l3, telelogs) for solved ones
     "trl_qwen3-8b_grpo_cmexam_medical_mcq": [("zero_advantage_groups", 205)],
+    # the same on a plain-loop Countdown run (held out, retired) with 4 prompts a step: 25-100 % of them tie
+    # (a smoothed share of 0.5-0.6) while accuracy is 0.8-0.95, so the ties are mostly solved prompts, but
+    # the per-step reward (4 prompts, 0.2-1.5) is too noisy for a rise of 0.98 -> 1.15 to clear 3 sigma
+    "legacygrpo_qwen3-0.6b-sft_countdown_post_train": [("zero_advantage_groups", 165)],
     # right after an SFT warm-up 56-60 % of the completions hit the 256-token cap over the first five steps
     # (0.48, 0.43, 0.37, 0.41 on the next four, under 0.3 from the ninth) as the policy learns to finish
     # inside it; the label's ignore window ends at step 4, the rule's persistence fires on the fifth
