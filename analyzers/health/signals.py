@@ -94,6 +94,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
         "actor/reward_kl_penalty",  # verl in-reward KL (policy vs reference, before the coefficient)
         "critic/kl",  # older verl: the in-reward KL to the reference (use_kl_in_reward / kl_ctrl)
         "objective/kl",  # TRL PPOTrainer / RLOO / online DPO: KL(policy || reference), summed over tokens
+        "kl_div",  # plain PyTorch GRPO loops: the KL term to the reference
     ),
     Signal.ENTROPY.value: (
         "actor/entropy",  # verl

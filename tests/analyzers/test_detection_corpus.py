@@ -138,6 +138,9 @@ KNOWN_MISSED: dict[str, list[tuple[str, int]]] = {
     # 10-step means 0.064, 0.063, 0.085, 0.072), KL 0.001-0.019; nothing but the reward's level to read,
     # and 40 steps of a healthy run's start look the same. rldoctor's plateau rule calls it at step 11
     "trl_qwen2.5-3b_grpo_legaloom_task_hard_v3": [("reward_stagnation", 1)],
+    # the same in a 165-step run of a 124M chess model (held out, retired) that logs only its reward, loss
+    # and a signed KL estimate: no entropy to call the policy still, a KL far above unmoved_kl
+    "custom_rookworld-124m_grpo_chess_run165": [("reward_stagnation", 1)],
 }
 
 
@@ -198,6 +201,9 @@ KNOWN_OUTSIDE = {
     "trl_qwen3-4b_grpo_code_kl_spikes": [("reward_stagnation", 350), ("reward_stagnation", 850)],
     # kl 0.914 at 63, 7.7x the run median of 0.118 (the labels call a blow-up from 10x and 1.0)
     "trl_qwen2.5-omni-7b_grpo_avqa_wkhupz57": [("kl_spike", 63)],
+    # a signed KL estimate (kl_div, negative on most steps) at 1.44 on step 134, inside a one-step ignore
+    # window, then up on the steps after: kl_loss_runaway's growth test warns at 140 (the held-out batch 53)
+    "custom_rookworld-124m_grpo_chess_run595_klblowup": [("kl_loss_runaway", 140)],
 }
 
 

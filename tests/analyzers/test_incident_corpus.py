@@ -60,6 +60,10 @@ KNOWN_UNPAGED = {
     ("trl_qwen2.5-14b_grpo_vyomraksha_threat_phase1_5", 0),
     ("trl_qwen2.5-7b_grpo_vyomraksha_thermal_phase1_5", 0),
     ("trl_qwen2.5-3b_grpo_legaloom_task_hard_v3", 0),  # 40 steps (missed by the alerts too)
+    ("custom_rookworld-124m_grpo_chess_run165", 0),  # 165 steps (missed by the alerts too)
+    # 642 steps, a plateau from the start that reward_stagnation says at info at 550 (warning_patience 800);
+    # the alert in its window is a KL spike at step 14 (the instability family's, not the reward's)
+    ("custom_rookworld-124m_grpo_chess_run642", 0),
     ("trl_qwen2.5-1.5b_grpo_lora_obliteration_truncated", 1),  # 300 steps, KL 0.0011-0.0024; truncation pages
     ("trl_tinyllama-1.1b_grpo_lora_safesignal_40tok", 1),  # 200 steps, KL up to 0.0022; truncation pages
     # a 21-step run whose score is 0 on 20 steps while its entropy explodes: the entropy explosion pages
