@@ -316,21 +316,25 @@ class RewardRise(_State):
         """Whether both windows are full (before that, :meth:`rose` says None for want of points)."""
         return len(self.start) >= self.points and len(self.recent) >= self.points
 
-    def start_level(self) -> float | None:
-        """The median of the first ``points`` values (None before there are that many)."""
-        return _median(self.start) if len(self.start) >= self.points else None
-
-    def recent_level(self) -> float | None:
-        """The median of the latest ``points`` values (None before there are that many)."""
-        return _median(self.recent) if len(self.recent) >= self.points else None
-
-    def rose(self) -> tuple[float, float] | None:
-        if len(self.start) < self.points or len(self.recent) < self.points:
-            return None
+    def _start_window(self) -> tuple[float, float]:
+        """The start window's median and spread (median absolute deviation), once it is full."""
         if self._start is None:
             first = _median(self.start)
             self._start = first, _median([abs(v - first) for v in self.start])
-        first, start_spread = self._start
+        return self._start
+
+    def start_level(self) -> float | None:
+        """The median of the first ``points`` values (None before both windows are full)."""
+        return self._start_window()[0] if self.ready else None
+
+    def recent_level(self) -> float | None:
+        """The median of the latest ``points`` values (None before both windows are full)."""
+        return _median(self.recent) if self.ready else None
+
+    def rose(self) -> tuple[float, float] | None:
+        if not self.ready:
+            return None
+        first, start_spread = self._start_window()
         now = _median(self.recent)
         need = self.sigmas * (0.5 if self.risen else 1.0)
         floor = max(0.05 * abs(first), 1e-12)
